@@ -1,0 +1,362 @@
+package persistence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// KV is one key set to one value.
+type KV struct {
+	Key, Value []byte
+}
+
+// Write is one atomic change of one actor: every Set and Delete of it commits in
+// the same Badger transaction, or none does.
+type Write struct {
+	// Partition and Epoch tag the write with its partition's ownership; the
+	// pipeline's Fence refuses a write whose epoch is no longer current.
+	Partition uint32
+	Epoch     uint64
+	Sets      []KV
+	Deletes   [][]byte
+
+	err    error // set by the committer goroutine before completion
+	ticket Ticket
+}
+
+// Ticket reports the outcome of one submitted Write.
+type Ticket struct {
+	done    atomic.Bool
+	mu      sync.Mutex
+	err     error
+	waiters []func(error)
+	ch      chan struct{}
+}
+
+// Done reports whether the write's outcome is known.
+func (t *Ticket) Done() bool { return t.done.Load() }
+
+// Err returns the write's error: nil when it is durable. Valid once Done.
+func (t *Ticket) Err() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err
+}
+
+// OnDone calls f with the outcome once it is known: at once, in the caller's
+// goroutine, if it already is; otherwise on the pipeline's completion goroutine,
+// after the write's sync, in the order OnDone was called. f must not block.
+func (t *Ticket) OnDone(f func(error)) {
+	t.mu.Lock()
+	if t.done.Load() {
+		err := t.err
+		t.mu.Unlock()
+		f(err)
+		return
+	}
+	t.waiters = append(t.waiters, f)
+	t.mu.Unlock()
+}
+
+// Wait blocks until the outcome is known or ctx ends.
+func (t *Ticket) Wait(ctx context.Context) error {
+	t.mu.Lock()
+	if t.done.Load() {
+		t.mu.Unlock()
+		return t.Err()
+	}
+	if t.ch == nil {
+		t.ch = make(chan struct{})
+	}
+	ch := t.ch
+	t.mu.Unlock()
+	select {
+	case <-ch:
+		return t.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (t *Ticket) complete(err error) {
+	t.mu.Lock()
+	t.err = err
+	t.done.Store(true)
+	waiters := t.waiters
+	t.waiters = nil
+	if t.ch != nil {
+		close(t.ch)
+	}
+	t.mu.Unlock()
+	for _, f := range waiters {
+		f(err)
+	}
+}
+
+// PipelineConfig configures a Pipeline.
+type PipelineConfig struct {
+	// MaxCommitBytes bounds the estimated size of one batched commit. A single write
+	// larger than this still commits alone if Badger accepts it. Zero means 8 MiB.
+	MaxCommitBytes int
+	// Fence, if set, is asked at commit time whether a write tagged with partition
+	// and epoch may still commit; a non-nil error fails that write alone.
+	Fence func(partition uint32, epoch uint64) error
+	// Logger receives commit failures. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// PipelineStats counts the pipeline's work since Start.
+type PipelineStats struct {
+	Commits uint64 // Badger transactions committed, each covered by one sync
+	Writes  uint64 // writes made durable
+	Failed  uint64 // writes failed (fenced, too large, storage failure, closed)
+}
+
+// Pipeline is the node's group commit: one goroutine turns the writes of every
+// actor into as few synced Badger commits as possible.
+type Pipeline struct {
+	db  *DB
+	cfg PipelineConfig
+
+	mu      sync.Mutex
+	queue   []*Write
+	closing bool
+	failErr error // set once a commit failed; guarded by mu
+	wake    chan struct{}
+
+	completions chan []*Write
+	done        sync.WaitGroup
+
+	commits, writes, failed atomic.Uint64
+
+	// Test hooks, called on the committer goroutine around each commit.
+	beforeCommit func(n int)
+}
+
+// NewPipeline returns a pipeline over db. Start it before submitting writes.
+func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
+	if cfg.MaxCommitBytes <= 0 {
+		cfg.MaxCommitBytes = 8 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Pipeline{
+		db:          db,
+		cfg:         cfg,
+		wake:        make(chan struct{}, 1),
+		completions: make(chan []*Write, 64),
+	}
+}
+
+// Start starts the committer and completion goroutines.
+func (p *Pipeline) Start() {
+	p.done.Add(2)
+	go p.commitLoop()
+	go p.completeLoop()
+}
+
+// Close stops accepting writes, commits every write already submitted, completes
+// their tickets, and waits for the pipeline's goroutines.
+func (p *Pipeline) Close() {
+	p.mu.Lock()
+	already := p.closing
+	p.closing = true
+	p.mu.Unlock()
+	if already {
+		return
+	}
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	p.done.Wait()
+}
+
+// Stats returns the pipeline's counters.
+func (p *Pipeline) Stats() PipelineStats {
+	return PipelineStats{Commits: p.commits.Load(), Writes: p.writes.Load(), Failed: p.failed.Load()}
+}
+
+// Submit queues w for the next commit and returns its ticket at once; it never
+// waits for disk. w must not be changed or submitted again afterwards.
+func (p *Pipeline) Submit(w *Write) *Ticket {
+	p.mu.Lock()
+	if p.closing || p.failErr != nil {
+		err := ErrClosed
+		if p.failErr != nil {
+			err = p.failErr
+		}
+		p.mu.Unlock()
+		p.failed.Add(1)
+		w.ticket.complete(err)
+		return &w.ticket
+	}
+	p.queue = append(p.queue, w)
+	n := len(p.queue)
+	p.mu.Unlock()
+	if n == 1 {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+	return &w.ticket
+}
+
+func (p *Pipeline) commitLoop() {
+	defer p.done.Done()
+	defer close(p.completions)
+	for {
+		p.mu.Lock()
+		for len(p.queue) == 0 && !p.closing {
+			p.mu.Unlock()
+			<-p.wake
+			p.mu.Lock()
+		}
+		batch := p.queue
+		p.queue = nil // the completion goroutine owns batch from here
+		closing := p.closing
+		p.mu.Unlock()
+
+		if len(batch) > 0 {
+			p.commitBatch(batch)
+		}
+		if closing && len(batch) == 0 {
+			return
+		}
+	}
+}
+
+// commitBatch commits batch in as few transactions as the size budget allows and
+// hands every write to the completion goroutine in order.
+func (p *Pipeline) commitBatch(batch []*Write) {
+	limit := p.badgerLimit()
+	start := 0
+	size := 0
+	for i, w := range batch {
+		s := w.estimate()
+		if i > start && size+s > p.cfg.MaxCommitBytes {
+			p.commitRun(batch[start:i])
+			start, size = i, 0
+		}
+		if s > limit {
+			w.err = fmt.Errorf("%w: %d bytes, at most %d", ErrTooLarge, s, limit)
+		}
+		size += s
+	}
+	p.commitRun(batch[start:])
+	p.completions <- batch
+}
+
+// badgerLimit is the largest commit Badger accepts, with a margin for its own
+// per-entry accounting.
+func (p *Pipeline) badgerLimit() int {
+	return int(p.db.bdb.Opts().MemTableSize*15/100) - 64<<10
+}
+
+// estimate over-approximates Badger's size accounting for w (key, value, meta,
+// and its 10 bytes per entry).
+func (w *Write) estimate() int {
+	n := 0
+	for _, kv := range w.Sets {
+		n += len(kv.Key) + len(kv.Value) + 32
+	}
+	for _, k := range w.Deletes {
+		n += len(k) + 32
+	}
+	return n
+}
+
+// commitRun commits run as one transaction, setting err on each write that fails.
+func (p *Pipeline) commitRun(run []*Write) {
+	p.mu.Lock()
+	failErr := p.failErr
+	p.mu.Unlock()
+	txn := p.db.bdb.NewTransaction(true)
+	defer txn.Discard()
+	entries := 0
+	var live []*Write
+	for _, w := range run {
+		if w.err != nil {
+			continue
+		}
+		if failErr != nil {
+			w.err = failErr
+			continue
+		}
+		if p.cfg.Fence != nil {
+			if err := p.cfg.Fence(w.Partition, w.Epoch); err != nil {
+				w.err = err
+				continue
+			}
+		}
+		if err := addToTxn(txn, w); err != nil {
+			// Our estimate is stricter than Badger's, so this is a bug or a corrupt
+			// input; nothing of this transaction is written.
+			p.cfg.Logger.Error("commit: transaction refused", "err", err)
+			for _, lw := range append(live, w) {
+				lw.err = fmt.Errorf("%w: %v", ErrTooLarge, err)
+			}
+			return
+		}
+		live = append(live, w)
+		entries += len(w.Sets) + len(w.Deletes)
+	}
+	if len(live) == 0 {
+		return
+	}
+	if p.beforeCommit != nil {
+		p.beforeCommit(len(live))
+	}
+	if err := txn.Commit(); err != nil {
+		err = fmt.Errorf("%w: commit of %d writes: %v", ErrFailed, len(live), err)
+		p.cfg.Logger.Error("commit failed; refusing every later write until restart", "err", err, "entries", entries)
+		p.mu.Lock()
+		p.failErr = err
+		p.mu.Unlock()
+		for _, w := range live {
+			w.err = err
+		}
+		return
+	}
+	p.commits.Add(1)
+}
+
+func addToTxn(txn *badger.Txn, w *Write) error {
+	for _, kv := range w.Sets {
+		if err := txn.Set(kv.Key, kv.Value); err != nil {
+			return err
+		}
+	}
+	for _, k := range w.Deletes {
+		if err := txn.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *Pipeline) completeLoop() {
+	defer p.done.Done()
+	for batch := range p.completions {
+		for _, w := range batch {
+			if w.err != nil {
+				p.failed.Add(1)
+			} else {
+				p.writes.Add(1)
+			}
+			w.ticket.complete(w.err)
+		}
+	}
+}
+
+// IsStorageFailure reports whether err means the node's storage failed (as opposed
+// to one write being refused).
+func IsStorageFailure(err error) bool { return errors.Is(err, ErrFailed) }

@@ -1,0 +1,295 @@
+package persistence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+func openTestDB(t *testing.T, dir string) *DB {
+	t.Helper()
+	db, err := Open(Config{Dir: dir})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	return db
+}
+
+func startPipeline(t *testing.T, db *DB, cfg PipelineConfig) *Pipeline {
+	t.Helper()
+	p := NewPipeline(db, cfg)
+	p.Start()
+	t.Cleanup(p.Close)
+	return p
+}
+
+func set(k, v string) *Write {
+	return &Write{Sets: []KV{{Key: []byte(k), Value: []byte(v)}}}
+}
+
+func TestPipeline_WriteIsReadableAfterReopen(t *testing.T) {
+	dir := t.TempDir()
+	db := openTestDB(t, dir)
+	p := NewPipeline(db, PipelineConfig{})
+	p.Start()
+	ctx := context.Background()
+	if err := p.Submit(set("a", "1")).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := &Write{Sets: []KV{{Key: []byte("b"), Value: []byte("2")}}, Deletes: [][]byte{[]byte("a")}}
+	if err := p.Submit(w).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = openTestDB(t, dir)
+	defer db.Close()
+	if _, found, _ := db.Get(ctx, []byte("a")); found {
+		t.Fatal("deleted key a is still there")
+	}
+	v, found, err := db.Get(ctx, []byte("b"))
+	if err != nil || !found || string(v) != "2" {
+		t.Fatalf("b = %q %v %v, want 2", v, found, err)
+	}
+}
+
+// TestPipeline_SharesSyncsAndNeverAcksEarly holds the first commit until every
+// writer has submitted, then checks that no ticket completed before the commit
+// that covers it, and that N writes took far fewer than N commits (syncs).
+func TestPipeline_SharesSyncsAndNeverAcksEarly(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	defer db.Close()
+	const n = 500
+	tickets := make([]*Ticket, n)
+	var submitted sync.WaitGroup
+	submitted.Add(n)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var earlyAcks int
+	committed := 0
+	p := NewPipeline(db, PipelineConfig{})
+	p.beforeCommit = func(k int) {
+		if committed == 0 {
+			<-release // hold the first commit until every writer submitted
+		}
+		committed += k
+		// Every ticket not yet covered by a commit must still be pending.
+		mu.Lock()
+		done := 0
+		for _, tk := range tickets {
+			if tk != nil && tk.Done() {
+				done++
+			}
+		}
+		if done > committed-k {
+			earlyAcks += done - (committed - k)
+		}
+		mu.Unlock()
+	}
+	p.Start()
+	defer p.Close()
+
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			tk := p.Submit(set(fmt.Sprintf("k%04d", i), "v"))
+			mu.Lock()
+			tickets[i] = tk
+			mu.Unlock()
+			submitted.Done()
+			if err := tk.Wait(context.Background()); err != nil {
+				t.Errorf("write %d: %v", i, err)
+			}
+		}(i)
+	}
+	submitted.Wait()
+	mu.Lock()
+	for i, tk := range tickets {
+		if tk.Done() {
+			t.Errorf("write %d acknowledged while its commit is held", i)
+		}
+	}
+	mu.Unlock()
+	close(release)
+	wg.Wait()
+	st := p.Stats()
+	if st.Writes != n {
+		t.Fatalf("writes = %d, want %d", st.Writes, n)
+	}
+	if st.Commits > n/10 {
+		t.Fatalf("%d writes took %d commits, want far fewer", n, st.Commits)
+	}
+	if earlyAcks != 0 {
+		t.Fatalf("%d tickets completed before their commit", earlyAcks)
+	}
+	ctx := context.Background()
+	for i := 0; i < n; i++ {
+		if _, found, err := db.Get(ctx, []byte(fmt.Sprintf("k%04d", i))); !found || err != nil {
+			t.Fatalf("acknowledged write %d not in the database (%v)", i, err)
+		}
+	}
+}
+
+func TestPipeline_CompletesInSubmissionOrder(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	defer db.Close()
+	p := startPipeline(t, db, PipelineConfig{MaxCommitBytes: 200}) // forces several commits
+	var mu sync.Mutex
+	var order []int
+	var last *Ticket
+	for i := 0; i < 200; i++ {
+		i := i
+		last = p.Submit(set(fmt.Sprintf("k%d", i), "0123456789"))
+		last.OnDone(func(error) {
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+		})
+	}
+	if err := last.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, v := range order {
+		if v != i {
+			t.Fatalf("completion %d was write %d", i, v)
+		}
+	}
+	if p.Stats().Commits < 2 {
+		t.Fatalf("commits = %d, want the byte budget to split the batch", p.Stats().Commits)
+	}
+}
+
+func TestPipeline_TooLargeWriteFailsAlone(t *testing.T) {
+	db, err := Open(Config{Dir: t.TempDir(), MemTableSize: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	release := make(chan struct{})
+	p := NewPipeline(db, PipelineConfig{})
+	first := true
+	p.beforeCommit = func(int) {
+		if first {
+			first = false
+			<-release
+		}
+	}
+	p.Start()
+	defer p.Close()
+	warm := p.Submit(set("warm", "x")) // held in the first commit while the others queue
+	small1 := p.Submit(set("s1", "x"))
+	big := p.Submit(&Write{Sets: []KV{{Key: []byte("big"), Value: make([]byte, 2<<20)}}})
+	small2 := p.Submit(set("s2", "x"))
+	close(release)
+	ctx := context.Background()
+	for _, tk := range []*Ticket{warm, small1, small2} {
+		if err := tk.Wait(ctx); err != nil {
+			t.Fatalf("small write failed: %v", err)
+		}
+	}
+	if err := big.Wait(ctx); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("big write: %v, want ErrTooLarge", err)
+	}
+	if _, found, _ := db.Get(ctx, []byte("big")); found {
+		t.Fatal("refused write is in the database")
+	}
+	// The pipeline keeps working.
+	if err := p.Submit(set("after", "x")).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPipeline_FenceRefusesOneWrite(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	defer db.Close()
+	errStale := errors.New("stale epoch")
+	p := startPipeline(t, db, PipelineConfig{Fence: func(part uint32, epoch uint64) error {
+		if part == 7 && epoch < 3 {
+			return errStale
+		}
+		return nil
+	}})
+	ctx := context.Background()
+	w := set("fenced", "x")
+	w.Partition, w.Epoch = 7, 2
+	ok := set("current", "x")
+	ok.Partition, ok.Epoch = 7, 3
+	tf, to := p.Submit(w), p.Submit(ok)
+	if err := tf.Wait(ctx); !errors.Is(err, errStale) {
+		t.Fatalf("fenced write: %v", err)
+	}
+	if err := to.Wait(ctx); err != nil {
+		t.Fatalf("current write: %v", err)
+	}
+	if _, found, _ := db.Get(ctx, []byte("fenced")); found {
+		t.Fatal("fenced write reached the database")
+	}
+}
+
+func TestPipeline_CloseCommitsQueuedAndRefusesLater(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	defer db.Close()
+	p := NewPipeline(db, PipelineConfig{})
+	release := make(chan struct{})
+	first := true
+	p.beforeCommit = func(int) {
+		if first {
+			first = false
+			<-release
+		}
+	}
+	p.Start()
+	var tickets []*Ticket
+	for i := 0; i < 50; i++ {
+		tickets = append(tickets, p.Submit(set(fmt.Sprintf("q%d", i), "x")))
+	}
+	closed := make(chan struct{})
+	go func() { p.Close(); close(closed) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for { // wait until Close marked the pipeline closing
+		// A write queued before Close is committed; one after it is refused at once.
+		if tk := p.Submit(set("late", "x")); tk.Done() && errors.Is(tk.Err(), ErrClosed) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Close never started refusing writes")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	<-closed
+	for i, tk := range tickets {
+		if !tk.Done() || tk.Err() != nil {
+			t.Fatalf("queued write %d: done=%v err=%v", i, tk.Done(), tk.Err())
+		}
+	}
+}
+
+func TestOpen_PartitionsFixedAtCreation(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(Config{Dir: dir, Partitions: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	db, err = Open(Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if db.Partitions() != 64 {
+		t.Fatalf("partitions = %d, want the stored 64", db.Partitions())
+	}
+	db.Close()
+	if _, err := Open(Config{Dir: dir, Partitions: 128}); !errors.Is(err, ErrPartitionsMismatch) {
+		t.Fatalf("open with 128: %v, want ErrPartitionsMismatch", err)
+	}
+}
