@@ -25,6 +25,10 @@ type Write struct {
 	Epoch     uint64
 	Sets      []KV
 	Deletes   [][]byte
+	// Chain, if set, links the writes of one actor activation: once one of them
+	// fails, every later write of the chain fails too, so that nothing built on a
+	// lost write ever reaches disk.
+	Chain *Chain
 
 	err    error // set by the committer goroutine before completion
 	ticket Ticket
@@ -96,6 +100,18 @@ func (t *Ticket) complete(err error) {
 	t.mu.Unlock()
 	for _, f := range waiters {
 		f(err)
+	}
+}
+
+// Chain links the writes of one writer; see Write.Chain. Only the committer
+// goroutine touches it.
+type Chain struct{ err error }
+
+// fail records w's failure on its chain.
+func (w *Write) fail(err error) {
+	w.err = err
+	if w.Chain != nil && w.Chain.err == nil {
+		w.Chain.err = err
 	}
 }
 
@@ -247,7 +263,7 @@ func (p *Pipeline) commitBatch(batch []*Write) {
 			start, size = i, 0
 		}
 		if s > limit {
-			w.err = fmt.Errorf("%w: %d bytes, at most %d", ErrTooLarge, s, limit)
+			w.fail(fmt.Errorf("%w: %d bytes, at most %d", ErrTooLarge, s, limit))
 		}
 		size += s
 	}
@@ -287,13 +303,17 @@ func (p *Pipeline) commitRun(run []*Write) {
 		if w.err != nil {
 			continue
 		}
+		if w.Chain != nil && w.Chain.err != nil {
+			w.err = w.Chain.err
+			continue
+		}
 		if failErr != nil {
-			w.err = failErr
+			w.fail(failErr)
 			continue
 		}
 		if p.cfg.Fence != nil {
 			if err := p.cfg.Fence(w.Partition, w.Epoch); err != nil {
-				w.err = err
+				w.fail(err)
 				continue
 			}
 		}
@@ -302,7 +322,7 @@ func (p *Pipeline) commitRun(run []*Write) {
 			// input; nothing of this transaction is written.
 			p.cfg.Logger.Error("commit: transaction refused", "err", err)
 			for _, lw := range append(live, w) {
-				lw.err = fmt.Errorf("%w: %v", ErrTooLarge, err)
+				lw.fail(fmt.Errorf("%w: %v", ErrTooLarge, err))
 			}
 			return
 		}
@@ -322,7 +342,7 @@ func (p *Pipeline) commitRun(run []*Write) {
 		p.failErr = err
 		p.mu.Unlock()
 		for _, w := range live {
-			w.err = err
+			w.fail(err)
 		}
 		return
 	}

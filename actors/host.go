@@ -1,0 +1,274 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// Config configures a Host.
+type Config struct {
+	// IdleTimeout passivates an object after this long without a message. Zero
+	// means 60s.
+	IdleTimeout time.Duration
+	// MaxInflightPerObject is the admission limit: requests queued or running in
+	// one object beyond it get ErrOverloaded (429). Zero means 10,000.
+	MaxInflightPerObject int64
+	// TypeOptions returns the options of an object type. Nil means DefaultTypeOptions.
+	TypeOptions func(typ string) TypeOptions
+	// Epoch returns the ownership epoch of a partition; writes carry it so that the
+	// pipeline can fence them. Nil means 1 for every partition (a single node).
+	Epoch func(partition uint32) uint64
+	// Logger is the host's logger. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// TypeOptions are the per-type settings the actors use.
+type TypeOptions struct {
+	// ChangeLogEntries is how many change-log entries an object keeps (at least 1).
+	ChangeLogEntries int
+}
+
+// DefaultTypeOptions returns the options of a type nobody configured.
+func DefaultTypeOptions() TypeOptions { return TypeOptions{ChangeLogEntries: 10000} }
+
+// Host runs the object actors of one node: it activates an object on its first
+// message, routes every message to the object's one activation, and passivates it
+// when idle. Request may be called from any goroutine.
+type Host struct {
+	db   *persistence.DB
+	pipe *persistence.Pipeline
+	cfg  Config
+	log  *slog.Logger
+
+	system *actor.ActorSystem
+	props  *actor.Props
+	types  map[string]*TypeSpec
+	shards [64]hostShard
+
+	closing atomic.Bool
+	started bool
+
+	now func() time.Time // clock; a test may replace it before Start
+}
+
+type hostShard struct {
+	mu sync.RWMutex
+	m  map[ObjectID]*activation
+}
+
+// activation is one live copy of an object. inflight counts requests sent to it
+// and not yet answered; it passivates only at zero, under the shard lock, so no
+// request can reach a stopped actor.
+type activation struct {
+	id       ObjectID
+	pid      *actor.PID
+	inflight atomic.Int64
+}
+
+// NewHost returns a host over db and pipe; register types, then Start it.
+func NewHost(db *persistence.DB, pipe *persistence.Pipeline, cfg Config) *Host {
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 60 * time.Second
+	}
+	if cfg.MaxInflightPerObject <= 0 {
+		cfg.MaxInflightPerObject = 10000
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	h := &Host{db: db, pipe: pipe, cfg: cfg, log: cfg.Logger, types: map[string]*TypeSpec{}, now: time.Now}
+	for i := range h.shards {
+		h.shards[i].m = make(map[ObjectID]*activation)
+	}
+	return h
+}
+
+// RegisterType registers a user-defined object type. Call it before Start.
+func (h *Host) RegisterType(spec TypeSpec) error {
+	if h.started {
+		return errors.New("actors: RegisterType after Start")
+	}
+	if err := checkName("type", spec.Name, ":/"); err != nil {
+		return fmt.Errorf("actors: register type: %w", err)
+	}
+	if spec.Handle == nil {
+		return fmt.Errorf("actors: register type %q: no Handle", spec.Name)
+	}
+	if _, dup := h.types[spec.Name]; dup {
+		return fmt.Errorf("actors: type %q registered twice", spec.Name)
+	}
+	h.types[spec.Name] = &spec
+	return nil
+}
+
+// Start starts the actor system.
+func (h *Host) Start() {
+	h.started = true
+	logger := h.log.With("component", "protoactor")
+	h.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return logger }))
+	h.props = actor.PropsFromProducer(func() actor.Actor { return &object{h: h} })
+}
+
+// Close stops admitting requests, waits until every admitted request was answered
+// (so every acknowledged write is durable) or ctx ends, then stops every actor.
+func (h *Host) Close(ctx context.Context) error {
+	h.closing.Store(true)
+	var err error
+	for h.inflight() > 0 {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("actors: close: %d requests still in flight: %w", h.inflight(), ctx.Err())
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i := range h.shards {
+		s := &h.shards[i]
+		s.mu.Lock()
+		for id, a := range s.m {
+			h.system.Root.Stop(a.pid)
+			delete(s.m, id)
+		}
+		s.mu.Unlock()
+	}
+	h.system.Shutdown()
+	return err
+}
+
+func (h *Host) inflight() int64 {
+	var n int64
+	for i := range h.shards {
+		s := &h.shards[i]
+		s.mu.RLock()
+		for _, a := range s.m {
+			n += a.inflight.Load()
+		}
+		s.mu.RUnlock()
+	}
+	return n
+}
+
+// Active returns the number of active objects.
+func (h *Host) Active() int {
+	n := 0
+	for i := range h.shards {
+		s := &h.shards[i]
+		s.mu.RLock()
+		n += len(s.m)
+		s.mu.RUnlock()
+	}
+	return n
+}
+
+func (h *Host) shard(id ObjectID) *hostShard {
+	d := xxhash.New()
+	_, _ = d.WriteString(id.App)
+	_, _ = d.WriteString(id.Type)
+	_, _ = d.WriteString(id.Key)
+	return &h.shards[d.Sum64()%uint64(len(h.shards))]
+}
+
+// Request sends msg to object id, activating it if needed, and waits for its
+// reply or for ctx. A reply is only sent once every write before it is durable.
+func (h *Host) Request(ctx context.Context, id ObjectID, msg any) (any, error) {
+	if err := ValidateID(id); err != nil {
+		return nil, err
+	}
+	act, err := h.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	env := &envelope{msg: msg, reply: make(chan result, 1), act: act}
+	h.system.Root.Send(act.pid, env)
+	select {
+	case r := <-env.reply:
+		return r.val, r.err
+	case <-ctx.Done():
+		return nil, &Error{Kind: KindUnavailable, Msg: "the request timed out; a write's outcome is unknown", cause: ctx.Err()}
+	}
+}
+
+// acquire returns id's activation with the request counted in its inflight.
+func (h *Host) acquire(id ObjectID) (*activation, error) {
+	if h.closing.Load() {
+		return nil, &Error{Kind: KindUnavailable, Msg: "the node is shutting down", RetryAfter: time.Second}
+	}
+	s := h.shard(id)
+	s.mu.RLock()
+	a := s.m[id]
+	if a != nil {
+		n := a.inflight.Add(1)
+		s.mu.RUnlock()
+		if n > h.cfg.MaxInflightPerObject {
+			a.inflight.Add(-1)
+			return nil, &Error{Kind: KindOverloaded, Msg: "the object has too many requests in flight", RetryAfter: 100 * time.Millisecond}
+		}
+		return a, nil
+	}
+	s.mu.RUnlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a = s.m[id]; a == nil {
+		a = &activation{id: id}
+		a.pid = h.system.Root.Spawn(h.props)
+		// The activation is the actor's first message: nothing can reach the new
+		// actor before it, since the shard lock is held until it is sent.
+		h.system.Root.Send(a.pid, a)
+		s.m[id] = a
+	}
+	a.inflight.Add(1)
+	return a, nil
+}
+
+// release removes a from the routing table if nothing is in flight; the caller
+// (a's actor) then stops. Returns false if a request arrived meanwhile.
+func (h *Host) release(a *activation) bool {
+	s := h.shard(a.id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a.inflight.Load() != 0 {
+		return false
+	}
+	if s.m[a.id] == a {
+		delete(s.m, a.id)
+	}
+	return true
+}
+
+// forget removes a broken activation from the routing table at once, so that the
+// next request activates a fresh copy from disk.
+func (h *Host) forget(a *activation) {
+	s := h.shard(a.id)
+	s.mu.Lock()
+	if s.m[a.id] == a {
+		delete(s.m, a.id)
+	}
+	s.mu.Unlock()
+}
+
+func (h *Host) typeOptions(typ string) TypeOptions {
+	opts := DefaultTypeOptions()
+	if h.cfg.TypeOptions != nil {
+		opts = h.cfg.TypeOptions(typ)
+	}
+	if opts.ChangeLogEntries < 1 {
+		opts.ChangeLogEntries = 1
+	}
+	return opts
+}
+
+func (h *Host) epoch(partition uint32) uint64 {
+	if h.cfg.Epoch == nil {
+		return 1
+	}
+	return h.cfg.Epoch(partition)
+}

@@ -1,0 +1,388 @@
+package actors
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// Sub-keys of the KV keyspace.
+const (
+	kvMeta     byte = 'm' // version, log_id, oldest retained log_id
+	kvSlot     byte = 's' // slot name -> JSON value
+	kvLog      byte = 'l' // log_id (uint64 BE) -> JSON [{"key","value"}...]
+	kvIdem     byte = 'i' // idempotency key -> JSON idemRecord
+	kvIdemExp  byte = 'x' // expiry (uint64 BE ms) | idempotency key -> empty
+	metaFormat byte = 1
+)
+
+// kvState is the KV behaviour's state, fully resident while the object is active.
+type kvState struct {
+	ks    persistence.Keyspace
+	slots map[string]json.RawMessage
+	size  int    // sum of slotBytes
+	logID uint64 // last assigned log_id; 0 for a new object
+	// oldest is the lowest log_id still held in the change log; logID+1 when the
+	// log holds nothing.
+	oldest uint64
+}
+
+func (k *kvState) slot(name string) (json.RawMessage, bool) {
+	v, ok := k.slots[name]
+	return v, ok
+}
+
+func (k *kvState) stateBytes() int { return k.size }
+
+func (o *object) kvLoad() (*kvState, error) {
+	if o.kv != nil {
+		return o.kv, nil
+	}
+	k := &kvState{ks: persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourKV), oldest: 1}
+	meta, found, err := o.st.get(o.bg(), k.ks.Key(kvMeta, nil))
+	if err != nil {
+		return nil, unavailable("cannot load the object", err)
+	}
+	if found {
+		if len(meta) != 17 || meta[0] != metaFormat {
+			return nil, &Error{Kind: KindInternal, Msg: "internal error", cause: fmt.Errorf("object %s: bad KV meta record", o.act.id)}
+		}
+		k.logID = binary.BigEndian.Uint64(meta[1:])
+		k.oldest = binary.BigEndian.Uint64(meta[9:])
+	}
+	prefix := k.ks.Key(kvSlot, nil)
+	err = o.st.scan(o.bg(), prefix, nil, nil, func(key, value []byte) (bool, error) {
+		if k.slots == nil {
+			k.slots = make(map[string]json.RawMessage)
+		}
+		name := string(key[len(prefix):])
+		k.slots[name] = append(json.RawMessage(nil), value...)
+		k.size += slotBytes(name, value)
+		return true, nil
+	})
+	if err != nil {
+		return nil, unavailable("cannot load the object", err)
+	}
+	o.kv = k
+	return k, nil
+}
+
+func (o *object) kvGet() (any, error) {
+	k, err := o.kvLoad()
+	if err != nil {
+		return nil, err
+	}
+	// Values are never changed in place, so a shallow copy is a consistent snapshot.
+	state := make(map[string]json.RawMessage, len(k.slots))
+	for n, v := range k.slots {
+		state[n] = v
+	}
+	return &KVState{State: state, LogID: k.logID}, nil
+}
+
+func (o *object) kvGetSlot(slot string) (any, error) {
+	k, err := o.kvLoad()
+	if err != nil {
+		return nil, err
+	}
+	v, ok := k.slots[slot]
+	if !ok {
+		return nil, notFoundf("slot %q not found", slot)
+	}
+	return v, nil
+}
+
+// idemRecord is the stored first reply of an idempotent write.
+type idemRecord struct {
+	Fingerprint string          `json:"fp"`
+	ExpiresAt   int64           `json:"exp"`
+	LogID       uint64          `json:"log_id"`
+	Value       json.RawMessage `json:"value,omitempty"`
+}
+
+func fingerprint(m *KVWrite) (string, error) {
+	b, err := json.Marshal(struct {
+		Ops         []Op `json:"ops"`
+		Transaction bool `json:"tx"`
+		Purge       bool `json:"purge"`
+	}{m.Ops, m.Transaction, m.Purge})
+	if err != nil {
+		return "", badRequestf("value is not valid JSON")
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+func (o *object) kvWrite(m *KVWrite) (any, error) {
+	k, err := o.kvLoad()
+	if err != nil {
+		return nil, err
+	}
+	now := o.h.now()
+	var fp string
+	if m.IdempotencyKey != "" {
+		if len(m.IdempotencyKey) > MaxIdempotencyKey {
+			return nil, badRequestf("Idempotency-Key is %d bytes, at most %d", len(m.IdempotencyKey), MaxIdempotencyKey)
+		}
+		if fp, err = fingerprint(m); err != nil {
+			return nil, err
+		}
+		rec, found, err := o.idemLookup(k, m.IdempotencyKey, now)
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			if rec.Fingerprint != fp {
+				return nil, invalidf("Idempotency-Key %q was already used for a different request", m.IdempotencyKey)
+			}
+			return &WriteResult{LogID: rec.LogID, Value: rec.Value}, nil
+		}
+	}
+	var changes []Change
+	var incremented json.RawMessage
+	switch {
+	case m.Purge:
+		if len(m.Ops) > 0 {
+			return nil, badRequestf("a purge takes no ops")
+		}
+		changes = purgeChanges(k)
+	case m.Transaction && len(m.Ops) == 0:
+		return nil, invalidf("transaction is empty")
+	case m.Transaction && len(m.Ops) > MaxTransactionOps:
+		return nil, invalidf("transaction has %d ops, at most %d", len(m.Ops), MaxTransactionOps)
+	default:
+		changes, incremented, err = plan(k, m.Ops)
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	res := &WriteResult{LogID: k.logID}
+	w := &persistence.Write{}
+	if len(changes) > 0 || m.Purge {
+		res.LogID = k.logID + 1
+		res.Changes = changes
+		if len(m.Ops) == 1 && m.Ops[0].Op == "increment" {
+			res.Value = incremented
+		}
+		o.kvStage(k, w, changes, m.Purge)
+	}
+	if m.IdempotencyKey != "" {
+		if err := o.idemStage(k, w, m.IdempotencyKey, idemRecord{
+			Fingerprint: fp, ExpiresAt: now.Add(IdempotencyWindowH * time.Hour).UnixMilli(),
+			LogID: res.LogID, Value: res.Value,
+		}, now); err != nil {
+			return nil, err
+		}
+	}
+	if len(w.Sets) == 0 && len(w.Deletes) == 0 {
+		return res, nil
+	}
+	o.kvApply(k, changes, m.Purge)
+	o.submit(w)
+	return res, nil
+}
+
+func purgeChanges(k *kvState) []Change {
+	names := make([]string, 0, len(k.slots))
+	for n := range k.slots {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	changes := make([]Change, 0, len(names))
+	for _, n := range names {
+		changes = append(changes, Change{Slot: n, Previous: k.slots[n]})
+	}
+	return changes
+}
+
+// kvStage adds to w the keys of one log entry made of changes: the slots, the entry,
+// the change-log entries that fall out of retention (all of them on a purge), and
+// the meta record. It does not change k.
+func (o *object) kvStage(k *kvState, w *persistence.Write, changes []Change, purge bool) {
+	id := k.logID + 1
+	for _, c := range changes {
+		key := k.ks.KeyString(kvSlot, c.Slot)
+		if c.Value == nil {
+			w.Deletes = append(w.Deletes, key)
+		} else {
+			w.Sets = append(w.Sets, persistence.KV{Key: key, Value: c.Value})
+		}
+	}
+	w.Sets = append(w.Sets, persistence.KV{Key: k.ks.KeyUint64(kvLog, id), Value: encodeLogEntry(changes)})
+	oldest := o.newOldest(k, purge)
+	for i := k.oldest; i < oldest && i <= k.logID; i++ {
+		w.Deletes = append(w.Deletes, k.ks.KeyUint64(kvLog, i))
+	}
+	w.Sets = append(w.Sets, persistence.KV{Key: k.ks.Key(kvMeta, nil), Value: encodeMeta(id, oldest)})
+}
+
+// newOldest is the oldest log_id held after the next entry is recorded.
+func (o *object) newOldest(k *kvState, purge bool) uint64 {
+	id := k.logID + 1
+	if purge {
+		return id
+	}
+	keep := uint64(o.opts.ChangeLogEntries)
+	oldest := k.oldest
+	if id >= keep && id-keep+1 > oldest {
+		oldest = id - keep + 1
+	}
+	return oldest
+}
+
+// kvApply makes the staged entry the in-memory state.
+func (o *object) kvApply(k *kvState, changes []Change, purge bool) {
+	k.oldest = o.newOldest(k, purge)
+	k.logID++
+	for _, c := range changes {
+		k.size -= slotBytes(c.Slot, c.Previous)
+		if c.Value == nil {
+			delete(k.slots, c.Slot)
+			continue
+		}
+		if k.slots == nil {
+			k.slots = make(map[string]json.RawMessage)
+		}
+		k.slots[c.Slot] = c.Value
+		k.size += slotBytes(c.Slot, c.Value)
+	}
+}
+
+func encodeMeta(logID, oldest uint64) []byte {
+	b := make([]byte, 17)
+	b[0] = metaFormat
+	binary.BigEndian.PutUint64(b[1:], logID)
+	binary.BigEndian.PutUint64(b[9:], oldest)
+	return b
+}
+
+type logItemJSON struct {
+	Key   string          `json:"key"`
+	Value json.RawMessage `json:"value"`
+}
+
+func encodeLogEntry(changes []Change) []byte {
+	items := make([]logItemJSON, len(changes))
+	for i, c := range changes {
+		v := c.Value
+		if v == nil {
+			v = json.RawMessage("null")
+		}
+		items[i] = logItemJSON{Key: c.Slot, Value: v}
+	}
+	b, err := json.Marshal(items)
+	if err != nil { // values were validated when the write was planned
+		panic(fmt.Sprintf("encode log entry: %v", err))
+	}
+	return b
+}
+
+func (o *object) kvReadLog(m KVReadLog) (any, error) {
+	k, err := o.kvLoad()
+	if err != nil {
+		return nil, err
+	}
+	if m.Limit < 1 {
+		return nil, badRequestf("limit must be at least 1")
+	}
+	if m.Limit > MaxLogLimit {
+		m.Limit = MaxLogLimit
+	}
+	if m.After+1 < k.oldest {
+		return nil, &LogTruncatedError{After: m.After, Oldest: k.oldest}
+	}
+	page := &LogPage{Items: []LogItem{}, Next: m.After}
+	if m.After >= k.logID {
+		return page, nil
+	}
+	first := m.After + 1
+	last := k.logID
+	if uint64(m.Limit) < last-m.After {
+		last = m.After + uint64(m.Limit)
+	}
+	prefix := k.ks.Key(kvLog, nil)
+	err = o.st.scan(o.bg(), prefix, k.ks.KeyUint64(kvLog, first), k.ks.KeyUint64(kvLog, last+1), func(key, value []byte) (bool, error) {
+		id := binary.BigEndian.Uint64(key[len(prefix):])
+		var items []logItemJSON
+		if err := json.Unmarshal(value, &items); err != nil {
+			return false, fmt.Errorf("log entry %d: %w", id, err)
+		}
+		for _, it := range items {
+			page.Items = append(page.Items, LogItem{Key: it.Key, Value: it.Value, LogID: id})
+		}
+		page.Next = id
+		return true, nil
+	})
+	if err != nil {
+		return nil, unavailable("cannot read the change log", err)
+	}
+	return page, nil
+}
+
+func (o *object) idemLookup(k *kvState, key string, now time.Time) (idemRecord, bool, error) {
+	var rec idemRecord
+	raw, found, err := o.st.get(o.bg(), k.ks.KeyString(kvIdem, key))
+	if err != nil {
+		return rec, false, unavailable("cannot read the idempotency record", err)
+	}
+	if !found {
+		return rec, false, nil
+	}
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return rec, false, &Error{Kind: KindInternal, Msg: "internal error", cause: err}
+	}
+	if rec.ExpiresAt <= now.UnixMilli() {
+		return rec, false, nil
+	}
+	return rec, true, nil
+}
+
+// idemSweep bounds how many expired idempotency records one write removes.
+const idemSweep = 16
+
+// idemStage adds the record of key to w, and removes up to idemSweep expired
+// records, oldest first.
+func (o *object) idemStage(k *kvState, w *persistence.Write, key string, rec idemRecord, now time.Time) error {
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return &Error{Kind: KindInternal, Msg: "internal error", cause: err}
+	}
+	recKey := k.ks.KeyString(kvIdem, key)
+	// A record replaced after expiry leaves its old index entry: the sweep below
+	// finds it and, seeing a newer expiry in the record, deletes only the index.
+	w.Sets = append(w.Sets,
+		persistence.KV{Key: recKey, Value: val},
+		persistence.KV{Key: idemExpKey(k, rec.ExpiresAt, key)})
+	prefix := k.ks.Key(kvIdemExp, nil)
+	end := k.ks.KeyUint64(kvIdemExp, uint64(now.UnixMilli())+1)
+	n := 0
+	return o.st.scan(o.bg(), prefix, nil, end, func(ik, _ []byte) (bool, error) {
+		rest := ik[len(prefix):]
+		exp, name := int64(binary.BigEndian.Uint64(rest)), string(rest[8:])
+		w.Deletes = append(w.Deletes, append([]byte(nil), ik...))
+		if name != key {
+			cur, found, err := o.st.get(o.bg(), k.ks.KeyString(kvIdem, name))
+			if err != nil {
+				return false, err
+			}
+			var r idemRecord
+			if found && json.Unmarshal(cur, &r) == nil && r.ExpiresAt == exp {
+				w.Deletes = append(w.Deletes, k.ks.KeyString(kvIdem, name))
+			}
+		}
+		n++
+		return n < idemSweep, nil
+	})
+}
+
+func idemExpKey(k *kvState, exp int64, key string) []byte {
+	b := k.ks.KeyUint64(kvIdemExp, uint64(exp))
+	return append(b, key...)
+}

@@ -1,0 +1,202 @@
+package actors
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// Messages of the KV behaviour. Every object, of any type, answers them.
+
+// KVGet reads the whole state. Reply: *KVState.
+type KVGet struct{}
+
+// KVGetSlot reads one slot. Reply: json.RawMessage, or an ErrNotFound error.
+type KVGetSlot struct{ Slot string }
+
+// KVWrite changes slots. Reply: *WriteResult.
+type KVWrite struct {
+	// Ops apply in order, as one write: one log entry, all or nothing.
+	Ops []Op
+	// Transaction marks a POST /transaction body: an empty list is refused and at
+	// most MaxTransactionOps ops are allowed.
+	Transaction bool
+	// Purge removes every slot and the change log, then records one entry that
+	// deletes every slot that existed. Ops must be empty.
+	Purge bool
+	// IdempotencyKey (1 to 128 bytes, optional): a retry with the same key within
+	// 24 hours returns the first reply and writes nothing.
+	IdempotencyKey string
+}
+
+// KVReadLog reads the change log. Reply: *LogPage, or a *LogTruncatedError.
+type KVReadLog struct {
+	After uint64 // entries with log_id > After
+	Limit int    // log entries, 1 to MaxLogLimit
+}
+
+// KVState is an object's state at LogID.
+type KVState struct {
+	State map[string]json.RawMessage `json:"state"`
+	LogID uint64                     `json:"log_id"`
+}
+
+// WriteResult is the reply to a KV write.
+type WriteResult struct {
+	LogID uint64 `json:"log_id"`
+	// Value is the new value of an incremented slot (single increment only).
+	Value json.RawMessage `json:"value,omitempty"`
+	// Changes are what this write changed (nil when it changed nothing or when the
+	// reply is a replay of an idempotent retry).
+	Changes []Change `json:"-"`
+}
+
+// LogItem is one changed slot of one log entry.
+type LogItem struct {
+	Key   string          `json:"key"`
+	Value json.RawMessage `json:"value"`
+	LogID uint64          `json:"log_id"`
+}
+
+// LogPage is a page of the change log.
+type LogPage struct {
+	Items []LogItem `json:"items"`
+	// Next is the log_id to pass as After for the next page (the last entry read).
+	Next uint64 `json:"-"`
+}
+
+// Limits of GET /log.
+const (
+	DefaultLogLimit = 1000
+	MaxLogLimit     = 10000
+)
+
+// Requester sends a message to an object and returns its reply. cluster.Node and
+// Host implement it.
+type Requester interface {
+	Request(ctx context.Context, id ObjectID, msg any) (any, error)
+}
+
+// KV is the Go API of an object's KV behaviour, over any Requester.
+type KV struct {
+	r  Requester
+	id ObjectID
+}
+
+// NewKV returns the KV API of object id.
+func NewKV(r Requester, id ObjectID) *KV { return &KV{r: r, id: id} }
+
+// ID returns the object's name.
+func (o *KV) ID() ObjectID { return o.id }
+
+func ask[T any](ctx context.Context, o *KV, msg any) (T, error) {
+	var zero T
+	reply, err := o.r.Request(ctx, o.id, msg)
+	if err != nil {
+		return zero, err
+	}
+	v, ok := reply.(T)
+	if !ok {
+		return zero, fmt.Errorf("actors: reply %T to %T, want %T", reply, msg, zero)
+	}
+	return v, nil
+}
+
+// Get returns the object's state and log_id.
+func (o *KV) Get(ctx context.Context) (*KVState, error) { return ask[*KVState](ctx, o, KVGet{}) }
+
+// GetSlot returns one slot's value; ErrNotFound if it does not exist.
+func (o *KV) GetSlot(ctx context.Context, slot string) (json.RawMessage, error) {
+	return ask[json.RawMessage](ctx, o, KVGetSlot{Slot: slot})
+}
+
+// Write runs w.
+func (o *KV) Write(ctx context.Context, w *KVWrite) (*WriteResult, error) {
+	return ask[*WriteResult](ctx, o, w)
+}
+
+func marshalValue(v any) (json.RawMessage, error) {
+	if raw, ok := v.(json.RawMessage); ok {
+		return raw, nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, badRequestf("value cannot be encoded as JSON: %v", err)
+	}
+	return b, nil
+}
+
+// Set sets slot to value (any JSON-encodable Go value, or json.RawMessage).
+func (o *KV) Set(ctx context.Context, slot string, value any) (*WriteResult, error) {
+	raw, err := marshalValue(value)
+	if err != nil {
+		return nil, err
+	}
+	return o.Write(ctx, &KVWrite{Ops: []Op{{Op: "set", Key: slot, Value: raw}}})
+}
+
+// Patch sets each slot of patch in one write; a nil value deletes the slot. The
+// slots change in the order given.
+func (o *KV) Patch(ctx context.Context, patch []PatchEntry) (*WriteResult, error) {
+	ops := make([]Op, 0, len(patch))
+	for _, e := range patch {
+		raw, err := marshalValue(e.Value)
+		if err != nil {
+			return nil, err
+		}
+		ops = append(ops, PatchOp(e.Slot, raw))
+	}
+	return o.Write(ctx, &KVWrite{Ops: ops})
+}
+
+// PatchEntry is one slot of a Patch.
+type PatchEntry struct {
+	Slot  string
+	Value any // nil deletes the slot
+}
+
+// PatchOp is the op of one merge-patch member: null deletes, anything else sets.
+func PatchOp(slot string, value json.RawMessage) Op {
+	if string(value) == "null" {
+		return Op{Op: "delete", Key: slot}
+	}
+	return Op{Op: "set", Key: slot, Value: value}
+}
+
+// Increment adds by (an int64 or float64) to slot and returns the new value.
+func (o *KV) Increment(ctx context.Context, slot string, by any) (*WriteResult, error) {
+	raw, err := marshalValue(by)
+	if err != nil {
+		return nil, err
+	}
+	return o.Write(ctx, &KVWrite{Ops: []Op{{Op: "increment", Key: slot, By: raw}}})
+}
+
+// Append appends value to the list in slot.
+func (o *KV) Append(ctx context.Context, slot string, value any) (*WriteResult, error) {
+	raw, err := marshalValue(value)
+	if err != nil {
+		return nil, err
+	}
+	return o.Write(ctx, &KVWrite{Ops: []Op{{Op: "append", Key: slot, Value: raw}}})
+}
+
+// Delete removes slot.
+func (o *KV) Delete(ctx context.Context, slot string) (*WriteResult, error) {
+	return o.Write(ctx, &KVWrite{Ops: []Op{{Op: "delete", Key: slot}}})
+}
+
+// Transaction applies ops in order as one write.
+func (o *KV) Transaction(ctx context.Context, ops []Op) (*WriteResult, error) {
+	return o.Write(ctx, &KVWrite{Ops: ops, Transaction: true})
+}
+
+// Purge removes every slot and the change log, keeping log_id monotonic.
+func (o *KV) Purge(ctx context.Context) (*WriteResult, error) {
+	return o.Write(ctx, &KVWrite{Purge: true})
+}
+
+// Log reads up to limit change-log entries after after.
+func (o *KV) Log(ctx context.Context, after uint64, limit int) (*LogPage, error) {
+	return ask[*LogPage](ctx, o, KVReadLog{After: after, Limit: limit})
+}

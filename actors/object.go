@@ -1,0 +1,178 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// envelope carries one request into an object's mailbox and its reply out.
+type envelope struct {
+	msg   any
+	reply chan result // buffered: the actor never blocks on a caller that left
+	act   *activation
+}
+
+type result struct {
+	val any
+	err error
+}
+
+// finish delivers the reply. cerr is the outcome of the write the reply waited for.
+func (e *envelope) finish(val any, err, cerr error) {
+	if cerr != nil {
+		val, err = nil, commitError(cerr)
+	}
+	e.reply <- result{val, err}
+	e.act.inflight.Add(-1)
+}
+
+func commitError(cerr error) error {
+	if errors.Is(cerr, persistence.ErrTooLarge) {
+		return &Error{Kind: KindTooLarge, Msg: "the write is too large for one commit", cause: cerr}
+	}
+	var e *Error
+	if errors.As(cerr, &e) { // a fence refusal already says what happened
+		return e
+	}
+	return unavailable("the write could not be made durable; its outcome is unknown", cerr)
+}
+
+// object is the actor of one activation of one object. Only Receive, on the
+// actor's goroutine, touches its fields.
+type object struct {
+	h     *Host
+	act   *activation
+	part  uint32
+	ov    overlay
+	st    store
+	chain *persistence.Chain
+	// last is the ticket of the latest write submitted: the output gate holds
+	// every reply until it is done.
+	last *persistence.Ticket
+	// broken is set once a write of this activation failed: the in-memory state
+	// may be ahead of disk, so the activation answers 503 and goes away.
+	broken error
+
+	typ  *TypeSpec
+	opts TypeOptions
+	kv   *kvState // loaded on the first KV message
+}
+
+func (o *object) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *activation:
+		o.init(c, m)
+	case *envelope:
+		o.handle(c, m)
+	case *actor.ReceiveTimeout:
+		o.idle(c)
+	}
+}
+
+func (o *object) init(c actor.Context, a *activation) {
+	o.act = a
+	o.part = persistence.Partition(a.id, o.h.db.Partitions())
+	o.st = store{db: o.h.db, ov: &o.ov}
+	o.chain = &persistence.Chain{}
+	o.typ = o.h.types[a.id.Type]
+	o.opts = o.h.typeOptions(a.id.Type)
+	c.SetReceiveTimeout(o.h.cfg.IdleTimeout)
+}
+
+func (o *object) handle(c actor.Context, env *envelope) {
+	o.ov.evict()
+	if err := o.health(); err != nil {
+		env.finish(nil, err, nil)
+		if env.act.inflight.Load() == 0 {
+			c.Stop(c.Self())
+		}
+		return
+	}
+	val, err := o.dispatch(env.msg)
+	o.respond(env, val, err)
+}
+
+// dispatch runs one message in the object's turn. A panic is a bug: it is logged
+// and answered as an internal error; no write of the failed turn was submitted.
+func (o *object) dispatch(msg any) (val any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			o.h.log.Error("object handler panicked", "object", o.act.id.String(), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			val, err = nil, &Error{Kind: KindInternal, Msg: "internal error", cause: fmt.Errorf("panic: %v", r)}
+		}
+	}()
+	switch m := msg.(type) {
+	case KVGet, *KVGet:
+		return o.kvGet()
+	case KVGetSlot:
+		return o.kvGetSlot(m.Slot)
+	case *KVWrite:
+		return o.kvWrite(m)
+	case KVReadLog:
+		return o.kvReadLog(m)
+	}
+	if o.typ == nil {
+		return nil, notFoundf("object type %q has no handler for %T", o.act.id.Type, msg)
+	}
+	return o.runUser(msg)
+}
+
+// respond is the output gate: the reply leaves only once every write this
+// activation submitted before it is durable, while the actor goes on with its
+// mailbox.
+func (o *object) respond(env *envelope, val any, err error) {
+	t := o.last
+	if t == nil || t.Done() {
+		var cerr error
+		if t != nil {
+			cerr = t.Err()
+		}
+		env.finish(val, err, cerr)
+		return
+	}
+	t.OnDone(func(cerr error) { env.finish(val, err, cerr) })
+}
+
+// health reports whether the activation can still serve. After a failed write it
+// forgets itself so that the next request activates a fresh copy from disk.
+func (o *object) health() error {
+	if o.broken == nil && o.last != nil && o.last.Done() && o.last.Err() != nil {
+		o.broken = o.last.Err()
+		o.h.log.Warn("object write failed; deactivating", "object", o.act.id.String(), "err", o.broken)
+		o.h.forget(o.act)
+	}
+	if o.broken != nil {
+		return commitError(o.broken)
+	}
+	return nil
+}
+
+// submit hands w to the commit pipeline without waiting and makes it the write
+// that later replies wait for.
+func (o *object) submit(w *persistence.Write) {
+	w.Partition = o.part
+	w.Epoch = o.h.epoch(o.part)
+	w.Chain = o.chain
+	t := o.h.pipe.Submit(w)
+	o.ov.record(w, t)
+	o.last = t
+}
+
+// idle passivates the activation when nothing is in flight: every reply was
+// delivered, so every write is durable, and no caller holds the activation.
+func (o *object) idle(c actor.Context) {
+	o.ov.evict()
+	if (o.last == nil || o.last.Done()) && o.h.release(o.act) {
+		c.Stop(c.Self())
+		return
+	}
+	c.SetReceiveTimeout(o.h.cfg.IdleTimeout)
+}
+
+func (o *object) bg() context.Context { return context.Background() }

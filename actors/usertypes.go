@@ -1,0 +1,166 @@
+package actors
+
+import (
+	"context"
+	"sort"
+
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// TypeSpec is a user-defined object type: Go code that runs as the object's actor.
+type TypeSpec struct {
+	// Name is the object type: non-empty, at most 256 bytes, no ':' or '/'.
+	Name string
+	// Handle runs one message in the object's turn: one message at a time per
+	// object, never concurrently. Its storage writes form one implicit transaction
+	// that commits atomically through the node's commit pipeline if Handle returns
+	// a nil error, and is discarded otherwise (or on a panic). The reply reaches the
+	// caller only once that transaction, and every earlier write of the object, is
+	// durable. Handle must not block on slow I/O.
+	Handle func(c *Context, msg any) (reply any, err error)
+}
+
+// userData is the sub-key of user storage in the BehaviourUser keyspace.
+const userData byte = 'd'
+
+// Limits of user storage.
+const (
+	MaxStorageKeyBytes   = 1024
+	MaxStorageValueBytes = 1 << 20
+)
+
+// Context is a handler's view of its object during one turn. It is valid only
+// during the Handle call that received it.
+type Context struct {
+	o      *object
+	ks     persistence.Keyspace
+	writes map[string]*[]byte // key -> value; a nil pointer means deleted
+	order  []string           // keys in first-write order
+}
+
+// ID returns the object's name.
+func (c *Context) ID() ObjectID { return c.o.act.id }
+
+// Context returns a context for storage calls.
+func (c *Context) Context() context.Context { return context.Background() }
+
+func checkStorageKey(key string) error {
+	if key == "" || len(key) > MaxStorageKeyBytes {
+		return badRequestf("storage key must be 1 to %d bytes", MaxStorageKeyBytes)
+	}
+	return nil
+}
+
+// Get returns the value at key as seen by this turn (its own writes included).
+func (c *Context) Get(key string) ([]byte, bool, error) {
+	if err := checkStorageKey(key); err != nil {
+		return nil, false, err
+	}
+	if v, ok := c.writes[key]; ok {
+		if v == nil {
+			return nil, false, nil
+		}
+		return append([]byte(nil), (*v)...), true, nil
+	}
+	v, found, err := c.o.st.get(c.Context(), c.ks.KeyString(userData, key))
+	if err != nil {
+		return nil, false, unavailable("storage read failed", err)
+	}
+	return append([]byte(nil), v...), found, nil
+}
+
+// Put sets key to value in this turn's transaction.
+func (c *Context) Put(key string, value []byte) error {
+	if err := checkStorageKey(key); err != nil {
+		return err
+	}
+	if len(value) > MaxStorageValueBytes {
+		return tooLargef("storage value is %d bytes, at most %d", len(value), MaxStorageValueBytes)
+	}
+	v := append([]byte{}, value...)
+	c.note(key, &v)
+	return nil
+}
+
+// Delete removes key in this turn's transaction.
+func (c *Context) Delete(key string) error {
+	if err := checkStorageKey(key); err != nil {
+		return err
+	}
+	c.note(key, nil)
+	return nil
+}
+
+func (c *Context) note(key string, v *[]byte) {
+	if c.writes == nil {
+		c.writes = make(map[string]*[]byte)
+	}
+	if _, seen := c.writes[key]; !seen {
+		c.order = append(c.order, key)
+	}
+	c.writes[key] = v
+}
+
+// List calls fn for every key with prefix, in key order, as seen by this turn,
+// until fn returns false.
+func (c *Context) List(prefix string, fn func(key string, value []byte) bool) error {
+	base := c.ks.Key(userData, nil)
+	var mine []string
+	for k := range c.writes {
+		if len(k) >= len(prefix) && k[:len(prefix)] == prefix {
+			mine = append(mine, k)
+		}
+	}
+	sort.Strings(mine)
+	stop := false
+	emit := func(limit string, all bool) {
+		for len(mine) > 0 && !stop && (all || mine[0] < limit) {
+			k := mine[0]
+			mine = mine[1:]
+			if v := c.writes[k]; v != nil && !fn(k, append([]byte(nil), (*v)...)) {
+				stop = true
+			}
+		}
+	}
+	err := c.o.st.scan(c.Context(), c.ks.KeyString(userData, prefix), nil, nil, func(key, value []byte) (bool, error) {
+		name := string(key[len(base):])
+		emit(name, false)
+		if stop {
+			return false, nil
+		}
+		if _, overwritten := c.writes[name]; overwritten {
+			return true, nil
+		}
+		if !fn(name, append([]byte(nil), value...)) {
+			stop = true
+		}
+		return !stop, nil
+	})
+	if err != nil {
+		return unavailable("storage read failed", err)
+	}
+	emit("", true)
+	return nil
+}
+
+// runUser runs a user handler as one implicit transaction.
+func (o *object) runUser(msg any) (reply any, err error) {
+	c := &Context{o: o, ks: persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourUser)}
+	reply, err = o.typ.Handle(c, msg)
+	if err != nil {
+		return nil, err
+	}
+	if len(c.order) > 0 {
+		w := &persistence.Write{}
+		for _, k := range c.order {
+			key := c.ks.KeyString(userData, k)
+			if v := c.writes[k]; v != nil {
+				w.Sets = append(w.Sets, persistence.KV{Key: key, Value: *v})
+			} else {
+				w.Deletes = append(w.Deletes, key)
+			}
+		}
+		o.submit(w)
+	}
+	return reply, nil
+}
