@@ -1,0 +1,137 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// Config configures a node.
+type Config struct {
+	// DataDir holds the node's database.
+	DataDir string
+	// Partitions is fixed when DataDir is created; zero means what DataDir holds,
+	// or persistence.DefaultPartitions for a new one.
+	Partitions int
+	// IdleTimeout passivates idle objects; zero means 60s.
+	IdleTimeout time.Duration
+	// TypeOptions returns an object type's options; nil means the defaults.
+	TypeOptions func(typ string) actors.TypeOptions
+	// Types are the user-defined object types this node runs.
+	Types []actors.TypeSpec
+	// Logger is the node's logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// ErrNotOwner is returned by the fence for a write whose partition epoch is no
+// longer this node's.
+var ErrNotOwner = errors.New("cluster: partition not owned at this epoch")
+
+// Node is one Holdfast node.
+type Node struct {
+	cfg   Config
+	log   *slog.Logger
+	db    *persistence.DB
+	pipe  *persistence.Pipeline
+	host  *actors.Host
+	table *partitionTable
+	ready atomic.Bool
+}
+
+// partitionTable says which partitions this node owns and under which epoch. For a
+// single node every partition is owned at epoch 1, for good.
+type partitionTable struct {
+	epochs []atomic.Uint64 // 0: not owned
+}
+
+func (t *partitionTable) epoch(p uint32) uint64 { return t.epochs[p].Load() }
+
+func (t *partitionTable) fence(p uint32, epoch uint64) error {
+	if int(p) >= len(t.epochs) || t.epochs[p].Load() != epoch || epoch == 0 {
+		return fmt.Errorf("%w: partition %d", ErrNotOwner, p)
+	}
+	return nil
+}
+
+// Start opens the node's database and starts its pipeline and actors.
+func Start(cfg Config) (*Node, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger}
+	db, err := persistence.Open(persistence.Config{Dir: cfg.DataDir, Partitions: cfg.Partitions, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	n.db = db
+	n.table = &partitionTable{epochs: make([]atomic.Uint64, db.Partitions())}
+	for i := range n.table.epochs {
+		n.table.epochs[i].Store(1)
+	}
+	n.pipe = persistence.NewPipeline(db, persistence.PipelineConfig{Fence: n.table.fence, Logger: cfg.Logger})
+	n.host = actors.NewHost(db, n.pipe, actors.Config{
+		IdleTimeout: cfg.IdleTimeout,
+		TypeOptions: cfg.TypeOptions,
+		Epoch:       n.table.epoch,
+		Logger:      cfg.Logger,
+	})
+	for _, t := range cfg.Types {
+		if err := n.host.RegisterType(t); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+	}
+	n.pipe.Start()
+	n.host.Start()
+	n.ready.Store(true)
+	return n, nil
+}
+
+// Request sends msg to object id on the node that owns it and returns the reply.
+func (n *Node) Request(ctx context.Context, id actors.ObjectID, msg any) (any, error) {
+	if err := actors.ValidateID(id); err != nil {
+		return nil, err
+	}
+	p := persistence.Partition(id, len(n.table.epochs))
+	if n.table.epoch(p) == 0 {
+		// Not ours: with several nodes this forwards to the owner. A cluster of one
+		// owns every partition, so this is only reached while partitions move.
+		return nil, &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is not served by this node", p), RetryAfter: time.Second}
+	}
+	return n.host.Request(ctx, id, msg)
+}
+
+// Ready reports whether the node serves requests.
+func (n *Node) Ready() bool { return n.ready.Load() }
+
+// Stats is a snapshot of the node's counters.
+type Stats struct {
+	Pipeline      persistence.PipelineStats
+	ActiveObjects int
+}
+
+// Stats returns the node's counters.
+func (n *Node) Stats() Stats {
+	return Stats{Pipeline: n.pipe.Stats(), ActiveObjects: n.host.Active()}
+}
+
+// Partitions returns the partition count of the node's data directory.
+func (n *Node) Partitions() int { return n.db.Partitions() }
+
+// Close stops admitting requests, lets every admitted one finish (their writes
+// become durable), then closes the pipeline and the database. ctx bounds the wait.
+func (n *Node) Close(ctx context.Context) error {
+	n.ready.Store(false)
+	err := n.host.Close(ctx)
+	n.pipe.Close()
+	if cerr := n.db.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close database: %w", cerr)
+	}
+	return err
+}

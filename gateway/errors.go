@@ -1,0 +1,118 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/holdfast/holdfast/actors"
+)
+
+// apiError is an error reply of spec/errors.md.
+type apiError struct {
+	status int
+	body   map[string]any
+	header http.Header
+}
+
+var unauthorizedBody = []byte(`{"errors":[{"status":"401","title":"Unauthorized"}]}`)
+
+// route styles: the seed's routes answer 422 with {"error"} only.
+type routeStyle int
+
+const (
+	seedRoute routeStyle = iota
+	newRoute
+)
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":"internal error","code":"internal"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeUnauthorized(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = w.Write(unauthorizedBody)
+}
+
+func errBody(msg, code string) map[string]any { return map[string]any{"error": msg, "code": code} }
+
+func badRequest(msg string) *apiError {
+	return &apiError{status: http.StatusBadRequest, body: errBody(msg, "bad_request")}
+}
+
+func notFound(msg string) *apiError {
+	return &apiError{status: http.StatusNotFound, body: errBody(msg, "not_found")}
+}
+
+func tooLarge(msg string) *apiError {
+	return &apiError{status: http.StatusRequestEntityTooLarge, body: errBody(msg, "too_large")}
+}
+
+// toAPIError maps an error from the actors to its reply. Errors of unknown kind
+// are internal: logged with the request id, which the body repeats.
+func toAPIError(err error, style routeStyle, requestID string) *apiError {
+	var trunc *actors.LogTruncatedError
+	if errors.As(err, &trunc) {
+		return &apiError{status: http.StatusGone, body: map[string]any{
+			"error": fmt.Sprintf("the change log no longer holds the entries after %d; the oldest held is %d", trunc.After, trunc.Oldest), "code": "log_truncated",
+			"after": trunc.After, "oldest_log_id": trunc.Oldest,
+		}}
+	}
+	var e *actors.Error
+	if !errors.As(err, &e) {
+		return internalError(requestID)
+	}
+	switch e.Kind {
+	case actors.KindBadRequest:
+		return badRequest(e.Msg)
+	case actors.KindNotFound:
+		return notFound(e.Msg)
+	case actors.KindInvalid:
+		if style == seedRoute {
+			return &apiError{status: http.StatusUnprocessableEntity, body: map[string]any{"error": e.Msg}}
+		}
+		return &apiError{status: http.StatusUnprocessableEntity, body: errBody(e.Msg, "invalid")}
+	case actors.KindTooLarge:
+		return tooLarge(e.Msg)
+	case actors.KindOverloaded:
+		return retryable(http.StatusTooManyRequests, e.Msg, "overloaded", e.RetryAfter)
+	case actors.KindUnavailable:
+		return retryable(http.StatusServiceUnavailable, e.Msg, "unavailable", e.RetryAfter)
+	}
+	return internalError(requestID)
+}
+
+func internalError(requestID string) *apiError {
+	return &apiError{status: http.StatusInternalServerError, body: map[string]any{
+		"error": "internal error", "code": "internal", "request_id": requestID,
+	}}
+}
+
+func retryable(status int, msg, code string, after time.Duration) *apiError {
+	e := &apiError{status: status, body: errBody(msg, code)}
+	if after > 0 {
+		ms := after.Milliseconds()
+		e.body["retryAfterMs"] = ms
+		e.header = http.Header{"Retry-After": {strconv.Itoa(int(math.Ceil(after.Seconds())))}}
+	}
+	return e
+}
+
+func (e *apiError) write(w http.ResponseWriter) {
+	for k, v := range e.header {
+		w.Header()[k] = v
+	}
+	writeJSON(w, e.status, e.body)
+}

@@ -1,0 +1,213 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/holdfast/holdfast/actors"
+)
+
+const objectBase = "/api/v1/objects/{app}/{type}/{key}"
+
+func (s *Server) objectRoutes() {
+	for _, base := range []string{objectBase, objectBase + "/{$}"} {
+		s.mux.HandleFunc("GET "+base, s.object(s.getState))
+		s.mux.HandleFunc("PATCH "+base, s.object(s.patch))
+		s.mux.HandleFunc("DELETE "+base, s.object(s.purge))
+	}
+	s.mux.HandleFunc("GET "+objectBase+"/log", s.object(s.readLog))
+	s.mux.HandleFunc("POST "+objectBase+"/transaction", s.object(s.transaction))
+	s.mux.HandleFunc("GET "+objectBase+"/{slot}", s.object(s.getSlot))
+	s.mux.HandleFunc("PUT "+objectBase+"/{slot}", s.object(s.setSlot))
+	s.mux.HandleFunc("DELETE "+objectBase+"/{slot}", s.object(s.deleteSlot))
+	s.mux.HandleFunc("POST "+objectBase+"/{slot}/increment", s.object(s.increment))
+	s.mux.HandleFunc("POST "+objectBase+"/{slot}/append", s.object(s.appendSlot))
+}
+
+type objectHandler func(w http.ResponseWriter, r *http.Request, id actors.ObjectID)
+
+// object authenticates, names the object, and checks its name before h runs.
+func (s *Server) object(h objectHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		app := s.authApp(w, r)
+		if app == nil {
+			return
+		}
+		id := actors.ObjectID{App: app.ID, Type: r.PathValue("type"), Key: r.PathValue("key")}
+		if err := actors.ValidateID(id); err != nil {
+			s.fail(w, r, err, seedRoute)
+			return
+		}
+		h(w, r, id)
+	}
+}
+
+func (s *Server) getState(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	if reply, ok := s.call(w, r, id, actors.KVGet{}, seedRoute); ok {
+		st := reply.(*actors.KVState)
+		writeJSON(w, http.StatusOK, st)
+	}
+}
+
+func (s *Server) getSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	if reply, ok := s.call(w, r, id, actors.KVGetSlot{Slot: r.PathValue("slot")}, seedRoute); ok {
+		writeJSON(w, http.StatusOK, map[string]json.RawMessage{"value": reply.(json.RawMessage)})
+	}
+}
+
+func (s *Server) readLog(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	q := r.URL.Query()
+	after, err := queryUint(q.Get("after"), 0)
+	if err != nil {
+		badRequest("after must be a non-negative integer").write(w)
+		return
+	}
+	limit, err := queryUint(q.Get("limit"), actors.DefaultLogLimit)
+	if err != nil || limit < 1 {
+		badRequest("limit must be a positive integer").write(w)
+		return
+	}
+	if limit > actors.MaxLogLimit {
+		limit = actors.MaxLogLimit
+	}
+	if reply, ok := s.call(w, r, id, actors.KVReadLog{After: after, Limit: int(limit)}, seedRoute); ok {
+		writeJSON(w, http.StatusOK, reply.(*actors.LogPage))
+	}
+}
+
+func queryUint(s string, def uint64) (uint64, error) {
+	if s == "" {
+		return def, nil
+	}
+	return strconv.ParseUint(s, 10, 64)
+}
+
+// write runs a KV write built from the request and writes its reply.
+func (s *Server) write(w http.ResponseWriter, r *http.Request, id actors.ObjectID, m *actors.KVWrite, noContent bool) {
+	if vals, present := r.Header["Idempotency-Key"]; present {
+		k := vals[0]
+		if k == "" || len(k) > actors.MaxIdempotencyKey {
+			badRequest(fmt.Sprintf("Idempotency-Key must be 1 to %d bytes", actors.MaxIdempotencyKey)).write(w)
+			return
+		}
+		m.IdempotencyKey = k
+	}
+	reply, ok := s.call(w, r, id, m, seedRoute)
+	if !ok {
+		return
+	}
+	if noContent {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	writeJSON(w, http.StatusOK, reply.(*actors.WriteResult))
+}
+
+// decodeFields reads a JSON object body into its top-level members. An empty
+// body is an empty object when emptyOK.
+func decodeFields(w http.ResponseWriter, r *http.Request, emptyOK bool) (map[string]json.RawMessage, *apiError) {
+	body, e := readBody(w, r)
+	if e != nil {
+		return nil, e
+	}
+	if emptyOK && len(bytes.TrimSpace(body)) == 0 {
+		return map[string]json.RawMessage{}, nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
+		return nil, badRequest("the body must be a JSON object")
+	}
+	return fields, nil
+}
+
+func (s *Server) setSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	fields, e := decodeFields(w, r, false)
+	if e != nil {
+		e.write(w)
+		return
+	}
+	v, ok := fields["value"]
+	if !ok {
+		badRequest(`the body needs a "value"`).write(w)
+		return
+	}
+	s.write(w, r, id, &actors.KVWrite{Ops: []actors.Op{{Op: "set", Key: r.PathValue("slot"), Value: v}}}, false)
+}
+
+func (s *Server) increment(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	fields, e := decodeFields(w, r, true)
+	if e != nil {
+		e.write(w)
+		return
+	}
+	by, ok := fields["by"]
+	if ok && !isJSONNumber(by) {
+		badRequest(`"by" must be a number`).write(w)
+		return
+	}
+	s.write(w, r, id, &actors.KVWrite{Ops: []actors.Op{{Op: "increment", Key: r.PathValue("slot"), By: by}}}, false)
+}
+
+func isJSONNumber(raw json.RawMessage) bool {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	if d.Decode(&v) != nil {
+		return false
+	}
+	_, ok := v.(json.Number)
+	return ok
+}
+
+func (s *Server) appendSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	fields, e := decodeFields(w, r, false)
+	if e != nil {
+		e.write(w)
+		return
+	}
+	v, ok := fields["value"]
+	if !ok {
+		badRequest(`the body needs a "value"`).write(w)
+		return
+	}
+	s.write(w, r, id, &actors.KVWrite{Ops: []actors.Op{{Op: "append", Key: r.PathValue("slot"), Value: v}}}, false)
+}
+
+func (s *Server) deleteSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.write(w, r, id, &actors.KVWrite{Ops: []actors.Op{{Op: "delete", Key: r.PathValue("slot")}}}, false)
+}
+
+func (s *Server) purge(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.write(w, r, id, &actors.KVWrite{Purge: true}, true)
+}
+
+func (s *Server) patch(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, e := readBody(w, r)
+	if e != nil {
+		e.write(w)
+		return
+	}
+	ops, err := ParsePatch(body)
+	if err != nil {
+		s.fail(w, r, err, seedRoute)
+		return
+	}
+	s.write(w, r, id, &actors.KVWrite{Ops: ops}, false)
+}
+
+func (s *Server) transaction(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, e := readBody(w, r)
+	if e != nil {
+		e.write(w)
+		return
+	}
+	ops, err := ParseTransaction(body)
+	if err != nil {
+		s.fail(w, r, err, seedRoute)
+		return
+	}
+	s.write(w, r, id, &actors.KVWrite{Ops: ops, Transaction: true}, false)
+}

@@ -1,0 +1,163 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"time"
+
+	"github.com/holdfast/holdfast/actors"
+)
+
+// MaxBodyBytes bounds a request body (spec/README.md); larger bodies get 413.
+const MaxBodyBytes = 8 << 20
+
+// Node is what the gateway needs of a Holdfast node.
+type Node interface {
+	actors.Requester
+	Ready() bool
+}
+
+// Config configures a Server.
+type Config struct {
+	Node Node
+	Apps *Apps
+	// RequestTimeout bounds how long a request waits for its object; zero means 30s.
+	RequestTimeout time.Duration
+	// Logger is the gateway's logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is the HTTP API of one node.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New returns a server; serve it with Handler.
+func New(cfg Config) *Server {
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !s.cfg.Node.Ready() {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "the node is not ready", "code": "unavailable"})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	s.objectRoutes()
+}
+
+// Handler returns the server's root handler.
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
+
+type ctxKey int
+
+const requestIDKey ctxKey = 0
+
+func requestID(r *http.Request) string {
+	id, _ := r.Context().Value(requestIDKey).(string)
+	return id
+}
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	id := randomHex(8)
+	w.Header().Set("X-Request-Id", id)
+	r = r.WithContext(context.WithValue(r.Context(), requestIDKey, id))
+	h, pattern := s.mux.Handler(r)
+	if pattern == "" {
+		s.unmatched(w, r, h)
+		return
+	}
+	s.mux.ServeHTTP(w, r) // sets the path values that Handler does not
+
+}
+
+// unmatched turns the mux's plain-text 404 and 405 into spec/errors.md bodies,
+// keeping the Allow header of a 405.
+func (s *Server) unmatched(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	switch rec.Code {
+	case http.StatusMethodNotAllowed:
+		w.Header().Set("Allow", rec.Header().Get("Allow"))
+		writeJSON(w, http.StatusMethodNotAllowed, errBody("method "+r.Method+" is not allowed here", "method_not_allowed"))
+	case http.StatusNotFound:
+		notFound("no route for "+r.Method+" "+r.URL.Path).write(w)
+	default: // a redirect to a cleaned path
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+	}
+}
+
+// authApp authenticates r and checks that the path's app is the authenticated
+// app (by ID or App Key). It writes the 401 itself and returns nil on failure.
+func (s *Server) authApp(w http.ResponseWriter, r *http.Request) *App {
+	app, ok := s.cfg.Apps.Authenticate(r.Header.Get("X-App-Key"), r.Header.Get("X-App-Secret"))
+	if !ok {
+		writeUnauthorized(w)
+		return nil
+	}
+	if p := r.PathValue("app"); p != app.ID && p != app.Key {
+		writeUnauthorized(w)
+		return nil
+	}
+	return app
+}
+
+// readBody reads the whole body, at most MaxBodyBytes.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, tooLarge("the request body is over 8 MiB")
+		}
+		return nil, badRequest("cannot read the request body")
+	}
+	return b, nil
+}
+
+// call sends msg to the object and writes an error reply if it fails.
+func (s *Server) call(w http.ResponseWriter, r *http.Request, id actors.ObjectID, msg any, style routeStyle) (any, bool) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	defer cancel()
+	reply, err := s.cfg.Node.Request(ctx, id, msg)
+	if err != nil {
+		s.fail(w, r, err, style)
+		return nil, false
+	}
+	return reply, true
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, style routeStyle) {
+	e := toAPIError(err, style, requestID(r))
+	if e.status >= 500 {
+		s.log.Error("request failed", "request_id", requestID(r), "method", r.Method, "path", r.URL.Path, "status", e.status, "err", err)
+	}
+	e.write(w)
+}
+
+// trimSlash lets the base route be written with or without a trailing slash.
+func trimSlash(p string) string { return strings.TrimSuffix(p, "/") }

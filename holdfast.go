@@ -1,0 +1,94 @@
+// Package holdfast embeds a Holdfast node in a Go program: durable objects with KV
+// slots, a change log and user-defined message handlers, on local disk, with no
+// network and no other service.
+//
+//	rt, err := holdfast.Open(holdfast.Options{DataDir: "./data"})
+//	defer rt.Close(ctx)
+//	obj := rt.Object("app_demo", "order", "order-42")
+//	res, err := obj.Set(ctx, "status", "shipped")   // durable when it returns
+//
+// The same operations are served over HTTP by `holdfast serve` (package gateway).
+package holdfast
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/cluster"
+)
+
+// Re-exported so that an embedding program imports one package.
+type (
+	// ObjectID names an object: (app, type, key).
+	ObjectID = actors.ObjectID
+	// Object is the KV API of one object.
+	Object = actors.KV
+	// TypeSpec is a user-defined object type.
+	TypeSpec = actors.TypeSpec
+	// Context is a user handler's view of its object during one turn.
+	Context = actors.Context
+	// Op is one operation of a transaction.
+	Op = actors.Op
+	// PatchEntry is one slot of a Patch.
+	PatchEntry = actors.PatchEntry
+	// TypeOptions are an object type's options.
+	TypeOptions = actors.TypeOptions
+)
+
+// Options configure an embedded runtime.
+type Options struct {
+	// DataDir holds the database. Required.
+	DataDir string
+	// Partitions is fixed when DataDir is created; zero means 256 (or what DataDir holds).
+	Partitions int
+	// IdleTimeout passivates idle objects; zero means 60s.
+	IdleTimeout time.Duration
+	// Types are the user-defined object types.
+	Types []TypeSpec
+	// TypeOptions returns a type's options; nil means the defaults (10,000
+	// change-log entries per object).
+	TypeOptions func(typ string) TypeOptions
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Runtime is an embedded Holdfast node.
+type Runtime struct {
+	node *cluster.Node
+}
+
+// Open starts a runtime on opts.DataDir.
+func Open(opts Options) (*Runtime, error) {
+	n, err := cluster.Start(cluster.Config{
+		DataDir:     opts.DataDir,
+		Partitions:  opts.Partitions,
+		IdleTimeout: opts.IdleTimeout,
+		Types:       opts.Types,
+		TypeOptions: opts.TypeOptions,
+		Logger:      opts.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Runtime{node: n}, nil
+}
+
+// Object returns the KV API of object (app, typ, key).
+func (r *Runtime) Object(app, typ, key string) *Object {
+	return actors.NewKV(r.node, ObjectID{App: app, Type: typ, Key: key})
+}
+
+// Request sends msg to object (app, typ, key) and returns the reply of its type's
+// handler. The reply arrives only once every write the object made before it is
+// durable.
+func (r *Runtime) Request(ctx context.Context, app, typ, key string, msg any) (any, error) {
+	return r.node.Request(ctx, ObjectID{App: app, Type: typ, Key: key}, msg)
+}
+
+// Node returns the underlying node (for servers and statistics).
+func (r *Runtime) Node() *cluster.Node { return r.node }
+
+// Close lets admitted requests finish and closes the database.
+func (r *Runtime) Close(ctx context.Context) error { return r.node.Close(ctx) }
