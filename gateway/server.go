@@ -101,7 +101,7 @@ func (s *Server) unmatched(w http.ResponseWriter, r *http.Request, h http.Handle
 		w.Header().Set("Allow", rec.Header().Get("Allow"))
 		writeJSON(w, http.StatusMethodNotAllowed, errBody("method "+r.Method+" is not allowed here", "method_not_allowed"))
 	case http.StatusNotFound:
-		notFound("no route for "+r.Method+" "+r.URL.Path).write(w)
+		notFound("no route for " + r.Method + " " + r.URL.Path).write(w)
 	default: // a redirect to a cleaned path
 		for k, v := range rec.Header() {
 			w.Header()[k] = v
