@@ -114,7 +114,8 @@ func (h *Host) RegisterType(spec TypeSpec) error {
 // Start starts the actor system.
 func (h *Host) Start() {
 	h.started = true
-	logger := h.log.With("component", "protoactor")
+	// protoactor logs routine events at info; keep its warnings and errors only.
+	logger := slog.New(minLevel{h.log.Handler(), slog.LevelWarn}).With("component", "protoactor")
 	h.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return logger }))
 	h.props = actor.PropsFromProducer(func() actor.Actor { return &object{h: h} })
 }
@@ -272,3 +273,16 @@ func (h *Host) epoch(partition uint32) uint64 {
 	}
 	return h.cfg.Epoch(partition)
 }
+
+// minLevel drops records below min.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.Handler.Enabled(ctx, l)
+}
+
+func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler { return minLevel{m.Handler.WithAttrs(a), m.min} }
+func (m minLevel) WithGroup(g string) slog.Handler      { return minLevel{m.Handler.WithGroup(g), m.min} }

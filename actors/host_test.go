@@ -2,7 +2,10 @@ package actors
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,16 +20,22 @@ type testNode struct {
 	host *Host
 }
 
-func startNode(t *testing.T, dir string, cfg Config, types ...TypeSpec) *testNode {
+type nodeOpts struct {
+	cfg   Config
+	pipe  persistence.PipelineConfig
+	types []TypeSpec
+}
+
+func startNode(t *testing.T, dir string, o nodeOpts) *testNode {
 	t.Helper()
 	db, err := persistence.Open(persistence.Config{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pipe := persistence.NewPipeline(db, persistence.PipelineConfig{})
+	pipe := persistence.NewPipeline(db, o.pipe)
 	pipe.Start()
-	h := NewHost(db, pipe, cfg)
-	for _, ty := range types {
+	h := NewHost(db, pipe, o.cfg)
+	for _, ty := range o.types {
 		if err := h.RegisterType(ty); err != nil {
 			t.Fatal(err)
 		}
@@ -57,9 +66,53 @@ func (n *testNode) kv(typ, key string) *KV {
 	return NewKV(n.host, ObjectID{App: "app_t", Type: typ, Key: key})
 }
 
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// holdablePipeline returns a pipeline config whose commits block while held.
+type hold struct {
+	mu      sync.Mutex
+	held    bool
+	release chan struct{}
+	inHold  atomic.Int64 // writes of the commit waiting in the hold
+	commits atomic.Int64
+}
+
+func newHold() *hold { return &hold{held: true, release: make(chan struct{})} }
+
+func (h *hold) before(n int) {
+	h.mu.Lock()
+	held, ch := h.held, h.release
+	h.mu.Unlock()
+	if held {
+		h.inHold.Store(int64(n))
+		<-ch
+		h.inHold.Store(0)
+	}
+	h.commits.Add(1)
+}
+
+func (h *hold) open() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.held {
+		h.held = false
+		close(h.release)
+	}
+}
+
 func TestKV_SetGetSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
-	n := startNode(t, dir, Config{})
+	n := startNode(t, dir, nodeOpts{})
 	ctx := context.Background()
 	o := n.kv("order", "o-1")
 	r, err := o.Set(ctx, "status", "new")
@@ -70,7 +123,7 @@ func TestKV_SetGetSurvivesRestart(t *testing.T) {
 		t.Fatalf("increment: %+v %v", r, err)
 	}
 	n.stop()
-	n = startNode(t, dir, Config{})
+	n = startNode(t, dir, nodeOpts{})
 	st, err := n.kv("order", "o-1").Get(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +131,227 @@ func TestKV_SetGetSurvivesRestart(t *testing.T) {
 	if st.LogID != 2 || string(st.State["status"]) != `"new"` || string(st.State["n"]) != "2" {
 		t.Fatalf("after restart: %+v", st)
 	}
-	b, _ := json.Marshal(st)
-	t.Logf("%s", b)
+}
+
+// TestHost_RepliesWaitForTheSyncThatCoversThem holds the pipeline while writes to
+// many objects queue: no reply (write or read) may leave before the commit, and the
+// writes share a handful of commits.
+func TestHost_RepliesWaitForTheSyncThatCoversThem(t *testing.T) {
+	hd := newHold()
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
+	ctx := context.Background()
+	const objects = 300
+	var replied atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < objects; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			if _, err := n.kv("c", fmt.Sprint(i)).Set(ctx, "v", i); err != nil {
+				t.Errorf("set %d: %v", i, err)
+			}
+			replied.Add(1)
+		}(i)
+	}
+	waitFor(t, "every write to reach the pipeline", func() bool {
+		return hd.inHold.Load()+int64(n.pipe.Queued()) == objects
+	})
+	// A read of an object whose write is pending must wait too.
+	readDone := make(chan *KVState, 1)
+	go func() {
+		st, err := n.kv("c", "7").Get(ctx)
+		if err != nil {
+			t.Errorf("get: %v", err)
+		}
+		readDone <- st
+	}()
+	waitFor(t, "the read to reach the object", func() bool { return n.host.inflight() == objects+1 })
+	if got := replied.Load(); got != 0 {
+		t.Fatalf("%d writes acknowledged while their commit was held", got)
+	}
+	select {
+	case <-readDone:
+		t.Fatal("a read showed a write that was not yet durable")
+	default:
+	}
+	hd.open()
+	wg.Wait()
+	if st := <-readDone; string(st.State["v"]) != "7" {
+		t.Fatalf("read after release: %+v", st)
+	}
+	if c := hd.commits.Load(); c > 5 {
+		t.Fatalf("%d writes to %d objects took %d commits, want them to share syncs", objects, objects, c)
+	}
+}
+
+func TestHost_OneObjectManyCallersShareSyncs(t *testing.T) {
+	n := startNode(t, t.TempDir(), nodeOpts{})
+	ctx := context.Background()
+	o := n.kv("hot", "one")
+	const callers, each = 64, 20
+	seen := make([]atomic.Bool, callers*each+1)
+	var wg sync.WaitGroup
+	for c := 0; c < callers; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				r, err := o.Increment(ctx, "n", 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				var v int
+				fmt.Sscan(string(r.Value), &v)
+				if v < 1 || v > callers*each || seen[v].Swap(true) {
+					t.Errorf("increment returned %d twice or out of range", v)
+				}
+				if r.LogID != uint64(v) {
+					t.Errorf("value %d at log_id %d", v, r.LogID)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st := n.pipe.Stats()
+	if st.Writes != callers*each {
+		t.Fatalf("writes = %d", st.Writes)
+	}
+	if st.Commits > callers*each/4 {
+		t.Fatalf("%d writes to one object took %d commits", st.Writes, st.Commits)
+	}
+}
+
+func TestHost_PassivatesIdleObjectsAndReloads(t *testing.T) {
+	n := startNode(t, t.TempDir(), nodeOpts{cfg: Config{IdleTimeout: 30 * time.Millisecond}})
+	ctx := context.Background()
+	for i := 0; i < 100; i++ {
+		if _, err := n.kv("p", fmt.Sprint(i)).Append(ctx, "l", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "every object to passivate", func() bool { return n.host.Active() == 0 })
+	for i := 0; i < 100; i++ {
+		st, err := n.kv("p", fmt.Sprint(i)).Get(ctx)
+		if err != nil || st.LogID != 1 || string(st.State["l"]) != fmt.Sprintf("[%d]", i) {
+			t.Fatalf("object %d after passivation: %+v %v", i, st, err)
+		}
+	}
+}
+
+func TestHost_FailedWriteDeactivatesAndReloadsFromDisk(t *testing.T) {
+	var refuse atomic.Bool
+	errRefused := errors.New("refused for the test")
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Fence: func(uint32, uint64) error {
+		if refuse.Load() {
+			return errRefused
+		}
+		return nil
+	}}})
+	ctx := context.Background()
+	o := n.kv("f", "x")
+	if _, err := o.Set(ctx, "a", 1); err != nil {
+		t.Fatal(err)
+	}
+	refuse.Store(true)
+	if _, err := o.Set(ctx, "a", 2); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("refused write: %v, want unavailable", err)
+	}
+	refuse.Store(false)
+	st, err := o.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.LogID != 1 || string(st.State["a"]) != "1" {
+		t.Fatalf("state after a lost write: %+v, want the durable a=1 at log_id 1", st)
+	}
+	r, err := o.Set(ctx, "a", 3)
+	if err != nil || r.LogID != 2 {
+		t.Fatalf("next write: %+v %v, want log_id 2 with no gap", r, err)
+	}
+}
+
+func TestHost_AdmissionLimit(t *testing.T) {
+	hd := newHold()
+	n := startNode(t, t.TempDir(), nodeOpts{
+		cfg:  Config{MaxInflightPerObject: 4},
+		pipe: persistence.PipelineConfig{BeforeCommit: hd.before},
+	})
+	ctx := context.Background()
+	o := n.kv("busy", "x")
+	errs := make(chan error, 10)
+	for i := 0; i < 10; i++ {
+		go func() { _, err := o.Set(ctx, "a", 1); errs <- err }()
+	}
+	overloaded := 0
+	for i := 0; i < 6; i++ { // six must be refused at once, while four wait
+		err := <-errs
+		var e *Error
+		if !errors.As(err, &e) || e.Kind != KindOverloaded || e.RetryAfter <= 0 {
+			t.Fatalf("got %v, want overloaded with a retry time", err)
+		}
+		overloaded++
+	}
+	hd.open()
+	for i := 0; i < 4; i++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("admitted write: %v", err)
+		}
+	}
+}
+
+func TestHost_CloseFinishesInflightWrites(t *testing.T) {
+	hd := newHold()
+	dir := t.TempDir()
+	n := startNode(t, dir, nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
+	ctx := context.Background()
+	res := make(chan error, 1)
+	go func() { _, err := n.kv("c", "x").Set(ctx, "a", "kept"); res <- err }()
+	waitFor(t, "the write to be held", func() bool { return hd.inHold.Load() == 1 })
+	closed := make(chan struct{})
+	go func() { n.stop(); close(closed) }()
+	waitFor(t, "close to refuse new requests", func() bool { return n.host.closing.Load() })
+	if _, err := n.kv("c", "y").Get(ctx); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("request during close: %v, want unavailable", err)
+	}
+	hd.open()
+	if err := <-res; err != nil {
+		t.Fatalf("in-flight write: %v", err)
+	}
+	<-closed
+	n = startNode(t, dir, nodeOpts{})
+	if v, err := n.kv("c", "x").GetSlot(ctx, "a"); err != nil || string(v) != `"kept"` {
+		t.Fatalf("after restart: %s %v", v, err)
+	}
+}
+
+func TestHost_LogReadSeesPendingWrites(t *testing.T) {
+	hd := newHold()
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
+	ctx := context.Background()
+	o := n.kv("l", "x")
+	hd.open() // first write goes through
+	if _, err := o.Set(ctx, "a", 1); err != nil {
+		t.Fatal(err)
+	}
+	hd.mu.Lock()
+	hd.held, hd.release = true, make(chan struct{})
+	hd.mu.Unlock()
+	go o.Set(ctx, "b", 2)   //nolint:errcheck // checked through the log below
+	go o.Append(ctx, "c", 3) //nolint:errcheck
+	waitFor(t, "both writes to be pending", func() bool { return hd.inHold.Load()+int64(n.pipe.Queued()) == 2 })
+	page := make(chan *LogPage, 1)
+	go func() {
+		p, err := o.Log(ctx, 0, 100)
+		if err != nil {
+			t.Error(err)
+		}
+		page <- p
+	}()
+	waitFor(t, "the read to queue", func() bool { return n.host.inflight() == 3 })
+	hd.open()
+	p := <-page
+	if len(p.Items) != 3 || p.Items[2].LogID != 3 {
+		t.Fatalf("log read while writes were pending: %+v, want all three entries", p.Items)
+	}
 }

@@ -136,7 +136,15 @@ func (o *object) respond(env *envelope, val any, err error) {
 		env.finish(val, err, cerr)
 		return
 	}
-	t.OnDone(func(cerr error) { env.finish(val, err, cerr) })
+	h := o.h
+	t.OnDone(func(cerr error) {
+		if cerr != nil {
+			// Route later requests to a fresh activation at once; this one may
+			// hold state that never reached disk.
+			h.forget(env.act)
+		}
+		env.finish(val, err, cerr)
+	})
 }
 
 // health reports whether the activation can still serve. After a failed write it

@@ -125,6 +125,10 @@ type PipelineConfig struct {
 	Fence func(partition uint32, epoch uint64) error
 	// Logger receives commit failures. Nil means slog.Default().
 	Logger *slog.Logger
+	// BeforeCommit, if set, is called on the committer goroutine just before each
+	// Badger commit with the number of writes it covers. For instrumentation and
+	// tests (a test may block in it to hold the pipeline).
+	BeforeCommit func(writes int)
 }
 
 // PipelineStats counts the pipeline's work since Start.
@@ -150,9 +154,6 @@ type Pipeline struct {
 	done        sync.WaitGroup
 
 	commits, writes, failed atomic.Uint64
-
-	// Test hooks, called on the committer goroutine around each commit.
-	beforeCommit func(n int)
 }
 
 // NewPipeline returns a pipeline over db. Start it before submitting writes.
@@ -198,6 +199,14 @@ func (p *Pipeline) Close() {
 // Stats returns the pipeline's counters.
 func (p *Pipeline) Stats() PipelineStats {
 	return PipelineStats{Commits: p.commits.Load(), Writes: p.writes.Load(), Failed: p.failed.Load()}
+}
+
+// Queued returns the number of writes waiting for the committer (not counting
+// the ones it is committing).
+func (p *Pipeline) Queued() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue)
 }
 
 // Submit queues w for the next commit and returns its ticket at once; it never
@@ -332,8 +341,8 @@ func (p *Pipeline) commitRun(run []*Write) {
 	if len(live) == 0 {
 		return
 	}
-	if p.beforeCommit != nil {
-		p.beforeCommit(len(live))
+	if p.cfg.BeforeCommit != nil {
+		p.cfg.BeforeCommit(len(live))
 	}
 	if err := txn.Commit(); err != nil {
 		err = fmt.Errorf("%w: commit of %d writes: %v", ErrFailed, len(live), err)

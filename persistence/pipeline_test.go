@@ -73,7 +73,7 @@ func TestPipeline_SharesSyncsAndNeverAcksEarly(t *testing.T) {
 	var earlyAcks int
 	committed := 0
 	p := NewPipeline(db, PipelineConfig{})
-	p.beforeCommit = func(k int) {
+	p.cfg.BeforeCommit = func(k int) {
 		if committed == 0 {
 			<-release // hold the first commit until every writer submitted
 		}
@@ -177,7 +177,7 @@ func TestPipeline_TooLargeWriteFailsAlone(t *testing.T) {
 	release := make(chan struct{})
 	p := NewPipeline(db, PipelineConfig{})
 	first := true
-	p.beforeCommit = func(int) {
+	p.cfg.BeforeCommit = func(int) {
 		if first {
 			first = false
 			<-release
@@ -241,7 +241,7 @@ func TestPipeline_CloseCommitsQueuedAndRefusesLater(t *testing.T) {
 	p := NewPipeline(db, PipelineConfig{})
 	release := make(chan struct{})
 	first := true
-	p.beforeCommit = func(int) {
+	p.cfg.BeforeCommit = func(int) {
 		if first {
 			first = false
 			<-release
@@ -291,5 +291,38 @@ func TestOpen_PartitionsFixedAtCreation(t *testing.T) {
 	db.Close()
 	if _, err := Open(Config{Dir: dir, Partitions: 128}); !errors.Is(err, ErrPartitionsMismatch) {
 		t.Fatalf("open with 128: %v, want ErrPartitionsMismatch", err)
+	}
+}
+
+func TestPipeline_ChainStopsWritesAfterAFailure(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	defer db.Close()
+	errStale := errors.New("stale epoch")
+	p := startPipeline(t, db, PipelineConfig{Fence: func(_ uint32, epoch uint64) error {
+		if epoch == 0 {
+			return errStale
+		}
+		return nil
+	}})
+	chain := &Chain{}
+	w1 := set("c1", "x") // refused by the fence
+	w1.Chain = chain
+	w2 := set("c2", "x") // fine on its own, but built on w1
+	w2.Chain, w2.Epoch = chain, 1
+	other := set("o1", "x")
+	other.Epoch = 1
+	t1, t2, t3 := p.Submit(w1), p.Submit(w2), p.Submit(other)
+	ctx := context.Background()
+	if err := t1.Wait(ctx); !errors.Is(err, errStale) {
+		t.Fatalf("w1: %v", err)
+	}
+	if err := t2.Wait(ctx); !errors.Is(err, errStale) {
+		t.Fatalf("w2 after a failed write of its chain: %v, want the chain's error", err)
+	}
+	if err := t3.Wait(ctx); err != nil {
+		t.Fatalf("a write of another chain: %v", err)
+	}
+	if _, found, _ := db.Get(ctx, []byte("c2")); found {
+		t.Fatal("a write built on a failed one reached the database")
 	}
 }
