@@ -238,3 +238,26 @@ func formatFloat(f float64) json.RawMessage {
 	}
 	return b
 }
+
+// mapState is a slotReader over a plain map.
+type mapState map[string]json.RawMessage
+
+func (m mapState) slot(name string) (json.RawMessage, bool) { v, ok := m[name]; return v, ok }
+
+func (m mapState) stateBytes() int {
+	n := 0
+	for k, v := range m {
+		n += slotBytes(k, v)
+	}
+	return n
+}
+
+// Plan computes the changes that ops would make to state, without changing it.
+// It is the pure core of every KV write, exported for tests and fuzzing.
+func Plan(state map[string]json.RawMessage, ops []Op) ([]Change, json.RawMessage, error) {
+	ch, v, err := plan(mapState(state), ops)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ch, v, nil
+}
