@@ -1,0 +1,374 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/holdfast/holdfast"
+)
+
+// result is what one case prints, as one JSON line, from its own process.
+type result struct {
+	Case          string  `json:"case"`
+	OpsPerSec     float64 `json:"opsPerSec,omitempty"`
+	SyncsPerWrite float64 `json:"syncsPerWrite,omitempty"`
+	// Memory case only.
+	BytesPerActive float64 `json:"bytesPerActive,omitempty"`
+	BytesPerIdle   float64 `json:"bytesPerIdle,omitempty"`
+}
+
+type caseSpec struct {
+	name   string
+	target float64 // minimum ratio to the probe; 0: none
+	run    func(dir string, d time.Duration) (result, error)
+}
+
+var cases = []caseSpec{
+	{"one-object-serial", 0.8, func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 1) }},
+	{"1000-objects-1-in-flight", 30, func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 1000) }},
+	{"one-object-64-callers", 8, func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 64) }},
+}
+
+func main() {
+	var (
+		rounds   = flag.Int("rounds", 5, "rounds of every case")
+		duration = flag.Duration("duration", 3*time.Second, "measured time per case")
+		warmup   = flag.Duration("warmup", 500*time.Millisecond, "unmeasured time before each case")
+		memObjs  = flag.Int("memory-objects", 100000, "objects for the memory case (0 skips it)")
+		jsonOut  = flag.String("json", "", "also write the summary as JSON to this file")
+		dirFlag  = flag.String("dir", "", "directory for data and the probe file (default: a temporary directory)")
+		only     = flag.String("case", "", "internal: run one case in this process")
+		check    = flag.Bool("check", false, "exit 1 when a median ratio is below half its target")
+	)
+	flag.Parse()
+	if *only != "" {
+		os.Exit(runChild(*only, *dirFlag, *duration, *warmup, *memObjs))
+	}
+	base := *dirFlag
+	if base == "" {
+		var err error
+		if base, err = os.MkdirTemp("", "holdfast-bench-"); err != nil {
+			fatal(err)
+		}
+		defer os.RemoveAll(base)
+	}
+	os.Exit(drive(base, *rounds, *duration, *warmup, *memObjs, *jsonOut, *check))
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
+
+// runChild runs one case and prints its result as JSON.
+func runChild(name, dir string, d, warmup time.Duration, memObjs int) int {
+	var r result
+	var err error
+	switch name {
+	case "probe":
+		r, err = probe(dir, d)
+	case "memory":
+		r, err = memory(dir, memObjs)
+	default:
+		found := false
+		for _, c := range cases {
+			if c.name == name {
+				found = true
+				if warmup > 0 {
+					if _, err = c.run(filepath.Join(dir, "warmup"), warmup); err != nil {
+						break
+					}
+				}
+				r, err = c.run(filepath.Join(dir, "data"), d)
+			}
+		}
+		if !found {
+			err = fmt.Errorf("unknown case %q", name)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", name+":", err)
+		return 1
+	}
+	r.Case = name
+	_ = json.NewEncoder(os.Stdout).Encode(r)
+	return 0
+}
+
+// probe overwrites 4 KiB at the start of a pre-written file and fdatasyncs it, as
+// often as it can for d.
+func probe(dir string, d time.Duration) (result, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return result{}, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "probe"), os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o644)
+	if err != nil {
+		return result{}, err
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	rand.Read(buf)
+	for i := 0; i < 256; i++ { // pre-write 1 MiB so that overwrites allocate nothing
+		if _, err := f.Write(buf); err != nil {
+			return result{}, err
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return result{}, err
+	}
+	n := 0
+	start := time.Now()
+	for time.Since(start) < d {
+		buf[0] = byte(n)
+		if _, err := f.WriteAt(buf, 0); err != nil {
+			return result{}, err
+		}
+		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+			return result{}, err
+		}
+		n++
+	}
+	return result{OpsPerSec: float64(n) / time.Since(start).Seconds()}, nil
+}
+
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// throughput runs callers goroutines, each writing to object (i mod objects), one
+// write at a time each, for d.
+func throughput(dir string, d time.Duration, objects, callers int) (result, error) {
+	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger()})
+	if err != nil {
+		return result{}, err
+	}
+	defer rt.Close(context.Background())
+	ctx := context.Background()
+	objs := make([]*holdfast.Object, objects)
+	for i := range objs {
+		objs[i] = rt.Object("app_bench", "bench", fmt.Sprintf("obj-%d", i))
+		if _, err := objs[i].Set(ctx, "v", 0); err != nil { // activate before measuring
+			return result{}, err
+		}
+	}
+	before := rt.Node().Stats().Pipeline
+	var ops atomic.Int64
+	var failed atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	value := strings.Repeat("x", 200) // a 256-byte-ish record with the JSON and slot name
+	start := time.Now()
+	for c := 0; c < callers; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			o := objs[c%objects]
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := o.Set(ctx, "v", value); err != nil {
+					failed.Store(err)
+					return
+				}
+				ops.Add(1)
+			}
+		}(c)
+	}
+	time.Sleep(d) // the measured interval
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err, _ := failed.Load().(error); err != nil {
+		return result{}, err
+	}
+	after := rt.Node().Stats().Pipeline
+	writes := after.Writes - before.Writes
+	return result{
+		OpsPerSec:     float64(ops.Load()) / elapsed.Seconds(),
+		SyncsPerWrite: float64(after.Commits-before.Commits) / float64(writes),
+	}, nil
+}
+
+// memory activates n objects, measures the Go heap per active object, waits for
+// them all to passivate, and measures what is left per idle object.
+func memory(dir string, n int) (result, error) {
+	const idle = 2 * time.Second
+	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, IdleTimeout: idle, Logger: quietLogger()})
+	if err != nil {
+		return result{}, err
+	}
+	defer rt.Close(context.Background())
+	ctx := context.Background()
+	heap := func() float64 {
+		runtime.GC()
+		debug.FreeOSMemory()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return float64(m.HeapAlloc)
+	}
+	// Warm the runtime (actor system, pipeline, Badger caches) with one object.
+	if _, err := rt.Object("app_bench", "mem", "warm").Set(ctx, "v", 1); err != nil {
+		return result{}, err
+	}
+	base := heap()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 256)
+	var failed atomic.Value
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if _, err := rt.Object("app_bench", "mem", fmt.Sprintf("o-%d", i)).Set(ctx, "v", i); err != nil {
+				failed.Store(err)
+			}
+		}(i)
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		return result{}, err
+	}
+	active := rt.Node().Stats().ActiveObjects
+	perActive := (heap() - base) / float64(active)
+	deadline := time.Now().Add(idle*5 + 30*time.Second)
+	for rt.Node().Stats().ActiveObjects > 1 { // the warm object may still be active
+		if time.Now().After(deadline) {
+			return result{}, fmt.Errorf("%d objects still active", rt.Node().Stats().ActiveObjects)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	perIdle := (heap() - base) / float64(n)
+	if perIdle < 0 {
+		perIdle = 0
+	}
+	return result{BytesPerActive: perActive, BytesPerIdle: perIdle}, nil
+}
+
+// drive runs the rounds, each case in a child process, and reports.
+func drive(base string, rounds int, d, warmup time.Duration, memObjs int, jsonOut string, check bool) int {
+	self, err := os.Executable()
+	if err != nil {
+		fatal(err)
+	}
+	probes := make([][]float64, rounds)
+	byCase := map[string][]result{}
+	ratios := map[string][]float64{}
+	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+	run := func(round int, name string) result {
+		dir := filepath.Join(base, fmt.Sprintf("r%d-%s", round, name))
+		defer os.RemoveAll(dir)
+		cmd := exec.Command(self, "-case", name, "-dir", dir, "-duration", d.String(), "-warmup", warmup.String(), fmt.Sprintf("-memory-objects=%d", memObjs))
+		cmd.Stderr = os.Stderr
+		out, err := cmd.Output()
+		if err != nil {
+			fatal(fmt.Errorf("case %s: %w", name, err))
+		}
+		var r result
+		if err := json.Unmarshal(out, &r); err != nil {
+			fatal(fmt.Errorf("case %s printed %q", name, out))
+		}
+		return r
+	}
+	for round := 0; round < rounds; round++ {
+		order := rng.Perm(len(cases))
+		p1 := run(round, "probe").OpsPerSec
+		var got []result
+		for _, i := range order {
+			got = append(got, run(round, cases[i].name))
+		}
+		p2 := run(round, "probe").OpsPerSec
+		probes[round] = []float64{p1, p2}
+		mean := (p1 + p2) / 2
+		for _, r := range got {
+			byCase[r.Case] = append(byCase[r.Case], r)
+			ratios[r.Case] = append(ratios[r.Case], r.OpsPerSec/mean)
+		}
+		fmt.Fprintf(os.Stderr, "round %d: probe %.0f/%.0f per s\n", round+1, p1, p2)
+	}
+	var mem *result
+	if memObjs > 0 {
+		r := run(0, "memory")
+		mem = &r
+	}
+	return report(probes, byCase, ratios, mem, memObjs, d, jsonOut, check)
+}
+
+type stat struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+func summarize(xs []float64) stat {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return stat{Median: m, Min: s[0], Max: s[len(s)-1]}
+}
+
+func report(probes [][]float64, byCase map[string][]result, ratios map[string][]float64, mem *result, memObjs int, d time.Duration, jsonOut string, check bool) int {
+	var all []float64
+	for _, p := range probes {
+		all = append(all, p...)
+	}
+	ps := summarize(all)
+	summary := map[string]any{"rounds": len(probes), "duration": d.String(), "probe": ps, "cases": map[string]any{}}
+	fmt.Printf("| case | ops/s median (min-max) | ratio to probe median (min-max) | target | syncs per write |\n|---|---|---|---|---|\n")
+	fmt.Printf("| fsync probe (4 KiB overwrite + fdatasync) | %.0f (%.0f-%.0f) | 1 | | 1 |\n", ps.Median, ps.Min, ps.Max)
+	failed := 0
+	for _, c := range cases {
+		var ops, syncs []float64
+		for _, r := range byCase[c.name] {
+			ops = append(ops, r.OpsPerSec)
+			syncs = append(syncs, r.SyncsPerWrite)
+		}
+		os, rs, ss := summarize(ops), summarize(ratios[c.name]), summarize(syncs)
+		mark := ""
+		if rs.Median < c.target {
+			mark = " (below target)"
+			if check && rs.Median < c.target/2 {
+				failed++
+			}
+		}
+		fmt.Printf("| %s | %.0f (%.0f-%.0f) | %.2fx (%.2f-%.2f)%s | %.1fx | %.4f |\n", c.name, os.Median, os.Min, os.Max, rs.Median, rs.Min, rs.Max, mark, c.target, ss.Median)
+		summary["cases"].(map[string]any)[c.name] = map[string]any{"opsPerSec": os, "ratio": rs, "target": c.target, "syncsPerWrite": ss}
+	}
+	if mem != nil {
+		fmt.Printf("\n| memory, %d objects | bytes |\n|---|---|\n| Go heap per active object | %.0f |\n| Go heap per idle (passivated) object | %.0f |\n", memObjs, mem.BytesPerActive, mem.BytesPerIdle)
+		summary["memory"] = mem
+	}
+	if jsonOut != "" {
+		b, _ := json.MarshalIndent(summary, "", "  ")
+		if err := os.MkdirAll(filepath.Dir(jsonOut), 0o755); err == nil {
+			_ = os.WriteFile(jsonOut, b, 0o644)
+		}
+	}
+	if failed > 0 {
+		fmt.Fprintf(os.Stderr, "bench: %d cases below half their target\n", failed)
+		return 1
+	}
+	return 0
+}

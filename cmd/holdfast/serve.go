@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/cluster"
+	"github.com/holdfast/holdfast/config"
+	"github.com/holdfast/holdfast/gateway"
+)
+
+func serveCommand() *cobra.Command {
+	var (
+		configFile  string
+		dataDir     string
+		listen      string
+		partitions  int
+		idleTimeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a Holdfast node with the REST API",
+		Long: `Run a single Holdfast node. Configuration comes from --config FILE, then HOLDFAST_*
+environment variables, then flags; with none of them it serves ./holdfast-data on
+127.0.0.1:7070 and creates an app on first start.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(configFile, os.Getenv)
+			if err != nil {
+				return err
+			}
+			f := cmd.Flags()
+			if f.Changed("data-dir") {
+				cfg.DataDir = dataDir
+			}
+			if f.Changed("listen") {
+				cfg.Listen = listen
+			}
+			if f.Changed("partitions") {
+				cfg.Partitions = partitions
+			}
+			if f.Changed("idle-timeout") {
+				cfg.IdleTimeout = idleTimeout
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			return serve(cmd.Context(), cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&configFile, "config", "", "YAML configuration file")
+	f.StringVar(&dataDir, "data-dir", "", "data directory (default ./holdfast-data)")
+	f.StringVar(&listen, "listen", "", "HTTP listen address (default 127.0.0.1:7070)")
+	f.IntVar(&partitions, "partitions", 0, "partition count of a new data directory (default 256)")
+	f.DurationVar(&idleTimeout, "idle-timeout", 0, "passivate objects idle this long (default 60s)")
+	return cmd
+}
+
+// serve runs the node until SIGTERM or SIGINT, then stops accepting requests,
+// lets in-flight ones finish (their writes become durable) and returns nil.
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	configured := make([]gateway.App, 0, len(cfg.Apps))
+	for _, a := range cfg.Apps {
+		configured = append(configured, gateway.App{ID: a.ID, Key: a.Key, Secret: a.Secret})
+	}
+	apps, err := gateway.LoadOrCreateApps(cfg.DataDir, configured, func(a gateway.App) {
+		fmt.Printf("Created an app on first start (stored in %s; the secret is shown only here):\n"+
+			"  App ID:     %s\n  App Key:    %s\n  App Secret: %s\n",
+			filepath.Join(cfg.DataDir, "apps.json"), a.ID, a.Key, a.Secret)
+	})
+	if err != nil {
+		return err
+	}
+	node, err := cluster.Start(cluster.Config{
+		DataDir:     filepath.Join(cfg.DataDir, "db"),
+		Partitions:  cfg.Partitions,
+		IdleTimeout: cfg.IdleTimeout,
+		TypeOptions: func(typ string) actors.TypeOptions {
+			return actors.TypeOptions{ChangeLogEntries: cfg.Type(typ).Objects.ChangeLogEntries}
+		},
+		Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		_ = node.Close(context.Background())
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	srv := &http.Server{
+		Handler:           gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps(apps), Logger: log}).Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("holdfast listening", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "partitions", node.Partitions())
+
+	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		_ = node.Close(context.Background())
+		return fmt.Errorf("http server: %w", err)
+	case <-sig.Done():
+	}
+	log.Info("shutting down: no new requests, finishing in-flight ones")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("http shutdown", "err", err)
+	}
+	if err := node.Close(shutdownCtx); err != nil {
+		return fmt.Errorf("close node: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}

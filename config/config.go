@@ -1,0 +1,174 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// Config is the whole server configuration (spec/config.md). Default and Load return one that
+// is valid; a caller that changes fields (flags) calls Validate again before using it.
+type Config struct {
+	// DataDir is the data directory (yaml dataDir, env HOLDFAST_DATA_DIR); default
+	// "./holdfast-data"; must not be empty.
+	DataDir string
+	// Listen is the HTTP address, host:port (yaml listen, env HOLDFAST_LISTEN); default
+	// "127.0.0.1:7070". An empty host listens on every interface; port 0 picks a free port.
+	Listen string
+	// Partitions is the partition count (yaml partitions, env HOLDFAST_PARTITIONS), 0..65536.
+	// 0 means what the data directory holds, or 256 for a new one.
+	Partitions int
+	// IdleTimeout is how long an idle object stays in memory (yaml idleTimeout, a Go duration
+	// string, env HOLDFAST_IDLE_TIMEOUT); default 60s; must be > 0.
+	IdleTimeout time.Duration
+	// Apps are the configured apps. None is allowed: the server then creates one on first
+	// start (spec/auth.md).
+	Apps []App
+	// Cold is the node's cold segment store.
+	Cold Cold
+	// Cluster is nil for a single node (yaml `cluster: null` or absent).
+	Cluster *Cluster
+
+	types       map[string]layer // the "types" section, one layer per name ("*" included)
+	autoColdDir string           // the Cold.FS.Dir that Default or Validate last derived
+}
+
+// App is one app (spec/auth.md): yaml id, key, and exactly one of secret or secretEnv.
+type App struct {
+	ID  string // starts with "app_"
+	Key string // starts with "pk_"
+	// Secret starts with "sk_". When SecretEnv is set, Load fills Secret from that
+	// environment variable (which must be set and not empty).
+	Secret    string
+	SecretEnv string
+}
+
+// Cold configures the node's cold segment store.
+type Cold struct {
+	// Store is "fs" (default), "s3" or "none". With "none" no type may set log.cold.
+	Store string
+	FS    struct {
+		// Dir holds the segments of the fs store. Default <DataDir>/cold: left unset (or
+		// equal to what it was derived from), Validate derives it again from DataDir.
+		Dir string
+	}
+	S3 S3
+}
+
+// S3 configures an S3-compatible cold store (store: s3). Endpoint and Bucket are required.
+type S3 struct {
+	Endpoint string // host:port, without a scheme (Secure selects TLS)
+	Bucket   string
+	// AccessKeyEnv and SecretKeyEnv name the environment variables that hold the
+	// credentials (read by the store, not here): both or neither (anonymous).
+	AccessKeyEnv, SecretKeyEnv string
+	Secure                     bool
+	Region                     string // "" lets the client find it
+	Prefix                     string // prepended to every object name; may be ""
+}
+
+// Cluster configures a node of a cluster (spec/cluster.md). Every field is required.
+type Cluster struct {
+	Name      string // the cluster's name; every node of one cluster uses the same
+	NodeID    string // yaml nodeId; unique within the cluster
+	Advertise string // host:port that other nodes use to reach this one
+	Etcd      struct {
+		Endpoints []string // at least one
+	}
+}
+
+// Environment variables that override the file.
+const (
+	EnvDataDir     = "HOLDFAST_DATA_DIR"
+	EnvListen      = "HOLDFAST_LISTEN"
+	EnvPartitions  = "HOLDFAST_PARTITIONS"
+	EnvIdleTimeout = "HOLDFAST_IDLE_TIMEOUT"
+)
+
+// Default returns the configuration used with no file, no environment and no flags.
+func Default() *Config {
+	c := &Config{
+		DataDir:     "./holdfast-data",
+		Listen:      "127.0.0.1:7070",
+		IdleTimeout: 60 * time.Second,
+	}
+	c.Cold.Store = "fs"
+	c.resolveColdDir()
+	return c
+}
+
+// Load reads the YAML file at path (path "" means no file), then the HOLDFAST_* environment
+// variables through getenv (os.Getenv when nil; tests pass a map lookup), fills defaults and
+// validates. The app secrets that secretEnv names are read through getenv too.
+// Every error is an *Error.
+func Load(path string, getenv func(string) string) (*Config, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	var data []byte
+	if path != "" {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return nil, &Error{File: path, Msg: "cannot read the configuration file", Err: err}
+		}
+	}
+	return load(path, data, getenv)
+}
+
+// load is Load without the file system.
+func load(path string, data []byte, getenv func(string) string) (*Config, error) {
+	c := Default()
+	p := &parser{file: path, getenv: getenv, lines: map[string]int{}}
+	if path != "" {
+		if err := p.parse(data, c); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.applyEnv(getenv); err != nil {
+		return nil, err
+	}
+	// The environment's values were checked above, so every value that fails here came from
+	// the file: its error can carry the file's line.
+	if err := c.validate(checker{p.file, p.lines}); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Config) applyEnv(getenv func(string) string) error {
+	for _, e := range []struct {
+		name string
+		set  func(v string) error
+	}{
+		{EnvDataDir, func(v string) error { c.DataDir = v; return nil }},
+		{EnvListen, func(v string) error { c.Listen = v; return checkListen(v) }},
+		{EnvPartitions, func(v string) (err error) {
+			if c.Partitions, err = strconv.Atoi(v); err != nil {
+				return fmt.Errorf("expected an integer, got %q", v)
+			}
+			return checkPartitions(int64(c.Partitions))
+		}},
+		{EnvIdleTimeout, func(v string) (err error) {
+			if c.IdleTimeout, err = time.ParseDuration(v); err != nil {
+				return fmt.Errorf("expected a duration such as 60s, got %q", v)
+			}
+			return checkPositive(c.IdleTimeout)
+		}},
+	} {
+		if v := getenv(e.name); v != "" {
+			if err := e.set(v); err != nil {
+				return &Error{Key: e.name, Msg: err.Error()}
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Config) resolveColdDir() {
+	if c.Cold.FS.Dir == "" || c.Cold.FS.Dir == c.autoColdDir {
+		c.autoColdDir = filepath.Join(c.DataDir, "cold")
+		c.Cold.FS.Dir = c.autoColdDir
+	}
+}
