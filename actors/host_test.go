@@ -337,7 +337,7 @@ func TestHost_LogReadSeesPendingWrites(t *testing.T) {
 	hd.mu.Lock()
 	hd.held, hd.release = true, make(chan struct{})
 	hd.mu.Unlock()
-	go o.Set(ctx, "b", 2)   //nolint:errcheck // checked through the log below
+	go o.Set(ctx, "b", 2)    //nolint:errcheck // checked through the log below
 	go o.Append(ctx, "c", 3) //nolint:errcheck
 	waitFor(t, "both writes to be pending", func() bool { return hd.inHold.Load()+int64(n.pipe.Queued()) == 2 })
 	page := make(chan *LogPage, 1)

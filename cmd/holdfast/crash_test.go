@@ -377,7 +377,9 @@ func verify(t *testing.T, url string, objects int, acked []op, issued map[string
 func checkEntry(t *testing.T, name string, o op, items []entryItem) {
 	t.Helper()
 	tok, _ := json.Marshal(o.token)
-	fail := func() { t.Fatalf("%s log_id %d: acknowledged %s %q but the entry holds %+v", name, o.logID, o.kind, o.token, items) }
+	fail := func() {
+		t.Fatalf("%s log_id %d: acknowledged %s %q but the entry holds %+v", name, o.logID, o.kind, o.token, items)
+	}
 	switch o.kind {
 	case "set":
 		if len(items) != 1 || items[0].Key != o.slot || string(items[0].Value) != string(tok) {
