@@ -77,7 +77,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		configured = append(configured, gateway.App{ID: a.ID, Key: a.Key, Secret: a.Secret})
 	}
 	apps, err := gateway.LoadOrCreateApps(cfg.DataDir, configured, func(a gateway.App) {
-		fmt.Printf("Created an app on first start (stored in %s; the secret is shown only here):\n"+
+		fmt.Printf("Created an app on first start (kept in %s, readable only by this user):\n"+
 			"  App ID:     %s\n  App Key:    %s\n  App Secret: %s\n",
 			filepath.Join(cfg.DataDir, "apps.json"), a.ID, a.Key, a.Secret)
 	})
