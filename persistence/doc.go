@@ -12,13 +12,21 @@
 // under 'm'.
 //
 // Commit pipeline. Pipeline has one owning goroutine. Actors hand it Writes with
-// Submit, which never waits for disk; the goroutine drains everything queued into
-// one Badger transaction, commits it with SyncWrites (one WAL sync per transaction),
-// and only then completes each Write's Ticket. A Ticket is completed exactly once,
-// and Tickets complete in submission order, so waiting for the latest Ticket of an
-// actor covers every earlier write of that actor.
+// Submit, which never waits for disk; the goroutine drains everything queued into one
+// record of the write-ahead log (wal.go), made durable with one fdatasync, and one
+// Badger transaction committed at the record's sequence number as its version. Only
+// then does it complete each Write's Ticket. Tickets complete in submission order,
+// so waiting for the latest Ticket of an actor covers every earlier write of it.
+//
+// Durability. Badger runs in managed mode without syncing; the log is the
+// durability point. Open replays every retained log record into Badger at its
+// version, which makes replay idempotent: a version Badger already holds is written
+// again with the same value. A log segment is released only once Badger holds all
+// its records in synced tables (and its value log is synced), and a released segment
+// is renamed out of the log, durably, so it can never be replayed over newer history.
+// A clean Close flushes Badger and removes the log.
 //
 // A failed commit (a failed write or sync) is not retried: after it the pipeline
-// refuses every later Write with ErrFailed, because Badger's in-memory state may
-// already hold the unsynced entries. The node must restart.
+// refuses every later Write with ErrFailed, because Badger may already show the
+// unsynced changes. The node must restart.
 package persistence

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -154,6 +156,11 @@ type Pipeline struct {
 	done        sync.WaitGroup
 
 	commits, writes, failed atomic.Uint64
+
+	// Owned by the committer goroutine.
+	seq         uint64 // sequence number (Badger version) of the last commit
+	payload     []byte // reused record buffer
+	lastRelease time.Time
 }
 
 // NewPipeline returns a pipeline over db. Start it before submitting writes.
@@ -165,6 +172,7 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 		cfg.Logger = slog.Default()
 	}
 	return &Pipeline{
+		seq:         db.lastSeq,
 		db:          db,
 		cfg:         cfg,
 		wake:        make(chan struct{}, 1),
@@ -299,14 +307,17 @@ func (w *Write) estimate() int {
 	return n
 }
 
-// commitRun commits run as one transaction, setting err on each write that fails.
+// commitRun commits run as one record in the write-ahead log, synced once, and one
+// Badger transaction at the record's sequence number, setting err on each write
+// that fails. Badger applies the transaction while the log syncs.
 func (p *Pipeline) commitRun(run []*Write) {
 	p.mu.Lock()
 	failErr := p.failErr
 	p.mu.Unlock()
-	txn := p.db.bdb.NewTransaction(true)
+	seq := p.seq + 1
+	txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
 	defer txn.Discard()
-	entries := 0
+	payload := p.payload[:0]
 	var live []*Write
 	for _, w := range run {
 		if w.err != nil {
@@ -335,27 +346,59 @@ func (p *Pipeline) commitRun(run []*Write) {
 			}
 			return
 		}
+		payload = appendWrite(payload, w)
 		live = append(live, w)
-		entries += len(w.Sets) + len(w.Deletes)
 	}
+	p.payload = payload[:0]
 	if len(live) == 0 {
 		return
 	}
 	if p.cfg.BeforeCommit != nil {
 		p.cfg.BeforeCommit(len(live))
 	}
-	if err := txn.Commit(); err != nil {
+	fail := func(err error) {
 		err = fmt.Errorf("%w: commit of %d writes: %v", ErrFailed, len(live), err)
-		p.cfg.Logger.Error("commit failed; refusing every later write until restart", "err", err, "entries", entries)
+		p.cfg.Logger.Error("commit failed; refusing every request until restart", "err", err)
 		p.mu.Lock()
 		p.failErr = err
 		p.mu.Unlock()
 		for _, w := range live {
 			w.fail(err)
 		}
+	}
+	if err := p.db.wal.append(seq, payload); err != nil {
+		fail(err)
 		return
 	}
+	applied := make(chan error, 1)
+	if err := txn.CommitAt(seq, func(err error) { applied <- err }); err != nil {
+		fail(err)
+		return
+	}
+	syncErr := p.db.wal.sync()
+	if err := <-applied; err != nil {
+		fail(fmt.Errorf("apply to badger: %w", err))
+		return
+	}
+	if syncErr != nil {
+		fail(syncErr)
+		return
+	}
+	p.seq = seq
+	p.db.bdb.SetDiscardTs(seq)
 	p.commits.Add(1)
+	p.maybeRelease()
+}
+
+// maybeRelease gives up log segments that Badger has flushed, at most once a second.
+func (p *Pipeline) maybeRelease() {
+	if p.db.wal.segments() < 2 || time.Since(p.lastRelease) < time.Second {
+		return
+	}
+	p.lastRelease = time.Now()
+	if err := p.db.wal.release(p.db.flushedVersion(), p.db.bdb.Sync); err != nil {
+		p.cfg.Logger.Warn("could not release write-ahead log segments", "err", err)
+	}
 }
 
 func addToTxn(txn *badger.Txn, w *Write) error {
@@ -384,6 +427,13 @@ func (p *Pipeline) completeLoop() {
 			w.ticket.complete(w.err)
 		}
 	}
+}
+
+// Failed returns the storage failure that stopped the pipeline, or nil.
+func (p *Pipeline) Failed() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failErr
 }
 
 // IsStorageFailure reports whether err means the node's storage failed (as opposed

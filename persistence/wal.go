@@ -1,0 +1,473 @@
+package persistence
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// The write-ahead log is the pipeline's durability point: one record per commit,
+// written into a pre-zeroed segment and made durable with one fdatasync. Badger then
+// holds the same changes, unsynced, at the record's sequence number as version, and
+// the log keeps every record until Badger has flushed it to a synced table.
+//
+// A segment is a file named <id>.wal. A record is
+//
+//	length  uint32  payload bytes; 0 marks the end of the written part
+//	crc     uint32  CRC-32C of segment id, length, seq and payload
+//	seq     uint64  the commit's sequence number; strictly increasing across the log
+//	payload         the changes (see encodeChange)
+//
+// Mixing the segment id into the CRC makes the records left in a recycled segment
+// invalid, so replay stops at the first byte this segment did not write.
+const (
+	recordHeader = 16
+	zeroChunk    = 4 << 20 // segments are zero-filled ahead of writes, this much at a time
+	keepRecycled = 2       // released segments kept for reuse
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// errCorrupt ends the replay of a segment at a record that does not check out.
+var errCorrupt = errors.New("persistence: corrupt log record")
+
+type segment struct {
+	id      uint64
+	f       *os.File
+	path    string // where the file is now
+	off     int64  // next write offset
+	zeroed  int64  // bytes known to be written (zeros or records) from 0
+	lastSeq uint64 // seq of its last record, 0 if none
+}
+
+type wal struct {
+	dir     string
+	segSize int64
+	log     *slog.Logger
+	cur     *segment
+	full    []*segment // segments written up, oldest first, not yet released
+	free    []*segment // released segments kept for reuse (renamed *.free)
+	buf     []byte
+}
+
+func segmentName(dir string, id uint64) string {
+	return filepath.Join(dir, fmt.Sprintf("%016d.wal", id))
+}
+
+// openWAL replays every segment of dir in order, calling apply for each valid
+// record, and starts a new segment for the writes to come. It returns the last
+// replayed sequence number.
+func openWAL(dir string, segSize int64, log *slog.Logger, apply func(seq uint64, payload []byte) error) (*wal, uint64, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, 0, fmt.Errorf("create log directory: %w", err)
+	}
+	w := &wal{dir: dir, segSize: segSize, log: log}
+	ids, err := w.segmentIDs()
+	if err != nil {
+		return nil, 0, err
+	}
+	var last uint64
+	for _, id := range ids {
+		path := segmentName(dir, id)
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			return nil, 0, fmt.Errorf("open log segment %d: %w", id, err)
+		}
+		seg := &segment{id: id, f: f, path: path}
+		if err := w.replay(seg, &last, apply); err != nil {
+			f.Close()
+			w.closeAll()
+			return nil, 0, err
+		}
+		w.full = append(w.full, seg)
+	}
+	if err := w.openFree(); err != nil {
+		w.closeAll()
+		return nil, 0, err
+	}
+	next := uint64(1)
+	if len(ids) > 0 {
+		next = ids[len(ids)-1] + 1
+	}
+	for _, f := range w.free {
+		next = max(next, f.id+1)
+	}
+	if err := w.startSegment(next); err != nil {
+		w.closeAll()
+		return nil, 0, err
+	}
+	return w, last, nil
+}
+
+// openFree reopens the released segments kept for reuse and removes the rest.
+func (w *wal) openFree() error {
+	paths, err := filepath.Glob(filepath.Join(w.dir, "*.free"))
+	if err != nil {
+		return err
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		id, _ := strconv.ParseUint(strings.TrimSuffix(filepath.Base(p), ".free"), 10, 64)
+		if len(w.free) >= keepRecycled {
+			if err := os.Remove(p); err != nil {
+				return fmt.Errorf("remove released log segment: %w", err)
+			}
+			continue
+		}
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("open released log segment: %w", err)
+		}
+		w.free = append(w.free, &segment{id: id, f: f, path: p})
+	}
+	return nil
+}
+
+func (w *wal) segmentIDs() ([]uint64, error) {
+	entries, err := os.ReadDir(w.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list log directory: %w", err)
+	}
+	var ids []uint64
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".wal") {
+			continue
+		}
+		id, err := strconv.ParseUint(strings.TrimSuffix(name, ".wal"), 10, 64)
+		if err != nil {
+			continue
+		}
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids, nil
+}
+
+// replay applies the valid records of seg, in order, and stops at the first record
+// that is missing, torn or stale.
+func (w *wal) replay(seg *segment, last *uint64, apply func(uint64, []byte) error) error {
+	st, err := seg.f.Stat()
+	if err != nil {
+		return err
+	}
+	size := st.Size()
+	hdr := make([]byte, recordHeader)
+	var off int64
+	for off+recordHeader <= size {
+		if _, err := seg.f.ReadAt(hdr, off); err != nil {
+			return fmt.Errorf("read log segment %d at %d: %w", seg.id, off, err)
+		}
+		n := int64(binary.LittleEndian.Uint32(hdr))
+		if n == 0 || off+recordHeader+n > size {
+			break
+		}
+		payload := make([]byte, n)
+		if _, err := seg.f.ReadAt(payload, off+recordHeader); err != nil {
+			return fmt.Errorf("read log segment %d at %d: %w", seg.id, off, err)
+		}
+		seq := binary.LittleEndian.Uint64(hdr[8:])
+		if recordCRC(seg.id, hdr, payload) != binary.LittleEndian.Uint32(hdr[4:]) {
+			break
+		}
+		if seq <= *last {
+			w.log.Warn("log record out of sequence; ending the segment's replay", "segment", seg.id, "offset", off, "seq", seq, "after", *last)
+			break
+		}
+		if err := apply(seq, payload); err != nil {
+			return fmt.Errorf("replay log segment %d seq %d: %w", seg.id, seq, err)
+		}
+		*last = seq
+		seg.lastSeq = seq
+		off += recordHeader + n
+	}
+	seg.off = off
+	seg.zeroed = size
+	return nil
+}
+
+func recordCRC(segID uint64, hdr, payload []byte) uint32 {
+	var id [8]byte
+	binary.LittleEndian.PutUint64(id[:], segID)
+	c := crc32.Update(0, crcTable, id[:])
+	c = crc32.Update(c, crcTable, hdr[0:4])
+	c = crc32.Update(c, crcTable, hdr[8:16])
+	return crc32.Update(c, crcTable, payload)
+}
+
+// startSegment makes segment id the current one: a recycled file if one is free,
+// else a new one. The directory is synced so that the file survives a crash before
+// any record in it is acknowledged.
+func (w *wal) startSegment(id uint64) error {
+	path := segmentName(w.dir, id)
+	seg := &segment{id: id, path: path}
+	if n := len(w.free); n > 0 {
+		old := w.free[n-1]
+		w.free = w.free[:n-1]
+		if err := os.Rename(old.path, path); err != nil {
+			old.f.Close()
+			return fmt.Errorf("recycle log segment: %w", err)
+		}
+		st, err := old.f.Stat()
+		if err != nil {
+			old.f.Close()
+			return err
+		}
+		seg.f, seg.zeroed = old.f, st.Size()
+	} else {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+		if err != nil {
+			return fmt.Errorf("create log segment: %w", err)
+		}
+		seg.f = f
+		if err := w.zeroAhead(seg, zeroChunk); err != nil {
+			return err
+		}
+		if err := fdatasync(f); err != nil {
+			return fmt.Errorf("sync new log segment: %w", err)
+		}
+	}
+	if err := syncDir(w.dir); err != nil {
+		return err
+	}
+	w.cur = seg
+	return nil
+}
+
+// zeroAhead writes zeros from seg.zeroed up to at least upTo, so that records
+// overwrite allocated blocks: an overwrite syncs faster than an append, which must
+// also commit the file's new size and blocks.
+func (w *wal) zeroAhead(seg *segment, upTo int64) error {
+	if upTo <= seg.zeroed {
+		return nil
+	}
+	chunk := min(int64(zeroChunk), w.segSize)
+	end := ((upTo + chunk - 1) / chunk) * chunk
+	zeros := make([]byte, 1<<20)
+	for seg.zeroed < end {
+		n := int64(len(zeros))
+		if end-seg.zeroed < n {
+			n = end - seg.zeroed
+		}
+		if _, err := seg.f.WriteAt(zeros[:n], seg.zeroed); err != nil {
+			return fmt.Errorf("zero log segment %d: %w", seg.id, err)
+		}
+		seg.zeroed += n
+	}
+	return nil
+}
+
+// append writes one record holding payload, rotating to a new segment first if it
+// does not fit. It does not sync.
+func (w *wal) append(seq uint64, payload []byte) error {
+	need := int64(recordHeader + len(payload))
+	if w.cur.off > 0 && w.cur.off+need > w.segSize {
+		if err := w.rotate(); err != nil {
+			return err
+		}
+	}
+	seg := w.cur
+	// Blocks past the record stay allocated, so that later records overwrite.
+	if err := w.zeroAhead(seg, seg.off+need+recordHeader); err != nil {
+		return err
+	}
+	if cap(w.buf) < int(need) {
+		w.buf = make([]byte, need)
+	}
+	rec := w.buf[:need]
+	binary.LittleEndian.PutUint32(rec[0:], uint32(len(payload)))
+	binary.LittleEndian.PutUint64(rec[8:], seq)
+	copy(rec[recordHeader:], payload)
+	binary.LittleEndian.PutUint32(rec[4:], recordCRC(seg.id, rec[:recordHeader], payload))
+	if _, err := seg.f.WriteAt(rec, seg.off); err != nil {
+		return fmt.Errorf("write log segment %d: %w", seg.id, err)
+	}
+	seg.off += need
+	seg.lastSeq = seq
+	return nil
+}
+
+// sync makes every appended record durable.
+func (w *wal) sync() error {
+	if err := fdatasync(w.cur.f); err != nil {
+		return fmt.Errorf("sync log segment %d: %w", w.cur.id, err)
+	}
+	return nil
+}
+
+func (w *wal) rotate() error {
+	if err := w.sync(); err != nil {
+		return err
+	}
+	w.full = append(w.full, w.cur)
+	return w.startSegment(w.cur.id + 1)
+}
+
+// release gives up the full segments whose every record Badger holds in synced
+// tables (seq <= flushed); syncDB is called first so that the value log those
+// tables point into is durable too. Released segments are kept for reuse.
+func (w *wal) release(flushed uint64, syncDB func() error) error {
+	n := 0
+	for n < len(w.full) && w.full[n].lastSeq <= flushed {
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := syncDB(); err != nil {
+		return fmt.Errorf("sync database before releasing the log: %w", err)
+	}
+	// A released segment must never be replayed again: its old records would be
+	// applied over history that Badger may have compacted since (a deleted key could
+	// come back). So it is renamed out of the log, durably, or removed.
+	for _, seg := range w.full[:n] {
+		if len(w.free) < keepRecycled {
+			free := filepath.Join(w.dir, fmt.Sprintf("%016d.free", seg.id))
+			if err := os.Rename(seg.path, free); err != nil {
+				return fmt.Errorf("release log segment %d: %w", seg.id, err)
+			}
+			seg.path = free
+			w.free = append(w.free, seg)
+			continue
+		}
+		seg.f.Close()
+		if err := os.Remove(seg.path); err != nil {
+			return fmt.Errorf("remove log segment %d: %w", seg.id, err)
+		}
+	}
+	w.full = append(w.full[:0], w.full[n:]...)
+	return syncDir(w.dir)
+}
+
+// segments returns how many segments hold unreleased records.
+func (w *wal) segments() int { return len(w.full) + 1 }
+
+func (w *wal) closeAll() {
+	for _, s := range w.full {
+		s.f.Close()
+	}
+	for _, f := range w.free {
+		f.f.Close()
+	}
+	if w.cur != nil {
+		w.cur.f.Close()
+	}
+}
+
+func (w *wal) close() error {
+	err := w.sync()
+	w.closeAll()
+	return err
+}
+
+func fdatasync(f *os.File) error {
+	for {
+		err := syscall.Fdatasync(int(f.Fd()))
+		if !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Change encoding in a record payload: op (1 set, 2 delete), uvarint key length,
+// key, and for a set uvarint value length and value.
+const (
+	opSet    byte = 1
+	opDelete byte = 2
+)
+
+func appendWrite(b []byte, w *Write) []byte {
+	for _, kv := range w.Sets {
+		b = append(b, opSet)
+		b = binary.AppendUvarint(b, uint64(len(kv.Key)))
+		b = append(b, kv.Key...)
+		b = binary.AppendUvarint(b, uint64(len(kv.Value)))
+		b = append(b, kv.Value...)
+	}
+	for _, k := range w.Deletes {
+		b = append(b, opDelete)
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
+	}
+	return b
+}
+
+// decodeChanges calls set or del for each change in payload, in order.
+func decodeChanges(payload []byte, set func(k, v []byte) error, del func(k []byte) error) error {
+	next := func() ([]byte, error) {
+		n, used := binary.Uvarint(payload)
+		if used <= 0 || uint64(len(payload)-used) < n {
+			return nil, errCorrupt
+		}
+		b := payload[used : used+int(n)]
+		payload = payload[used+int(n):]
+		return b, nil
+	}
+	for len(payload) > 0 {
+		op := payload[0]
+		payload = payload[1:]
+		k, err := next()
+		if err != nil {
+			return err
+		}
+		switch op {
+		case opSet:
+			v, err := next()
+			if err != nil {
+				return err
+			}
+			if err := set(k, v); err != nil {
+				return err
+			}
+		case opDelete:
+			if err := del(k); err != nil {
+				return err
+			}
+		default:
+			return errCorrupt
+		}
+	}
+	return nil
+}
+
+// removeAll closes and removes every segment: after a clean close of Badger the
+// log holds nothing Badger lacks.
+func (w *wal) removeAll() error {
+	w.closeAll()
+	ids, err := w.segmentIDs()
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if err := os.Remove(segmentName(w.dir, id)); err != nil {
+			return fmt.Errorf("remove log segment %d: %w", id, err)
+		}
+	}
+	free, _ := filepath.Glob(filepath.Join(w.dir, "*.free"))
+	for _, p := range free {
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("remove released log segment: %w", err)
+		}
+	}
+	return syncDir(w.dir)
+}
