@@ -203,6 +203,10 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 	if h.closing.Load() {
 		return nil, &Error{Kind: KindUnavailable, Msg: "the node is shutting down", RetryAfter: time.Second}
 	}
+	if err := h.pipe.Failed(); err != nil {
+		// Fail closed: Badger may show writes whose sync failed.
+		return nil, unavailable("the node's storage failed; it must restart", err)
+	}
 	s := h.shard(id)
 	s.mu.RLock()
 	a := s.m[id]

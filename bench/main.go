@@ -55,10 +55,24 @@ func main() {
 		dirFlag  = flag.String("dir", "", "directory for data and the probe file (default: a temporary directory)")
 		only     = flag.String("case", "", "internal: run one case in this process")
 		check    = flag.Bool("check", false, "exit 1 when a median ratio is below half its target")
+		filter   = flag.String("cases", "", "comma-separated case names to run (default: all)")
 	)
 	flag.Parse()
 	if *only != "" {
 		os.Exit(runChild(*only, *dirFlag, *duration, *warmup, *memObjs))
+	}
+	if *filter != "" {
+		keep := map[string]bool{}
+		for _, n := range strings.Split(*filter, ",") {
+			keep[n] = true
+		}
+		var sel []caseSpec
+		for _, c := range cases {
+			if keep[c.name] {
+				sel = append(sel, c)
+			}
+		}
+		cases = sel
 	}
 	base := *dirFlag
 	if base == "" {

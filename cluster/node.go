@@ -107,8 +107,9 @@ func (n *Node) Request(ctx context.Context, id actors.ObjectID, msg any) (any, e
 	return n.host.Request(ctx, id, msg)
 }
 
-// Ready reports whether the node serves requests.
-func (n *Node) Ready() bool { return n.ready.Load() }
+// Ready reports whether the node serves requests: started, not closing, and its
+// storage has not failed.
+func (n *Node) Ready() bool { return n.ready.Load() && n.pipe.Failed() == nil }
 
 // Stats is a snapshot of the node's counters.
 type Stats struct {

@@ -119,3 +119,37 @@ func TestObjects_ObjectNames(t *testing.T) {
 		wantSnap(t, ts, o[0], o[1], 0, nil)
 	}
 }
+
+// TestObjects_EmptyNameSegments: an empty type or key (an empty path segment) is a
+// name that breaks the rules: 400, and never a request to another object. The
+// client here follows redirects, as http.DefaultClient does.
+func TestObjects_EmptyNameSegments(t *testing.T) {
+	ts := newTestServer(t, cluster.Config{})
+	// The object that the paths below name once their empty segment is dropped.
+	mustDo(t, ts, "PATCH", objPath("t", "s"), `{"a":1}`, http.StatusOK)
+	cases := []struct {
+		method, path string
+		body         any
+	}{
+		{"DELETE", objPath("t", "", "s"), nil},            // empty key, slot s
+		{"DELETE", objPath("", "t", "s"), nil},            // empty type
+		{"GET", objPath("t", "", "s"), nil},               // empty key, slot s
+		{"PUT", objPath("t", "", "s"), `{"value":2}`},     // empty key, slot s
+		{"PATCH", objPath("", "t", "s") + "/", `{"a":2}`}, // empty type, key t... as a base path
+		{"GET", objPath("", "k"), nil},
+	}
+	for _, c := range cases {
+		t.Run(c.method+" "+c.path, func(t *testing.T) {
+			defer ts.bind(t)()
+			before := snapOf(t, ts, "t", "s")
+			r := ts.do(c.method, c.path, c.body, nil)
+			if r.status != http.StatusBadRequest {
+				t.Errorf("status %d, want 400; body %s", r.status, r.body)
+			} else {
+				wantError(t, r, http.StatusBadRequest, "bad_request", nil)
+			}
+			wantUnchanged(t, ts, "t", "s", before)
+		})
+	}
+	wantSnap(t, ts, "t", "s", 1, map[string]string{"a": "1"})
+}

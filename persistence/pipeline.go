@@ -56,8 +56,8 @@ func (t *Ticket) Err() error {
 }
 
 // OnDone calls f with the outcome once it is known: at once, in the caller's
-// goroutine, if it already is; otherwise on the pipeline's completion goroutine,
-// after the write's sync, in the order OnDone was called. f must not block.
+// goroutine, if it already is; otherwise on a pipeline goroutine, after the write's
+// sync, in the order OnDone was called. f must not block.
 func (t *Ticket) OnDone(f func(error)) {
 	t.mu.Lock()
 	if t.done.Load() {
@@ -153,6 +153,7 @@ type Pipeline struct {
 	wake    chan struct{}
 
 	completions chan []*Write
+	completing  atomic.Int32 // batches sent to the completion goroutine, not yet completed
 	done        sync.WaitGroup
 
 	commits, writes, failed atomic.Uint64
@@ -285,8 +286,20 @@ func (p *Pipeline) commitBatch(batch []*Write) {
 		size += s
 	}
 	p.commitRun(batch[start:])
+	// A small batch completes right here, saving a goroutine hand-off on the
+	// latency path; a large one goes to the completion goroutine so that the next
+	// commit starts at once. Inline only when the completion goroutine is idle, so
+	// that tickets still complete in submission order.
+	if len(batch) <= inlineCompletion && p.completing.Load() == 0 {
+		p.complete(batch)
+		return
+	}
+	p.completing.Add(1)
 	p.completions <- batch
 }
+
+// inlineCompletion is the largest batch the committer completes itself.
+const inlineCompletion = 8
 
 // badgerLimit is the largest commit Badger accepts, with a margin for its own
 // per-entry accounting.
@@ -418,14 +431,19 @@ func addToTxn(txn *badger.Txn, w *Write) error {
 func (p *Pipeline) completeLoop() {
 	defer p.done.Done()
 	for batch := range p.completions {
-		for _, w := range batch {
-			if w.err != nil {
-				p.failed.Add(1)
-			} else {
-				p.writes.Add(1)
-			}
-			w.ticket.complete(w.err)
+		p.complete(batch)
+		p.completing.Add(-1)
+	}
+}
+
+func (p *Pipeline) complete(batch []*Write) {
+	for _, w := range batch {
+		if w.err != nil {
+			p.failed.Add(1)
+		} else {
+			p.writes.Add(1)
 		}
+		w.ticket.complete(w.err)
 	}
 }
 
