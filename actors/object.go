@@ -173,10 +173,12 @@ func (o *object) submit(w *persistence.Write) {
 }
 
 // idle passivates the activation when nothing is in flight: every reply was
-// delivered, so every write is durable, and no caller holds the activation.
+// delivered, every write is durable and visible in Badger, and no caller holds the
+// activation.
 func (o *object) idle(c actor.Context) {
 	o.ov.evict()
-	if (o.last == nil || o.last.Done()) && o.h.release(o.act) {
+	// Applied, not only durable: the next activation loads from Badger.
+	if (o.last == nil || o.last.Applied()) && o.h.release(o.act) {
 		c.Stop(c.Self())
 		return
 	}

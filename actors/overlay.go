@@ -8,9 +8,10 @@ import (
 	"github.com/holdfast/holdfast/persistence"
 )
 
-// overlay holds the latest value an actor wrote to each key whose write is not yet
-// known to be durable. Badger shows a write only once its commit is done, but the
-// actor moves on as soon as it submitted it; reads in later turns look here first.
+// overlay holds the latest value an actor wrote to each key whose write Badger
+// does not show yet. Badger shows a write only once the pipeline applied it, but
+// the actor moves on as soon as it submitted it; reads in later turns look here
+// first.
 // Only the actor's goroutine touches an overlay.
 type overlay struct {
 	m    map[string]overlayEntry
@@ -45,10 +46,10 @@ func (o *overlay) record(w *persistence.Write, t *persistence.Ticket) {
 	}
 }
 
-// evict drops entries whose writes are durable: Badger shows them now.
+// evict drops entries whose writes Badger shows now.
 func (o *overlay) evict() {
 	n := 0
-	for n < len(o.fifo) && o.fifo[n].t.Done() {
+	for n < len(o.fifo) && o.fifo[n].t.Applied() {
 		f := o.fifo[n]
 		if e, ok := o.m[f.key]; ok && e.t == f.t {
 			delete(o.m, f.key)

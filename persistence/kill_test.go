@@ -124,9 +124,11 @@ func TestDB_KilledWriterLosesNoAcknowledgedWrite(t *testing.T) {
 			p := NewPipeline(db, PipelineConfig{})
 			p.Start()
 			defer p.Close()
-			if err := p.Submit(set("after", "x")).Wait(ctx); err != nil {
+			tk := p.Submit(set("after", "x"))
+			if err := tk.Wait(ctx); err != nil {
 				t.Fatal(err)
 			}
+			waitApplied(t, tk)
 			if _, found, _ := db.Get(ctx, []byte("after")); !found {
 				t.Fatal("write after recovery not readable")
 			}

@@ -39,14 +39,20 @@ type Write struct {
 // Ticket reports the outcome of one submitted Write.
 type Ticket struct {
 	done    atomic.Bool
+	applied atomic.Bool
 	mu      sync.Mutex
 	err     error
 	waiters []func(error)
 	ch      chan struct{}
 }
 
-// Done reports whether the write's outcome is known.
+// Done reports whether the write's outcome is known: durable (Err is nil) or failed.
 func (t *Ticket) Done() bool { return t.done.Load() }
+
+// Applied reports whether the write is visible to DB reads, or failed. A durable
+// write becomes visible shortly after it is acknowledged: Badger applies it off
+// the acknowledgement's path.
+func (t *Ticket) Applied() bool { return t.applied.Load() }
 
 // Err returns the write's error: nil when it is durable. Valid once Done.
 func (t *Ticket) Err() error {
@@ -91,6 +97,9 @@ func (t *Ticket) Wait(ctx context.Context) error {
 }
 
 func (t *Ticket) complete(err error) {
+	if err != nil {
+		t.applied.Store(true)
+	}
 	t.mu.Lock()
 	t.err = err
 	t.done.Store(true)
@@ -154,6 +163,7 @@ type Pipeline struct {
 
 	completions chan []*Write
 	completing  atomic.Int32 // batches sent to the completion goroutine, not yet completed
+	applies     chan applyJob
 	done        sync.WaitGroup
 
 	commits, writes, failed atomic.Uint64
@@ -178,14 +188,16 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 		cfg:         cfg,
 		wake:        make(chan struct{}, 1),
 		completions: make(chan []*Write, 64),
+		applies:     make(chan applyJob, 256),
 	}
 }
 
 // Start starts the committer and completion goroutines.
 func (p *Pipeline) Start() {
-	p.done.Add(2)
+	p.done.Add(3)
 	go p.commitLoop()
 	go p.completeLoop()
+	go p.applyLoop()
 }
 
 // Close stops accepting writes, commits every write already submitted, completes
@@ -247,6 +259,7 @@ func (p *Pipeline) Submit(w *Write) *Ticket {
 func (p *Pipeline) commitLoop() {
 	defer p.done.Done()
 	defer close(p.completions)
+	defer close(p.applies)
 	for {
 		p.mu.Lock()
 		for len(p.queue) == 0 && !p.closing {
@@ -320,16 +333,13 @@ func (w *Write) estimate() int {
 	return n
 }
 
-// commitRun commits run as one record in the write-ahead log, synced once, and one
-// Badger transaction at the record's sequence number, setting err on each write
-// that fails. Badger applies the transaction while the log syncs.
+// commitRun commits run as one record in the write-ahead log, synced once, setting
+// err on each write that fails. The applier goroutine then applies the same changes
+// to Badger at the record's sequence number, off the acknowledgement's path.
 func (p *Pipeline) commitRun(run []*Write) {
 	p.mu.Lock()
 	failErr := p.failErr
 	p.mu.Unlock()
-	seq := p.seq + 1
-	txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
-	defer txn.Discard()
 	payload := p.payload[:0]
 	var live []*Write
 	for _, w := range run {
@@ -350,15 +360,6 @@ func (p *Pipeline) commitRun(run []*Write) {
 				continue
 			}
 		}
-		if err := addToTxn(txn, w); err != nil {
-			// Our estimate is stricter than Badger's, so this is a bug or a corrupt
-			// input; nothing of this transaction is written.
-			p.cfg.Logger.Error("commit: transaction refused", "err", err)
-			for _, lw := range append(live, w) {
-				lw.fail(fmt.Errorf("%w: %v", ErrTooLarge, err))
-			}
-			return
-		}
 		payload = appendWrite(payload, w)
 		live = append(live, w)
 	}
@@ -369,38 +370,72 @@ func (p *Pipeline) commitRun(run []*Write) {
 	if p.cfg.BeforeCommit != nil {
 		p.cfg.BeforeCommit(len(live))
 	}
-	fail := func(err error) {
-		err = fmt.Errorf("%w: commit of %d writes: %v", ErrFailed, len(live), err)
-		p.cfg.Logger.Error("commit failed; refusing every request until restart", "err", err)
-		p.mu.Lock()
-		p.failErr = err
-		p.mu.Unlock()
+	seq := p.seq + 1
+	err := p.db.wal.append(seq, payload)
+	if err == nil {
+		// The applier works on Badger while the log syncs.
+		p.applies <- applyJob{seq: seq, writes: live}
+		err = p.db.wal.sync()
+	}
+	if err != nil {
+		p.fatal(fmt.Errorf("commit of %d writes: %w", len(live), err))
 		for _, w := range live {
-			w.fail(err)
+			w.fail(p.Failed())
 		}
-	}
-	if err := p.db.wal.append(seq, payload); err != nil {
-		fail(err)
-		return
-	}
-	applied := make(chan error, 1)
-	if err := txn.CommitAt(seq, func(err error) { applied <- err }); err != nil {
-		fail(err)
-		return
-	}
-	syncErr := p.db.wal.sync()
-	if err := <-applied; err != nil {
-		fail(fmt.Errorf("apply to badger: %w", err))
-		return
-	}
-	if syncErr != nil {
-		fail(syncErr)
 		return
 	}
 	p.seq = seq
-	p.db.bdb.SetDiscardTs(seq)
 	p.commits.Add(1)
 	p.maybeRelease()
+}
+
+// fatal stops the pipeline for good: every later write fails, and the node must
+// restart (replaying the log brings Badger back in line with it).
+func (p *Pipeline) fatal(err error) {
+	err = fmt.Errorf("%w: %v", ErrFailed, err)
+	p.mu.Lock()
+	if p.failErr == nil {
+		p.failErr = err
+		p.mu.Unlock()
+		p.cfg.Logger.Error("storage failed; refusing every request until restart", "err", err)
+		return
+	}
+	p.mu.Unlock()
+}
+
+// applyJob is one committed record for the applier.
+type applyJob struct {
+	seq    uint64
+	writes []*Write
+}
+
+// applyLoop applies committed records to Badger in order, each as one transaction
+// at its sequence number, and marks their tickets applied.
+func (p *Pipeline) applyLoop() {
+	defer p.done.Done()
+	for job := range p.applies {
+		txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
+		var err error
+		for _, w := range job.writes {
+			if err = addToTxn(txn, w); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			err = txn.CommitAt(job.seq, nil)
+		}
+		txn.Discard()
+		if err != nil {
+			// The record is durable in the log; Badger lags behind it until the
+			// node restarts and replays it.
+			p.fatal(fmt.Errorf("apply seq %d to badger: %w", job.seq, err))
+		} else {
+			p.db.bdb.SetDiscardTs(job.seq)
+		}
+		for _, w := range job.writes {
+			w.ticket.applied.Store(true)
+		}
+	}
 }
 
 // maybeRelease gives up log segments that Badger has flushed, at most once a second.

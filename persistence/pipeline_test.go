@@ -26,6 +26,18 @@ func startPipeline(t *testing.T, db *DB, cfg PipelineConfig) *Pipeline {
 	return p
 }
 
+// waitApplied waits until Badger shows tk's write.
+func waitApplied(t testing.TB, tk *Ticket) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !tk.Applied() {
+		if time.Now().After(deadline) {
+			t.Fatal("write never applied")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
 func set(k, v string) *Write {
 	return &Write{Sets: []KV{{Key: []byte(k), Value: []byte(v)}}}
 }
@@ -131,6 +143,7 @@ func TestPipeline_SharesSyncsAndNeverAcksEarly(t *testing.T) {
 	}
 	ctx := context.Background()
 	for i := 0; i < n; i++ {
+		waitApplied(t, tickets[i])
 		if _, found, err := db.Get(ctx, []byte(fmt.Sprintf("k%04d", i))); !found || err != nil {
 			t.Fatalf("acknowledged write %d not in the database (%v)", i, err)
 		}
