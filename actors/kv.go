@@ -108,10 +108,11 @@ type idemRecord struct {
 
 func fingerprint(m *KVWrite) (string, error) {
 	b, err := json.Marshal(struct {
-		Ops         []Op `json:"ops"`
-		Transaction bool `json:"tx"`
-		Purge       bool `json:"purge"`
-	}{m.Ops, m.Transaction, m.Purge})
+		Route       string `json:"route"`
+		Ops         []Op   `json:"ops"`
+		Transaction bool   `json:"tx"`
+		Purge       bool   `json:"purge"`
+	}{m.Route, m.Ops, m.Transaction, m.Purge})
 	if err != nil {
 		return "", badRequestf("value is not valid JSON")
 	}
@@ -168,7 +169,7 @@ func (o *object) kvWrite(m *KVWrite) (any, error) {
 	if len(changes) > 0 || m.Purge {
 		res.LogID = k.logID + 1
 		res.Changes = changes
-		if len(m.Ops) == 1 && m.Ops[0].Op == "increment" {
+		if !m.Transaction && len(m.Ops) == 1 && m.Ops[0].Op == "increment" {
 			res.Value = incremented
 		}
 		o.kvStage(k, w, changes, m.Purge)
@@ -184,7 +185,9 @@ func (o *object) kvWrite(m *KVWrite) (any, error) {
 	if len(w.Sets) == 0 && len(w.Deletes) == 0 {
 		return res, nil
 	}
-	o.kvApply(k, changes, m.Purge)
+	if len(changes) > 0 || m.Purge {
+		o.kvApply(k, changes, m.Purge)
+	}
 	o.submit(w)
 	return res, nil
 }
@@ -295,7 +298,8 @@ func (o *object) kvReadLog(m KVReadLog) (any, error) {
 	if m.Limit > MaxLogLimit {
 		m.Limit = MaxLogLimit
 	}
-	if m.After+1 < k.oldest {
+	if m.After < k.oldest-1 { // oldest >= 1
+
 		return nil, &LogTruncatedError{After: m.After, Oldest: k.oldest}
 	}
 	page := &LogPage{Items: []LogItem{}, Next: m.After}

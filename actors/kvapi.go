@@ -27,7 +27,22 @@ type KVWrite struct {
 	// IdempotencyKey (1 to 128 bytes, optional): a retry with the same key within
 	// 24 hours returns the first reply and writes nothing.
 	IdempotencyKey string
+	// Route names the API call ("put", "patch", "increment", ...). It takes part in
+	// the idempotency fingerprint, so that one key cannot be reused across calls
+	// whose ops happen to coincide.
+	Route string
 }
+
+// Routes of KV writes, for KVWrite.Route.
+const (
+	RoutePut         = "put"
+	RoutePatch       = "patch"
+	RouteIncrement   = "increment"
+	RouteAppend      = "append"
+	RouteDelete      = "delete"
+	RouteTransaction = "transaction"
+	RoutePurge       = "purge"
+)
 
 // KVReadLog reads the change log. Reply: *LogPage, or a *LogTruncatedError.
 type KVReadLog struct {
@@ -132,7 +147,7 @@ func (o *KV) Set(ctx context.Context, slot string, value any) (*WriteResult, err
 	if err != nil {
 		return nil, err
 	}
-	return o.Write(ctx, &KVWrite{Ops: []Op{{Op: "set", Key: slot, Value: raw}}})
+	return o.Write(ctx, &KVWrite{Route: RoutePut, Ops: []Op{{Op: "set", Key: slot, Value: raw}}})
 }
 
 // Patch sets each slot of patch in one write; a nil value deletes the slot. The
@@ -146,7 +161,7 @@ func (o *KV) Patch(ctx context.Context, patch []PatchEntry) (*WriteResult, error
 		}
 		ops = append(ops, PatchOp(e.Slot, raw))
 	}
-	return o.Write(ctx, &KVWrite{Ops: ops})
+	return o.Write(ctx, &KVWrite{Route: RoutePatch, Ops: ops})
 }
 
 // PatchEntry is one slot of a Patch.
@@ -169,7 +184,7 @@ func (o *KV) Increment(ctx context.Context, slot string, by any) (*WriteResult, 
 	if err != nil {
 		return nil, err
 	}
-	return o.Write(ctx, &KVWrite{Ops: []Op{{Op: "increment", Key: slot, By: raw}}})
+	return o.Write(ctx, &KVWrite{Route: RouteIncrement, Ops: []Op{{Op: "increment", Key: slot, By: raw}}})
 }
 
 // Append appends value to the list in slot.
@@ -178,22 +193,22 @@ func (o *KV) Append(ctx context.Context, slot string, value any) (*WriteResult, 
 	if err != nil {
 		return nil, err
 	}
-	return o.Write(ctx, &KVWrite{Ops: []Op{{Op: "append", Key: slot, Value: raw}}})
+	return o.Write(ctx, &KVWrite{Route: RouteAppend, Ops: []Op{{Op: "append", Key: slot, Value: raw}}})
 }
 
 // Delete removes slot.
 func (o *KV) Delete(ctx context.Context, slot string) (*WriteResult, error) {
-	return o.Write(ctx, &KVWrite{Ops: []Op{{Op: "delete", Key: slot}}})
+	return o.Write(ctx, &KVWrite{Route: RouteDelete, Ops: []Op{{Op: "delete", Key: slot}}})
 }
 
 // Transaction applies ops in order as one write.
 func (o *KV) Transaction(ctx context.Context, ops []Op) (*WriteResult, error) {
-	return o.Write(ctx, &KVWrite{Ops: ops, Transaction: true})
+	return o.Write(ctx, &KVWrite{Route: RouteTransaction, Ops: ops, Transaction: true})
 }
 
 // Purge removes every slot and the change log, keeping log_id monotonic.
 func (o *KV) Purge(ctx context.Context) (*WriteResult, error) {
-	return o.Write(ctx, &KVWrite{Purge: true})
+	return o.Write(ctx, &KVWrite{Route: RoutePurge, Purge: true})
 }
 
 // Log reads up to limit change-log entries after after.

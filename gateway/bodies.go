@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 
 	"github.com/holdfast/holdfast/actors"
 )
@@ -44,7 +45,7 @@ func ParsePatch(body []byte) ([]actors.Op, error) {
 	if _, err := d.Token(); err != nil {
 		return nil, bodyError(actors.KindBadRequest, "the body is not valid JSON")
 	}
-	if _, err := d.Token(); err == nil {
+	if _, err := d.Token(); err != io.EOF {
 		return nil, bodyError(actors.KindBadRequest, "the body holds more than one JSON value")
 	}
 	return ops, nil

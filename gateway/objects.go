@@ -3,7 +3,9 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 
@@ -78,11 +80,17 @@ func (s *Server) readLog(w http.ResponseWriter, r *http.Request, id actors.Objec
 	}
 }
 
+// queryUint parses a non-negative integer; one too large for uint64 is taken as
+// the largest uint64 (after: nothing that far; limit: capped anyway).
 func queryUint(s string, def uint64) (uint64, error) {
 	if s == "" {
 		return def, nil
 	}
-	return strconv.ParseUint(s, 10, 64)
+	n, err := strconv.ParseUint(s, 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return math.MaxUint64, nil
+	}
+	return n, err
 }
 
 // write runs a KV write built from the request and writes its reply.
@@ -134,7 +142,7 @@ func (s *Server) setSlot(w http.ResponseWriter, r *http.Request, id actors.Objec
 		badRequest(`the body needs a "value"`).write(w)
 		return
 	}
-	s.write(w, r, id, &actors.KVWrite{Ops: []actors.Op{{Op: "set", Key: r.PathValue("slot"), Value: v}}}, false)
+	s.write(w, r, id, &actors.KVWrite{Route: actors.RoutePut, Ops: []actors.Op{{Op: "set", Key: r.PathValue("slot"), Value: v}}}, false)
 }
 
 func (s *Server) increment(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
@@ -148,7 +156,7 @@ func (s *Server) increment(w http.ResponseWriter, r *http.Request, id actors.Obj
 		badRequest(`"by" must be a number`).write(w)
 		return
 	}
-	s.write(w, r, id, &actors.KVWrite{Ops: []actors.Op{{Op: "increment", Key: r.PathValue("slot"), By: by}}}, false)
+	s.write(w, r, id, &actors.KVWrite{Route: actors.RouteIncrement, Ops: []actors.Op{{Op: "increment", Key: r.PathValue("slot"), By: by}}}, false)
 }
 
 func isJSONNumber(raw json.RawMessage) bool {
@@ -173,15 +181,15 @@ func (s *Server) appendSlot(w http.ResponseWriter, r *http.Request, id actors.Ob
 		badRequest(`the body needs a "value"`).write(w)
 		return
 	}
-	s.write(w, r, id, &actors.KVWrite{Ops: []actors.Op{{Op: "append", Key: r.PathValue("slot"), Value: v}}}, false)
+	s.write(w, r, id, &actors.KVWrite{Route: actors.RouteAppend, Ops: []actors.Op{{Op: "append", Key: r.PathValue("slot"), Value: v}}}, false)
 }
 
 func (s *Server) deleteSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	s.write(w, r, id, &actors.KVWrite{Ops: []actors.Op{{Op: "delete", Key: r.PathValue("slot")}}}, false)
+	s.write(w, r, id, &actors.KVWrite{Route: actors.RouteDelete, Ops: []actors.Op{{Op: "delete", Key: r.PathValue("slot")}}}, false)
 }
 
 func (s *Server) purge(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	s.write(w, r, id, &actors.KVWrite{Purge: true}, true)
+	s.write(w, r, id, &actors.KVWrite{Route: actors.RoutePurge, Purge: true}, true)
 }
 
 func (s *Server) patch(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
@@ -195,7 +203,7 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, id actors.ObjectI
 		s.fail(w, r, err, seedRoute)
 		return
 	}
-	s.write(w, r, id, &actors.KVWrite{Ops: ops}, false)
+	s.write(w, r, id, &actors.KVWrite{Route: actors.RoutePatch, Ops: ops}, false)
 }
 
 func (s *Server) transaction(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
@@ -209,5 +217,5 @@ func (s *Server) transaction(w http.ResponseWriter, r *http.Request, id actors.O
 		s.fail(w, r, err, seedRoute)
 		return
 	}
-	s.write(w, r, id, &actors.KVWrite{Ops: ops, Transaction: true}, false)
+	s.write(w, r, id, &actors.KVWrite{Route: actors.RouteTransaction, Ops: ops, Transaction: true}, false)
 }

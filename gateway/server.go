@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"time"
 
@@ -82,6 +81,11 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	id := randomHex(8)
 	w.Header().Set("X-Request-Id", id)
 	r = r.WithContext(context.WithValue(r.Context(), requestIDKey, id))
+	if bad := badSegment(r.URL.EscapedPath()); bad != "" {
+		// The mux would redirect to a cleaned path, i.e. to another object.
+		badRequest("the path has " + bad + " segment").write(w)
+		return
+	}
 	h, pattern := s.mux.Handler(r)
 	if pattern == "" {
 		s.unmatched(w, r, h)
@@ -91,23 +95,34 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 
 }
 
+// badSegment describes the first empty, "." or ".." segment of an escaped path
+// (a trailing slash is fine), or returns "".
+func badSegment(p string) string {
+	segs := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	for i, seg := range segs {
+		switch {
+		case seg == "" && i < len(segs)-1:
+			return "an empty"
+		case seg == "." || seg == "..":
+			return "a dot"
+		}
+	}
+	return ""
+}
+
 // unmatched turns the mux's plain-text 404 and 405 into spec/errors.md bodies,
 // keeping the Allow header of a 405.
 func (s *Server) unmatched(w http.ResponseWriter, r *http.Request, h http.Handler) {
-	rec := httptest.NewRecorder()
+	rec := &recorder{header: http.Header{}, code: http.StatusOK}
 	h.ServeHTTP(rec, r)
-	switch rec.Code {
+	switch rec.code {
 	case http.StatusMethodNotAllowed:
-		w.Header().Set("Allow", rec.Header().Get("Allow"))
+		w.Header().Set("Allow", rec.header.Get("Allow"))
 		writeJSON(w, http.StatusMethodNotAllowed, errBody("method "+r.Method+" is not allowed here", "method_not_allowed"))
 	case http.StatusNotFound:
 		notFound("no route for " + r.Method + " " + r.URL.Path).write(w)
-	default: // a redirect to a cleaned path
-		for k, v := range rec.Header() {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(rec.Code)
-		_, _ = w.Write(rec.Body.Bytes())
+	default: // never follow the mux elsewhere: answer as not found
+		notFound("no route for " + r.Method + " " + r.URL.Path).write(w)
 	}
 }
 
@@ -161,3 +176,13 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, style r
 
 // trimSlash lets the base route be written with or without a trailing slash.
 func trimSlash(p string) string { return strings.TrimSuffix(p, "/") }
+
+// recorder keeps the status and headers of the mux's own 404 and 405 replies.
+type recorder struct {
+	header http.Header
+	code   int
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) Write(b []byte) (int, error) { return len(b), nil }
+func (r *recorder) WriteHeader(code int)        { r.code = code }

@@ -129,8 +129,11 @@ func (w *Write) fail(err error) {
 // PipelineConfig configures a Pipeline.
 type PipelineConfig struct {
 	// MaxCommitBytes bounds the estimated size of one batched commit. A single write
-	// larger than this still commits alone if Badger accepts it. Zero means 8 MiB.
+	// larger than this commits alone. Zero means 8 MiB.
 	MaxCommitBytes int
+	// MaxWriteBytes bounds one write; a larger one fails with ErrTooLarge. Zero
+	// means 64 MiB.
+	MaxWriteBytes int
 	// Fence, if set, is asked at commit time whether a write tagged with partition
 	// and epoch may still commit; a non-nil error fails that write alone.
 	Fence func(partition uint32, epoch uint64) error
@@ -178,6 +181,9 @@ type Pipeline struct {
 func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 	if cfg.MaxCommitBytes <= 0 {
 		cfg.MaxCommitBytes = 8 << 20
+	}
+	if cfg.MaxWriteBytes <= 0 {
+		cfg.MaxWriteBytes = 64 << 20
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -284,7 +290,7 @@ func (p *Pipeline) commitLoop() {
 // commitBatch commits batch in as few transactions as the size budget allows and
 // hands every write to the completion goroutine in order.
 func (p *Pipeline) commitBatch(batch []*Write) {
-	limit := p.badgerLimit()
+	limit := p.cfg.MaxWriteBytes
 	start := 0
 	size := 0
 	for i, w := range batch {
@@ -314,14 +320,7 @@ func (p *Pipeline) commitBatch(batch []*Write) {
 // inlineCompletion is the largest batch the committer completes itself.
 const inlineCompletion = 8
 
-// badgerLimit is the largest commit Badger accepts, with a margin for its own
-// per-entry accounting.
-func (p *Pipeline) badgerLimit() int {
-	return int(p.db.bdb.Opts().MemTableSize*15/100) - 64<<10
-}
-
-// estimate over-approximates Badger's size accounting for w (key, value, meta,
-// and its 10 bytes per entry).
+// estimate over-approximates the bytes w takes in the log and in Badger.
 func (w *Write) estimate() int {
 	n := 0
 	for _, kv := range w.Sets {
@@ -409,23 +408,12 @@ type applyJob struct {
 	writes []*Write
 }
 
-// applyLoop applies committed records to Badger in order, each as one transaction
-// at its sequence number, and marks their tickets applied.
+// applyLoop applies committed records to Badger in order, each at its sequence
+// number, and marks their tickets applied.
 func (p *Pipeline) applyLoop() {
 	defer p.done.Done()
 	for job := range p.applies {
-		txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
-		var err error
-		for _, w := range job.writes {
-			if err = addToTxn(txn, w); err != nil {
-				break
-			}
-		}
-		if err == nil {
-			err = txn.CommitAt(job.seq, nil)
-		}
-		txn.Discard()
-		if err != nil {
+		if err := p.apply(job); err != nil {
 			// The record is durable in the log; Badger lags behind it until the
 			// node restarts and replays it.
 			p.fatal(fmt.Errorf("apply seq %d to badger: %w", job.seq, err))
@@ -438,6 +426,55 @@ func (p *Pipeline) applyLoop() {
 	}
 }
 
+// apply writes one record's changes to Badger, as one transaction when it fits.
+// A record too large for one Badger transaction is applied in several, but only
+// once the log holds it durably: a crash in between then replays it whole, so no
+// restart ever shows part of it.
+func (p *Pipeline) apply(job applyJob) error {
+	txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
+	defer func() { txn.Discard() }()
+	split := false
+	add := func(op func(*badger.Txn) error) error {
+		err := op(txn)
+		if !errors.Is(err, badger.ErrTxnTooBig) {
+			return err
+		}
+		if !split {
+			split = true
+			if err := job.writes[0].ticket.Wait(context.Background()); err != nil {
+				return errSkipApply // the record never became durable: nothing to apply
+			}
+		}
+		if err := txn.CommitAt(job.seq, nil); err != nil {
+			return err
+		}
+		txn = p.db.bdb.NewTransactionAt(math.MaxUint64, true)
+		return op(txn)
+	}
+	for _, w := range job.writes {
+		for _, kv := range w.Sets {
+			if err := add(func(t *badger.Txn) error { return t.Set(kv.Key, kv.Value) }); err != nil {
+				return skipped(err)
+			}
+		}
+		for _, k := range w.Deletes {
+			if err := add(func(t *badger.Txn) error { return t.Delete(k) }); err != nil {
+				return skipped(err)
+			}
+		}
+	}
+	return txn.CommitAt(job.seq, nil)
+}
+
+var errSkipApply = errors.New("persistence: record not durable")
+
+func skipped(err error) error {
+	if errors.Is(err, errSkipApply) {
+		return nil
+	}
+	return err
+}
+
 // maybeRelease gives up log segments that Badger has flushed, at most once a second.
 func (p *Pipeline) maybeRelease() {
 	if p.db.wal.segments() < 2 || time.Since(p.lastRelease) < time.Second {
@@ -447,20 +484,6 @@ func (p *Pipeline) maybeRelease() {
 	if err := p.db.wal.release(p.db.flushedVersion(), p.db.bdb.Sync); err != nil {
 		p.cfg.Logger.Warn("could not release write-ahead log segments", "err", err)
 	}
-}
-
-func addToTxn(txn *badger.Txn, w *Write) error {
-	for _, kv := range w.Sets {
-		if err := txn.Set(kv.Key, kv.Value); err != nil {
-			return err
-		}
-	}
-	for _, k := range w.Deletes {
-		if err := txn.Delete(k); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func (p *Pipeline) completeLoop() {

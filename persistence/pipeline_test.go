@@ -1,6 +1,7 @@
 package persistence
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -182,20 +183,16 @@ func TestPipeline_CompletesInSubmissionOrder(t *testing.T) {
 }
 
 func TestPipeline_TooLargeWriteFailsAlone(t *testing.T) {
-	db, err := Open(Config{Dir: t.TempDir(), MemTableSize: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := openTestDB(t, t.TempDir())
 	defer db.Close()
 	release := make(chan struct{})
-	p := NewPipeline(db, PipelineConfig{})
 	first := true
-	p.cfg.BeforeCommit = func(int) {
+	p := NewPipeline(db, PipelineConfig{MaxWriteBytes: 1 << 20, BeforeCommit: func(int) {
 		if first {
 			first = false
 			<-release
 		}
-	}
+	}})
 	p.Start()
 	defer p.Close()
 	warm := p.Submit(set("warm", "x")) // held in the first commit while the others queue
@@ -212,6 +209,7 @@ func TestPipeline_TooLargeWriteFailsAlone(t *testing.T) {
 	if err := big.Wait(ctx); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("big write: %v, want ErrTooLarge", err)
 	}
+	waitApplied(t, small2)
 	if _, found, _ := db.Get(ctx, []byte("big")); found {
 		t.Fatal("refused write is in the database")
 	}
@@ -219,6 +217,52 @@ func TestPipeline_TooLargeWriteFailsAlone(t *testing.T) {
 	if err := p.Submit(set("after", "x")).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPipeline_WriteLargerThanABadgerTransaction commits one write that Badger
+// can only take in several transactions: it is acknowledged whole, readable whole,
+// and whole after a restart.
+func TestPipeline_WriteLargerThanABadgerTransaction(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(Config{Dir: dir, MemTableSize: 8 << 20}) // Badger takes ~1.2 MiB per transaction
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewPipeline(db, PipelineConfig{})
+	p.Start()
+	w := &Write{}
+	for i := 0; i < 40; i++ {
+		w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("big-%02d", i)), Value: bytes.Repeat([]byte{byte(i)}, 100<<10)})
+	}
+	w.Deletes = [][]byte{[]byte("gone")}
+	ctx := context.Background()
+	tk := p.Submit(w)
+	if err := tk.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitApplied(t, tk)
+	check := func(db *DB) {
+		for i := 0; i < 40; i++ {
+			v, found, err := db.Get(ctx, []byte(fmt.Sprintf("big-%02d", i)))
+			if err != nil || !found || len(v) != 100<<10 || v[0] != byte(i) {
+				t.Fatalf("key %d: found=%v len=%d err=%v", i, found, len(v), err)
+			}
+		}
+	}
+	check(db)
+	if p.Failed() != nil {
+		t.Fatal(p.Failed())
+	}
+	p.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err = Open(Config{Dir: dir, MemTableSize: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	check(db)
 }
 
 func TestPipeline_FenceRefusesOneWrite(t *testing.T) {
