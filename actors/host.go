@@ -15,6 +15,9 @@ import (
 	"github.com/holdfast/holdfast/persistence"
 )
 
+// mailboxThroughput is how many messages one mailbox run handles before yielding.
+const mailboxThroughput = 300
+
 // Config configures a Host.
 type Config struct {
 	// IdleTimeout passivates an object after this long without a message. Zero
@@ -117,7 +120,13 @@ func (h *Host) Start() {
 	// protoactor logs routine events at info; keep its warnings and errors only.
 	logger := slog.New(minLevel{h.log.Handler(), slog.LevelWarn}).With("component", "protoactor")
 	h.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return logger }))
-	h.props = actor.PropsFromProducer(func() actor.Actor { return &object{h: h} })
+	// The synchronized dispatcher runs an object's mailbox on the goroutine that
+	// posted to it (the caller's) instead of a new goroutine per run: one hand-off
+	// less per request, and no fresh stack to grow. The mailbox still runs one
+	// message at a time. Nothing may post to an object while holding a lock that
+	// the object's turn takes.
+	h.props = actor.PropsFromProducer(func() actor.Actor { return &object{h: h} },
+		actor.WithDispatcher(actor.NewSynchronizedDispatcher(mailboxThroughput)))
 }
 
 // Close stops admitting requests, waits until every admitted request was answered
@@ -213,15 +222,10 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 	if a != nil {
 		n := a.inflight.Add(1)
 		s.mu.RUnlock()
-		if n > h.cfg.MaxInflightPerObject {
-			a.inflight.Add(-1)
-			return nil, &Error{Kind: KindOverloaded, Msg: "the object has too many requests in flight", RetryAfter: 100 * time.Millisecond}
-		}
-		return a, nil
+		return h.admit(a, n)
 	}
 	s.mu.RUnlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if a = s.m[id]; a == nil {
 		a = &activation{id: id}
 		a.pid = h.system.Root.Spawn(h.props)
@@ -230,7 +234,17 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 		h.system.Root.Send(a.pid, a)
 		s.m[id] = a
 	}
-	a.inflight.Add(1)
+	n := a.inflight.Add(1)
+	s.mu.Unlock()
+	return h.admit(a, n)
+}
+
+// admit applies the admission limit to a request counted as the n-th in flight.
+func (h *Host) admit(a *activation, n int64) (*activation, error) {
+	if n > h.cfg.MaxInflightPerObject {
+		a.inflight.Add(-1)
+		return nil, &Error{Kind: KindOverloaded, Msg: "the object has too many requests in flight", RetryAfter: 100 * time.Millisecond}
+	}
 	return a, nil
 }
 

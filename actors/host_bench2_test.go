@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -20,7 +21,7 @@ func BenchmarkHost_ParallelSet(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	val := string(make([]byte, 200))
+	val := strings.Repeat("x", 200)
 	b.ReportAllocs()
 	b.ResetTimer()
 	var wg sync.WaitGroup

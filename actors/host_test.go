@@ -87,7 +87,13 @@ type hold struct {
 	commits atomic.Int64
 }
 
-func newHold() *hold { return &hold{held: true, release: make(chan struct{})} }
+// newHold returns a hold that is released at the latest when the test ends, so a
+// failing test cannot leave the pipeline stuck.
+func newHold(t *testing.T) *hold {
+	h := &hold{held: true, release: make(chan struct{})}
+	t.Cleanup(h.open)
+	return h
+}
 
 func (h *hold) before(n int) {
 	h.mu.Lock()
@@ -137,7 +143,7 @@ func TestKV_SetGetSurvivesRestart(t *testing.T) {
 // many objects queue: no reply (write or read) may leave before the commit, and the
 // writes share a handful of commits.
 func TestHost_RepliesWaitForTheSyncThatCoversThem(t *testing.T) {
-	hd := newHold()
+	hd := newHold(t)
 	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
 	ctx := context.Background()
 	const objects = 300
@@ -272,7 +278,7 @@ func TestHost_FailedWriteDeactivatesAndReloadsFromDisk(t *testing.T) {
 }
 
 func TestHost_AdmissionLimit(t *testing.T) {
-	hd := newHold()
+	hd := newHold(t)
 	n := startNode(t, t.TempDir(), nodeOpts{
 		cfg:  Config{MaxInflightPerObject: 4},
 		pipe: persistence.PipelineConfig{BeforeCommit: hd.before},
@@ -285,7 +291,12 @@ func TestHost_AdmissionLimit(t *testing.T) {
 	}
 	overloaded := 0
 	for i := 0; i < 6; i++ { // six must be refused at once, while four wait
-		err := <-errs
+		var err error
+		select {
+		case err = <-errs:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d requests refused; more than the limit were admitted", overloaded)
+		}
 		var e *Error
 		if !errors.As(err, &e) || e.Kind != KindOverloaded || e.RetryAfter <= 0 {
 			t.Fatalf("got %v, want overloaded with a retry time", err)
@@ -301,7 +312,7 @@ func TestHost_AdmissionLimit(t *testing.T) {
 }
 
 func TestHost_CloseFinishesInflightWrites(t *testing.T) {
-	hd := newHold()
+	hd := newHold(t)
 	dir := t.TempDir()
 	n := startNode(t, dir, nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
 	ctx := context.Background()
@@ -326,7 +337,7 @@ func TestHost_CloseFinishesInflightWrites(t *testing.T) {
 }
 
 func TestHost_LogReadSeesPendingWrites(t *testing.T) {
-	hd := newHold()
+	hd := newHold(t)
 	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
 	ctx := context.Background()
 	o := n.kv("l", "x")
