@@ -12,14 +12,14 @@ import (
 	"github.com/holdfast/holdfast/persistence"
 )
 
-// Sub-keys of the KV keyspace.
+// Sub-keys of the KV keyspace. An object's log_id is its newest change-log entry
+// and the oldest log_id it holds is its oldest entry: the log always keeps at least
+// its newest entry, so no separate record is needed.
 const (
-	kvMeta     byte = 'm' // version, log_id, oldest retained log_id
-	kvSlot     byte = 's' // slot name -> JSON value
-	kvLog      byte = 'l' // log_id (uint64 BE) -> JSON [{"key","value"}...]
-	kvIdem     byte = 'i' // idempotency key -> JSON idemRecord
-	kvIdemExp  byte = 'x' // expiry (uint64 BE ms) | idempotency key -> empty
-	metaFormat byte = 1
+	kvSlot    byte = 's' // slot name -> JSON value
+	kvLog     byte = 'l' // log_id (uint64 BE) -> JSON [{"key","value"}...]
+	kvIdem    byte = 'i' // idempotency key -> JSON idemRecord
+	kvIdemExp byte = 'x' // expiry (uint64 BE ms) | idempotency key -> empty
 )
 
 // kvState is the KV behaviour's state, fully resident while the object is active.
@@ -40,21 +40,28 @@ func (k *kvState) slot(name string) (json.RawMessage, bool) {
 
 func (k *kvState) stateBytes() int { return k.size }
 
+// readBack reports whether a key of this keyspace is read from storage after it
+// was written: change-log entries and idempotency records are; slots live in memory.
+func (k *kvState) readBack(key []byte) bool {
+	n := len(k.ks.Prefix())
+	return len(key) > n && key[n] != kvSlot
+}
+
 func (o *object) kvLoad() (*kvState, error) {
 	if o.kv != nil {
 		return o.kv, nil
 	}
 	k := &kvState{ks: persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourKV), oldest: 1}
-	meta, found, err := o.st.get(o.bg(), k.ks.Key(kvMeta, nil))
+	// Activation happens only when no earlier activation has writes in flight, so
+	// Badger holds the whole log.
+	logPrefix := k.ks.Key(kvLog, nil)
+	first, last, found, err := o.h.db.Ends(o.bg(), logPrefix)
 	if err != nil {
 		return nil, unavailable("cannot load the object", err)
 	}
 	if found {
-		if len(meta) != 17 || meta[0] != metaFormat {
-			return nil, &Error{Kind: KindInternal, Msg: "internal error", cause: fmt.Errorf("object %s: bad KV meta record", o.act.id)}
-		}
-		k.logID = binary.BigEndian.Uint64(meta[1:])
-		k.oldest = binary.BigEndian.Uint64(meta[9:])
+		k.oldest = binary.BigEndian.Uint64(first[len(logPrefix):])
+		k.logID = binary.BigEndian.Uint64(last[len(logPrefix):])
 	}
 	prefix := k.ks.Key(kvSlot, nil)
 	err = o.st.scan(o.bg(), prefix, nil, nil, func(key, value []byte) (bool, error) {
@@ -188,7 +195,7 @@ func (o *object) kvWrite(m *KVWrite) (any, error) {
 	if len(changes) > 0 || m.Purge {
 		o.kvApply(k, changes, m.Purge)
 	}
-	o.submit(w)
+	o.submit(w, k.readBack)
 	return res, nil
 }
 
@@ -206,8 +213,8 @@ func purgeChanges(k *kvState) []Change {
 }
 
 // kvStage adds to w the keys of one log entry made of changes: the slots, the entry,
-// the change-log entries that fall out of retention (all of them on a purge), and
-// the meta record. It does not change k.
+// and the change-log entries that fall out of retention (all of them on a purge).
+// It does not change k.
 func (o *object) kvStage(k *kvState, w *persistence.Write, changes []Change, purge bool) {
 	id := k.logID + 1
 	for _, c := range changes {
@@ -223,7 +230,6 @@ func (o *object) kvStage(k *kvState, w *persistence.Write, changes []Change, pur
 	for i := k.oldest; i < oldest && i <= k.logID; i++ {
 		w.Deletes = append(w.Deletes, k.ks.KeyUint64(kvLog, i))
 	}
-	w.Sets = append(w.Sets, persistence.KV{Key: k.ks.Key(kvMeta, nil), Value: encodeMeta(id, oldest)})
 }
 
 // newOldest is the oldest log_id held after the next entry is recorded.
@@ -258,33 +264,48 @@ func (o *object) kvApply(k *kvState, changes []Change, purge bool) {
 	}
 }
 
-func encodeMeta(logID, oldest uint64) []byte {
-	b := make([]byte, 17)
-	b[0] = metaFormat
-	binary.BigEndian.PutUint64(b[1:], logID)
-	binary.BigEndian.PutUint64(b[9:], oldest)
-	return b
-}
-
 type logItemJSON struct {
 	Key   string          `json:"key"`
 	Value json.RawMessage `json:"value"`
 }
 
+// encodeLogEntry writes changes as [{"key":...,"value":...},...]. Values are
+// compact JSON already (plan made them so); a deleted slot is null.
 func encodeLogEntry(changes []Change) []byte {
-	items := make([]logItemJSON, len(changes))
+	n := 2
+	for _, c := range changes {
+		n += len(c.Slot) + len(c.Value) + 24
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '[')
 	for i, c := range changes {
-		v := c.Value
-		if v == nil {
-			v = json.RawMessage("null")
+		if i > 0 {
+			b = append(b, ',')
 		}
-		items[i] = logItemJSON{Key: c.Slot, Value: v}
+		b = append(b, `{"key":`...)
+		b = appendJSONString(b, c.Slot)
+		b = append(b, `,"value":`...)
+		if c.Value == nil {
+			b = append(b, "null"...)
+		} else {
+			b = append(b, c.Value...)
+		}
+		b = append(b, '}')
 	}
-	b, err := json.Marshal(items)
-	if err != nil { // values were validated when the write was planned
-		panic(fmt.Sprintf("encode log entry: %v", err))
+	return append(b, ']')
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x7F {
+			q, _ := json.Marshal(s) // rare: escapes and non-ASCII
+			return append(b, q...)
+		}
 	}
-	return b
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 func (o *object) kvReadLog(m KVReadLog) (any, error) {

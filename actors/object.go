@@ -163,12 +163,15 @@ func (o *object) health() error {
 
 // submit hands w to the commit pipeline without waiting and makes it the write
 // that later replies wait for.
-func (o *object) submit(w *persistence.Write) {
+//
+// readBack says which keys of w later turns read from storage, so that reads see
+// them before Badger does; nil means every key.
+func (o *object) submit(w *persistence.Write, readBack func([]byte) bool) {
 	w.Partition = o.part
 	w.Epoch = o.h.epoch(o.part)
 	w.Chain = o.chain
 	t := o.h.pipe.Submit(w)
-	o.ov.record(w, t)
+	o.ov.record(w, t, readBack)
 	o.last = t
 }
 

@@ -29,17 +29,24 @@ type fifoEntry struct {
 	t   *persistence.Ticket
 }
 
-// record notes the writes of w, submitted under t.
-func (o *overlay) record(w *persistence.Write, t *persistence.Ticket) {
+// record notes the writes of w, submitted under t, whose keys readBack accepts
+// (nil: every key). Keys the actor never reads back from storage need no entry.
+func (o *overlay) record(w *persistence.Write, t *persistence.Ticket, readBack func([]byte) bool) {
 	if o.m == nil {
 		o.m = make(map[string]overlayEntry)
 	}
 	for _, kv := range w.Sets {
+		if readBack != nil && !readBack(kv.Key) {
+			continue
+		}
 		k := string(kv.Key)
 		o.m[k] = overlayEntry{value: kv.Value, t: t}
 		o.fifo = append(o.fifo, fifoEntry{k, t})
 	}
 	for _, key := range w.Deletes {
+		if readBack != nil && !readBack(key) {
+			continue
+		}
 		k := string(key)
 		o.m[k] = overlayEntry{deleted: true, t: t}
 		o.fifo = append(o.fifo, fifoEntry{k, t})

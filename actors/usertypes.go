@@ -160,7 +160,7 @@ func (o *object) runUser(msg any) (reply any, err error) {
 				w.Deletes = append(w.Deletes, key)
 			}
 		}
-		o.submit(w)
+		o.submit(w, nil)
 	}
 	return reply, nil
 }

@@ -223,6 +223,35 @@ func (db *DB) Scan(ctx context.Context, prefix, start, end []byte, fn func(key, 
 	})
 }
 
+// Ends returns the first and the last key under prefix (copies), or found=false
+// when there is none.
+func (db *DB) Ends(ctx context.Context, prefix []byte) (first, last []byte, found bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, false, err
+	}
+	err = db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+		it.Seek(prefix)
+		if !it.ValidForPrefix(prefix) {
+			it.Close()
+			return nil
+		}
+		first = it.Item().KeyCopy(nil)
+		it.Close()
+		rit := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, Reverse: true})
+		defer rit.Close()
+		end := append(append([]byte(nil), prefix...), 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF)
+		rit.Seek(end)
+		if !rit.ValidForPrefix(prefix) {
+			return fmt.Errorf("persistence: %q has a first key but no last key", prefix)
+		}
+		last = rit.Item().KeyCopy(nil)
+		found = true
+		return nil
+	})
+	return first, last, found, err
+}
+
 // flushedVersion is the highest version in Badger's synced tables: every commit
 // at or below it is durable without the log.
 func (db *DB) flushedVersion() uint64 {
