@@ -60,13 +60,33 @@ type Host struct {
 
 	closing atomic.Bool
 	started bool
+	stop    chan struct{}
+	swept   sync.WaitGroup
 
 	now func() time.Time // clock; a test may replace it before Start
 }
 
 type hostShard struct {
-	mu sync.RWMutex
-	m  map[ObjectID]*activation
+	mu   sync.RWMutex
+	m    map[ObjectID]*activation
+	peak int // the map's largest size since it was last rebuilt
+}
+
+// remove deletes a from the shard (under s.mu). A Go map never gives memory back,
+// so once it holds a quarter of its peak it is rebuilt: passivated objects leave
+// nothing resident.
+func (s *hostShard) remove(a *activation) {
+	if s.m[a.id] != a {
+		return
+	}
+	delete(s.m, a.id)
+	if s.peak >= 256 && len(s.m) < s.peak/4 {
+		m := make(map[ObjectID]*activation, len(s.m))
+		for k, v := range s.m {
+			m[k] = v
+		}
+		s.m, s.peak = m, len(m)
+	}
 }
 
 // activation is one live copy of an object. inflight counts requests sent to it
@@ -76,6 +96,10 @@ type activation struct {
 	id       ObjectID
 	pid      *actor.PID
 	inflight atomic.Int64
+	lastUsed atomic.Int64 // unix nanoseconds of the last request admitted
+	// dirty is set when the object submitted a write: until its next turn it keeps
+	// the write's buffers (overlay, output gate). The sweeper tidies quiet ones.
+	dirty atomic.Bool
 }
 
 // NewHost returns a host over db and pipe; register types, then Start it.
@@ -127,12 +151,64 @@ func (h *Host) Start() {
 	// the object's turn takes.
 	h.props = actor.PropsFromProducer(func() actor.Actor { return &object{h: h} },
 		actor.WithDispatcher(actor.NewSynchronizedDispatcher(mailboxThroughput)))
+	h.stop = make(chan struct{})
+	h.swept.Add(1)
+	go h.sweepLoop()
+}
+
+// sweepLoop passivates idle objects: one goroutine and one ticker for the node,
+// instead of a timer per object. An object whose last request was admitted more
+// than IdleTimeout ago and that has nothing in flight is asked to passivate.
+func (h *Host) sweepLoop() {
+	defer h.swept.Done()
+	every := min(h.cfg.IdleTimeout/4, time.Second)
+	if every < time.Millisecond {
+		every = time.Millisecond
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var idle, quiet []*activation
+	for {
+		select {
+		case <-h.stop:
+			return
+		case now := <-tick.C:
+			cutoff := now.Add(-h.cfg.IdleTimeout).UnixNano()
+			idle, quiet = idle[:0], quiet[:0]
+			for i := range h.shards {
+				s := &h.shards[i]
+				s.mu.RLock()
+				for _, a := range s.m {
+					switch {
+					case a.inflight.Load() != 0:
+					case a.lastUsed.Load() < cutoff:
+						idle = append(idle, a)
+					case a.dirty.Load():
+						quiet = append(quiet, a)
+					}
+				}
+				s.mu.RUnlock()
+			}
+			// Sent without a lock held: the object's turn runs right here and
+			// takes the shard lock to release itself.
+			for _, a := range idle {
+				h.system.Root.Send(a.pid, passivate{})
+			}
+			for _, a := range quiet {
+				h.system.Root.Send(a.pid, tidy{})
+			}
+			clear(idle)
+			clear(quiet)
+		}
+	}
 }
 
 // Close stops admitting requests, waits until every admitted request was answered
 // (so every acknowledged write is durable) or ctx ends, then stops every actor.
 func (h *Host) Close(ctx context.Context) error {
 	h.closing.Store(true)
+	close(h.stop)
+	h.swept.Wait()
 	var err error
 	for h.inflight() > 0 {
 		if ctx.Err() != nil {
@@ -233,6 +309,7 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 		// actor before it, since the shard lock is held until it is sent.
 		h.system.Root.Send(a.pid, a)
 		s.m[id] = a
+		s.peak = max(s.peak, len(s.m))
 	}
 	n := a.inflight.Add(1)
 	s.mu.Unlock()
@@ -245,6 +322,7 @@ func (h *Host) admit(a *activation, n int64) (*activation, error) {
 		a.inflight.Add(-1)
 		return nil, &Error{Kind: KindOverloaded, Msg: "the object has too many requests in flight", RetryAfter: 100 * time.Millisecond}
 	}
+	a.lastUsed.Store(time.Now().UnixNano())
 	return a, nil
 }
 
@@ -257,9 +335,7 @@ func (h *Host) release(a *activation) bool {
 	if a.inflight.Load() != 0 {
 		return false
 	}
-	if s.m[a.id] == a {
-		delete(s.m, a.id)
-	}
+	s.remove(a)
 	return true
 }
 
@@ -268,9 +344,7 @@ func (h *Host) release(a *activation) bool {
 func (h *Host) forget(a *activation) {
 	s := h.shard(a.id)
 	s.mu.Lock()
-	if s.m[a.id] == a {
-		delete(s.m, a.id)
-	}
+	s.remove(a)
 	s.mu.Unlock()
 }
 

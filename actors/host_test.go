@@ -366,3 +366,56 @@ func TestHost_LogReadSeesPendingWrites(t *testing.T) {
 		t.Fatalf("log read while writes were pending: %+v, want all three entries", p.Items)
 	}
 }
+
+// TestHost_NewActivationWaitsForAppliedWrites holds the applier: a write is
+// acknowledged (durable) but Badger does not show it yet. A failed write then
+// forces a fresh activation, whose first read must wait for the applier and see
+// the acknowledged write.
+func TestHost_NewActivationWaitsForAppliedWrites(t *testing.T) {
+	var refuse atomic.Bool
+	applyHold := newHold(t)
+	applyHold.open()
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{
+		Fence: func(uint32, uint64) error {
+			if refuse.Load() {
+				return errors.New("refused for the test")
+			}
+			return nil
+		},
+		BeforeApply: func(uint64) { applyHold.before(1) },
+	}})
+	ctx := context.Background()
+	o := n.kv("f", "x")
+	if _, err := o.Set(ctx, "a", 0); err != nil { // activate; applied at once
+		t.Fatal(err)
+	}
+	applyHold.mu.Lock()
+	applyHold.held, applyHold.release = true, make(chan struct{})
+	applyHold.mu.Unlock()
+	if _, err := o.Set(ctx, "a", 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the applier to hold the write", func() bool { return applyHold.inHold.Load() == 1 })
+	refuse.Store(true)
+	if _, err := o.Set(ctx, "a", 2); err == nil {
+		t.Fatal("refused write succeeded")
+	}
+	refuse.Store(false)
+	got := make(chan *KVState, 1)
+	go func() {
+		st, err := o.Get(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- st
+	}()
+	select {
+	case st := <-got:
+		t.Fatalf("a fresh activation read %+v before the acknowledged write was applied", st)
+	case <-time.After(50 * time.Millisecond): // it must be waiting
+	}
+	applyHold.open()
+	if st := <-got; st == nil || st.LogID != 2 || string(st.State["a"]) != "1" {
+		t.Fatalf("state %+v, want a=1 at log_id 2", st)
+	}
+}

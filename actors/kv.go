@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/holdfast/holdfast/persistence"
@@ -25,7 +24,7 @@ const (
 // kvState is the KV behaviour's state, fully resident while the object is active.
 type kvState struct {
 	ks    persistence.Keyspace
-	slots map[string]json.RawMessage
+	slots slotTable
 	size  int    // sum of slotBytes
 	logID uint64 // last assigned log_id; 0 for a new object
 	// oldest is the lowest log_id still held in the change log; logID+1 when the
@@ -34,8 +33,7 @@ type kvState struct {
 }
 
 func (k *kvState) slot(name string) (json.RawMessage, bool) {
-	v, ok := k.slots[name]
-	return v, ok
+	return k.slots.get(name)
 }
 
 func (k *kvState) stateBytes() int { return k.size }
@@ -65,11 +63,8 @@ func (o *object) kvLoad() (*kvState, error) {
 	}
 	prefix := k.ks.Key(kvSlot, nil)
 	err = o.st.scan(o.bg(), prefix, nil, nil, func(key, value []byte) (bool, error) {
-		if k.slots == nil {
-			k.slots = make(map[string]json.RawMessage)
-		}
 		name := string(key[len(prefix):])
-		k.slots[name] = append(json.RawMessage(nil), value...)
+		k.slots.set(name, append(json.RawMessage(nil), value...))
 		k.size += slotBytes(name, value)
 		return true, nil
 	})
@@ -86,10 +81,8 @@ func (o *object) kvGet() (any, error) {
 		return nil, err
 	}
 	// Values are never changed in place, so a shallow copy is a consistent snapshot.
-	state := make(map[string]json.RawMessage, len(k.slots))
-	for n, v := range k.slots {
-		state[n] = v
-	}
+	state := make(map[string]json.RawMessage, k.slots.len())
+	k.slots.each(func(n string, v json.RawMessage) { state[n] = v })
 	return &KVState{State: state, LogID: k.logID}, nil
 }
 
@@ -98,7 +91,7 @@ func (o *object) kvGetSlot(slot string) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, ok := k.slots[slot]
+	v, ok := k.slots.get(slot)
 	if !ok {
 		return nil, notFoundf("slot %q not found", slot)
 	}
@@ -200,14 +193,11 @@ func (o *object) kvWrite(m *KVWrite) (any, error) {
 }
 
 func purgeChanges(k *kvState) []Change {
-	names := make([]string, 0, len(k.slots))
-	for n := range k.slots {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := k.slots.names()
 	changes := make([]Change, 0, len(names))
 	for _, n := range names {
-		changes = append(changes, Change{Slot: n, Previous: k.slots[n]})
+		prev, _ := k.slots.get(n)
+		changes = append(changes, Change{Slot: n, Previous: prev})
 	}
 	return changes
 }
@@ -253,13 +243,10 @@ func (o *object) kvApply(k *kvState, changes []Change, purge bool) {
 	for _, c := range changes {
 		k.size -= slotBytes(c.Slot, c.Previous)
 		if c.Value == nil {
-			delete(k.slots, c.Slot)
+			k.slots.delete(c.Slot)
 			continue
 		}
-		if k.slots == nil {
-			k.slots = make(map[string]json.RawMessage)
-		}
-		k.slots[c.Slot] = c.Value
+		k.slots.set(c.Slot, c.Value)
 		k.size += slotBytes(c.Slot, c.Value)
 	}
 }

@@ -59,9 +59,10 @@ type object struct {
 	// may be ahead of disk, so the activation answers 503 and goes away.
 	broken error
 
-	typ  *TypeSpec
-	opts TypeOptions
-	kv   *kvState // loaded on the first KV message
+	ready bool // state may be read: earlier activations' writes are applied
+	typ   *TypeSpec
+	opts  TypeOptions
+	kv    *kvState // loaded on the first KV message
 }
 
 func (o *object) Receive(c actor.Context) {
@@ -70,8 +71,13 @@ func (o *object) Receive(c actor.Context) {
 		o.init(c, m)
 	case *envelope:
 		o.handle(c, m)
-	case *actor.ReceiveTimeout:
+	case passivate:
 		o.idle(c)
+	case tidy:
+		o.ov.evict()
+		if o.health() == nil && o.last == nil && len(o.ov.entries) == 0 {
+			o.act.dirty.Store(false)
+		}
 	}
 }
 
@@ -82,8 +88,13 @@ func (o *object) init(c actor.Context, a *activation) {
 	o.chain = &persistence.Chain{}
 	o.typ = o.h.types[a.id.Type]
 	o.opts = o.h.typeOptions(a.id.Type)
-	c.SetReceiveTimeout(o.h.cfg.IdleTimeout)
 }
+
+// passivate asks an object that the host's sweeper saw idle to go away.
+type passivate struct{}
+
+// tidy asks a quiet object to drop the buffers of its applied writes.
+type tidy struct{}
 
 func (o *object) handle(c actor.Context, env *envelope) {
 	o.ov.evict()
@@ -93,6 +104,12 @@ func (o *object) handle(c actor.Context, env *envelope) {
 			c.Stop(c.Self())
 		}
 		return
+	}
+	if !o.ready {
+		// An earlier activation's writes may be durable but not yet in Badger
+		// (after a failed write, the next activation starts at once).
+		o.h.pipe.WaitApplied()
+		o.ready = true
 	}
 	val, err := o.dispatch(env.msg)
 	o.respond(env, val, err)
@@ -150,10 +167,14 @@ func (o *object) respond(env *envelope, val any, err error) {
 // health reports whether the activation can still serve. After a failed write it
 // forgets itself so that the next request activates a fresh copy from disk.
 func (o *object) health() error {
-	if o.broken == nil && o.last != nil && o.last.Done() && o.last.Err() != nil {
-		o.broken = o.last.Err()
-		o.h.log.Warn("object write failed; deactivating", "object", o.act.id.String(), "err", o.broken)
-		o.h.forget(o.act)
+	if o.broken == nil && o.last != nil && o.last.Done() {
+		if err := o.last.Err(); err != nil {
+			o.broken = err
+			o.h.log.Warn("object write failed; deactivating", "object", o.act.id.String(), "err", o.broken)
+			o.h.forget(o.act)
+		} else if o.last.Applied() {
+			o.last = nil // nothing to wait for; do not keep the write alive
+		}
 	}
 	if o.broken != nil {
 		return commitError(o.broken)
@@ -173,6 +194,7 @@ func (o *object) submit(w *persistence.Write, readBack func([]byte) bool) {
 	t := o.h.pipe.Submit(w)
 	o.ov.record(w, t, readBack)
 	o.last = t
+	o.act.dirty.Store(true)
 }
 
 // idle passivates the activation when nothing is in flight: every reply was
@@ -183,9 +205,7 @@ func (o *object) idle(c actor.Context) {
 	// Applied, not only durable: the next activation loads from Badger.
 	if (o.last == nil || o.last.Applied()) && o.h.release(o.act) {
 		c.Stop(c.Self())
-		return
 	}
-	c.SetReceiveTimeout(o.h.cfg.IdleTimeout)
 }
 
 func (o *object) bg() context.Context { return context.Background() }

@@ -8,81 +8,64 @@ import (
 	"github.com/holdfast/holdfast/persistence"
 )
 
-// overlay holds the latest value an actor wrote to each key whose write Badger
-// does not show yet. Badger shows a write only once the pipeline applied it, but
-// the actor moves on as soon as it submitted it; reads in later turns look here
-// first.
-// Only the actor's goroutine touches an overlay.
+// overlay holds what an actor wrote to keys that later turns read back, for the
+// writes Badger does not show yet: Badger shows a write only once the pipeline
+// applied it, but the actor moves on as soon as it submitted it. It is a list in
+// submission order, short-lived and usually a handful of entries long; lookups
+// search it from the newest entry. Only the actor's goroutine touches an overlay.
 type overlay struct {
-	m    map[string]overlayEntry
-	fifo []fifoEntry // keys in submission order, for eviction
+	entries []overlayEntry
 }
 
 type overlayEntry struct {
-	value   []byte // nil: deleted
+	key     []byte // shared with the submitted Write, never changed
+	value   []byte
 	deleted bool
 	t       *persistence.Ticket
-}
-
-type fifoEntry struct {
-	key string
-	t   *persistence.Ticket
 }
 
 // record notes the writes of w, submitted under t, whose keys readBack accepts
 // (nil: every key). Keys the actor never reads back from storage need no entry.
 func (o *overlay) record(w *persistence.Write, t *persistence.Ticket, readBack func([]byte) bool) {
-	if o.m == nil {
-		o.m = make(map[string]overlayEntry)
-	}
 	for _, kv := range w.Sets {
-		if readBack != nil && !readBack(kv.Key) {
-			continue
+		if readBack == nil || readBack(kv.Key) {
+			o.entries = append(o.entries, overlayEntry{key: kv.Key, value: kv.Value, t: t})
 		}
-		k := string(kv.Key)
-		o.m[k] = overlayEntry{value: kv.Value, t: t}
-		o.fifo = append(o.fifo, fifoEntry{k, t})
 	}
 	for _, key := range w.Deletes {
-		if readBack != nil && !readBack(key) {
-			continue
+		if readBack == nil || readBack(key) {
+			o.entries = append(o.entries, overlayEntry{key: key, deleted: true, t: t})
 		}
-		k := string(key)
-		o.m[k] = overlayEntry{deleted: true, t: t}
-		o.fifo = append(o.fifo, fifoEntry{k, t})
 	}
 }
 
-// evict drops entries whose writes Badger shows now.
+// evict drops the entries whose writes Badger shows now. Tickets are applied in
+// submission order, so they leave from the front.
 func (o *overlay) evict() {
 	n := 0
-	for n < len(o.fifo) && o.fifo[n].t.Applied() {
-		f := o.fifo[n]
-		if e, ok := o.m[f.key]; ok && e.t == f.t {
-			delete(o.m, f.key)
-		}
+	for n < len(o.entries) && o.entries[n].t.Applied() {
 		n++
 	}
-	if n == 0 {
-		return
-	}
-	o.fifo = append(o.fifo[:0], o.fifo[n:]...)
-	if len(o.fifo) == 0 {
-		o.fifo = nil // let an idle actor shrink back
-		o.m = nil
+	switch {
+	case n == 0:
+	case n == len(o.entries):
+		o.entries = nil // let an idle actor shrink back
+	default:
+		o.entries = append(o.entries[:0], o.entries[n:]...)
 	}
 }
 
-// get returns the overlay's value of key: found=false means "ask Badger".
+// get returns the newest overlay entry of key: found=false means "ask Badger".
 func (o *overlay) get(key []byte) (value []byte, deleted, found bool) {
-	e, ok := o.m[string(key)]
-	if !ok {
-		return nil, false, false
+	for i := len(o.entries) - 1; i >= 0; i-- {
+		if e := &o.entries[i]; bytes.Equal(e.key, key) {
+			return e.value, e.deleted, true
+		}
 	}
-	return e.value, e.deleted, true
+	return nil, false, false
 }
 
-// store reads an actor's keyspace: its own not-yet-durable writes over Badger.
+// store reads an actor's keyspace: its own not-yet-applied writes over Badger.
 type store struct {
 	db *persistence.DB
 	ov *overlay
@@ -101,55 +84,51 @@ func (s store) scan(ctx context.Context, prefix, start, end []byte, fn func(key,
 	if start == nil {
 		start = prefix
 	}
-	var pending []string
-	for k := range s.ov.m {
-		kb := []byte(k)
-		if bytes.HasPrefix(kb, prefix) && bytes.Compare(kb, start) >= 0 && (end == nil || bytes.Compare(kb, end) < 0) {
-			pending = append(pending, k)
+	// The overlay's keys in range, newest entry per key, sorted.
+	var pending []*overlayEntry
+	seen := map[string]bool{}
+	for i := len(s.ov.entries) - 1; i >= 0; i-- {
+		e := &s.ov.entries[i]
+		if bytes.HasPrefix(e.key, prefix) && bytes.Compare(e.key, start) >= 0 && (end == nil || bytes.Compare(e.key, end) < 0) && !seen[string(e.key)] {
+			seen[string(e.key)] = true
+			pending = append(pending, e)
 		}
 	}
-	sort.Strings(pending)
-	stopped := false
-	emitPendingBelow := func(limit []byte) (bool, error) {
-		for len(pending) > 0 && (limit == nil || pending[0] < string(limit)) {
-			e := s.ov.m[pending[0]]
-			k := pending[0]
+	sort.Slice(pending, func(i, j int) bool { return bytes.Compare(pending[i].key, pending[j].key) < 0 })
+	// emitBelow emits the pending keys below limit (all of them for nil).
+	emitBelow := func(limit []byte) (bool, error) {
+		for len(pending) > 0 && (limit == nil || bytes.Compare(pending[0].key, limit) < 0) {
+			e := pending[0]
 			pending = pending[1:]
 			if e.deleted {
 				continue
 			}
-			more, err := fn([]byte(k), e.value)
-			if err != nil || !more {
+			if more, err := fn(e.key, e.value); err != nil || !more {
 				return false, err
 			}
 		}
 		return true, nil
 	}
+	stopped := false
 	err := s.db.Scan(ctx, prefix, start, end, func(k, v []byte) (bool, error) {
-		more, err := emitPendingBelow(k)
+		more, err := emitBelow(k)
 		if err != nil || !more {
 			stopped = true
 			return false, err
 		}
-		if _, _, found := s.ov.get(k); found {
-			if len(pending) > 0 && pending[0] == string(k) {
-				more, err := emitPendingBelow(append(append([]byte(nil), k...), 0))
-				if !more || err != nil {
-					stopped = true
-				}
-				return more, err
-			}
-			return true, nil
+		if len(pending) > 0 && bytes.Equal(pending[0].key, k) {
+			// The overlay's value of this key replaces Badger's.
+			more, err := emitBelow(append(append([]byte(nil), k...), 0))
+			stopped = err != nil || !more
+			return more, err
 		}
 		more, err = fn(k, v)
-		if !more || err != nil {
-			stopped = true
-		}
+		stopped = err != nil || !more
 		return more, err
 	})
 	if err != nil || stopped {
 		return err
 	}
-	_, err = emitPendingBelow(nil)
+	_, err = emitBelow(nil)
 	return err
 }

@@ -29,8 +29,9 @@ type result struct {
 	OpsPerSec     float64 `json:"opsPerSec,omitempty"`
 	SyncsPerWrite float64 `json:"syncsPerWrite,omitempty"`
 	// Memory case only.
-	BytesPerActive float64 `json:"bytesPerActive,omitempty"`
-	BytesPerIdle   float64 `json:"bytesPerIdle,omitempty"`
+	BytesPerActive   float64 `json:"bytesPerActive,omitempty"`
+	BytesPerIdle     float64 `json:"bytesPerIdle,omitempty"`
+	HighWaterPerPeak float64 `json:"highWaterPerPeakObject,omitempty"`
 }
 
 type caseSpec struct {
@@ -222,8 +223,11 @@ func throughput(dir string, d time.Duration, objects, callers int) (result, erro
 	}, nil
 }
 
-// memory activates n objects, measures the Go heap per active object, waits for
-// them all to passivate, and measures what is left per idle object.
+// memory activates n objects and measures the Go heap per active object once they
+// are quiet; then it waits for them all to passivate and measures what is left. The
+// runtime's routing tables keep the capacity of their peak size (Go maps never
+// shrink), so the figure per idle object is the growth over a second round of n
+// different objects: activated, passivated, measured against the first round.
 func memory(dir string, n int) (result, error) {
 	const idle = 2 * time.Second
 	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, IdleTimeout: idle, Logger: quietLogger()})
@@ -239,43 +243,63 @@ func memory(dir string, n int) (result, error) {
 		runtime.ReadMemStats(&m)
 		return float64(m.HeapAlloc)
 	}
-	// Warm the runtime (actor system, pipeline, Badger caches) with one object.
+	activate := func(round int) error {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 256)
+		var failed atomic.Value
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func(i int) {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if _, err := rt.Object("app_bench", "mem", fmt.Sprintf("r%d-o%d", round, i)).Set(ctx, "v", i); err != nil {
+					failed.Store(err)
+				}
+			}(i)
+		}
+		wg.Wait()
+		if err, _ := failed.Load().(error); err != nil {
+			return err
+		}
+		return nil
+	}
+	waitPassivated := func() error {
+		deadline := time.Now().Add(idle*5 + 30*time.Second)
+		for rt.Node().Stats().ActiveObjects > 0 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%d objects still active", rt.Node().Stats().ActiveObjects)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return nil
+	}
+	// Warm the runtime (actor system, pipeline, Badger's memtable arena).
 	if _, err := rt.Object("app_bench", "mem", "warm").Set(ctx, "v", 1); err != nil {
 		return result{}, err
 	}
-	base := heap()
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 256)
-	var failed atomic.Value
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(i int) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if _, err := rt.Object("app_bench", "mem", fmt.Sprintf("o-%d", i)).Set(ctx, "v", i); err != nil {
-				failed.Store(err)
-			}
-		}(i)
-	}
-	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
+	if err := waitPassivated(); err != nil {
 		return result{}, err
 	}
+	base := heap()
+	if err := activate(0); err != nil {
+		return result{}, err
+	}
+	time.Sleep(idle / 2) // quiet, still active: applied writes' buffers are dropped
 	active := rt.Node().Stats().ActiveObjects
 	perActive := (heap() - base) / float64(active)
-	deadline := time.Now().Add(idle*5 + 30*time.Second)
-	for rt.Node().Stats().ActiveObjects > 1 { // the warm object may still be active
-		if time.Now().After(deadline) {
-			return result{}, fmt.Errorf("%d objects still active", rt.Node().Stats().ActiveObjects)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := waitPassivated(); err != nil {
+		return result{}, err
 	}
-	perIdle := (heap() - base) / float64(n)
-	if perIdle < 0 {
-		perIdle = 0
+	afterFirst := heap()
+	if err := activate(1); err != nil {
+		return result{}, err
 	}
-	return result{BytesPerActive: perActive, BytesPerIdle: perIdle}, nil
+	if err := waitPassivated(); err != nil {
+		return result{}, err
+	}
+	perIdle := (heap() - afterFirst) / float64(n)
+	return result{BytesPerActive: perActive, BytesPerIdle: perIdle, HighWaterPerPeak: (afterFirst - base) / float64(n)}, nil
 }
 
 // drive runs the rounds, each case in a child process, and reports.
@@ -371,7 +395,7 @@ func report(probes [][]float64, byCase map[string][]result, ratios map[string][]
 		summary["cases"].(map[string]any)[c.name] = map[string]any{"opsPerSec": os, "ratio": rs, "target": c.target, "syncsPerWrite": ss}
 	}
 	if mem != nil {
-		fmt.Printf("\n| memory, %d objects | bytes |\n|---|---|\n| Go heap per active object | %.0f |\n| Go heap per idle (passivated) object | %.0f |\n", memObjs, mem.BytesPerActive, mem.BytesPerIdle)
+		fmt.Printf("\n| memory, %d objects | Go heap bytes |\n|---|---|\n| per active object (quiet) | %.0f |\n| per idle (passivated) object: growth over a second round of %d other objects | %.0f |\n| routing tables' high-water mark, per object of the peak | %.0f |\n", memObjs, mem.BytesPerActive, memObjs, mem.BytesPerIdle, mem.HighWaterPerPeak)
 		summary["memory"] = mem
 	}
 	if jsonOut != "" {

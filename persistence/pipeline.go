@@ -143,6 +143,9 @@ type PipelineConfig struct {
 	// Badger commit with the number of writes it covers. For instrumentation and
 	// tests (a test may block in it to hold the pipeline).
 	BeforeCommit func(writes int)
+	// BeforeApply, if set, is called on the applier goroutine before each record is
+	// applied to Badger. For tests (a test may block in it to hold the applier).
+	BeforeApply func(seq uint64)
 }
 
 // PipelineStats counts the pipeline's work since Start.
@@ -167,7 +170,13 @@ type Pipeline struct {
 	completions chan []*Write
 	completing  atomic.Int32 // batches sent to the completion goroutine, not yet completed
 	applies     chan applyJob
-	done        sync.WaitGroup
+
+	// committed and applied are the sequence numbers of the last record made
+	// durable and the last one the applier is done with; applyCond signals applied.
+	committed, applied atomic.Uint64
+	applyMu            sync.Mutex
+	applyCond          *sync.Cond
+	done               sync.WaitGroup
 
 	commits, writes, failed atomic.Uint64
 
@@ -188,7 +197,7 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Pipeline{
+	p := &Pipeline{
 		seq:         db.lastSeq,
 		db:          db,
 		cfg:         cfg,
@@ -196,6 +205,10 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 		completions: make(chan []*Write, 64),
 		applies:     make(chan applyJob, 256),
 	}
+	p.committed.Store(db.lastSeq)
+	p.applied.Store(db.lastSeq)
+	p.applyCond = sync.NewCond(&p.applyMu)
+	return p
 }
 
 // Start starts the committer and completion goroutines.
@@ -384,6 +397,7 @@ func (p *Pipeline) commitRun(run []*Write) {
 		return
 	}
 	p.seq = seq
+	p.committed.Store(seq)
 	p.commits.Add(1)
 	p.maybeRelease()
 }
@@ -413,6 +427,9 @@ type applyJob struct {
 func (p *Pipeline) applyLoop() {
 	defer p.done.Done()
 	for job := range p.applies {
+		if p.cfg.BeforeApply != nil {
+			p.cfg.BeforeApply(job.seq)
+		}
 		if err := p.apply(job); err != nil {
 			// The record is durable in the log; Badger lags behind it until the
 			// node restarts and replays it.
@@ -423,7 +440,31 @@ func (p *Pipeline) applyLoop() {
 		for _, w := range job.writes {
 			w.ticket.applied.Store(true)
 		}
+		p.applyMu.Lock()
+		p.applied.Store(job.seq)
+		p.applyCond.Broadcast()
+		p.applyMu.Unlock()
 	}
+	// Nothing more will be applied: release every waiter.
+	p.applyMu.Lock()
+	p.applied.Store(^uint64(0))
+	p.applyCond.Broadcast()
+	p.applyMu.Unlock()
+}
+
+// WaitApplied waits until Badger shows every write acknowledged before the call.
+// An object activation calls it before reading its state, so that it never
+// misses a write of an earlier activation that is durable but not yet applied.
+func (p *Pipeline) WaitApplied() {
+	target := p.committed.Load()
+	if p.applied.Load() >= target {
+		return
+	}
+	p.applyMu.Lock()
+	for p.applied.Load() < target {
+		p.applyCond.Wait()
+	}
+	p.applyMu.Unlock()
 }
 
 // apply writes one record's changes to Badger, as one transaction when it fits.

@@ -1,0 +1,75 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// heldTicket returns the ticket of a write that the held pipeline has not applied.
+func TestStore_ScanMergesOverlayOverBadger(t *testing.T) {
+	hd := newHold(t)
+	hd.open() // the first writes go through
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
+	ctx := context.Background()
+	base := &persistence.Write{Sets: []persistence.KV{
+		{Key: []byte("p/a"), Value: []byte("A")}, {Key: []byte("p/c"), Value: []byte("C")},
+		{Key: []byte("p/e"), Value: []byte("E")}, {Key: []byte("q/x"), Value: []byte("X")},
+	}}
+	tk := n.pipe.Submit(base)
+	if err := tk.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the base write to be applied", tk.Applied)
+	hd.mu.Lock()
+	hd.held, hd.release = true, make(chan struct{})
+	hd.mu.Unlock()
+	var ov overlay
+	pending := &persistence.Write{
+		Sets:    []persistence.KV{{Key: []byte("p/b"), Value: []byte("B")}, {Key: []byte("p/e"), Value: []byte("E2")}, {Key: []byte("p/f"), Value: []byte("F")}},
+		Deletes: [][]byte{[]byte("p/c")},
+	}
+	ov.record(pending, n.pipe.Submit(pending), nil)
+	st := store{db: n.db, ov: &ov}
+	scan := func(start, end string, limit int) string {
+		var got []string
+		var s, e []byte
+		if start != "" {
+			s = []byte(start)
+		}
+		if end != "" {
+			e = []byte(end)
+		}
+		err := st.scan(ctx, []byte("p/"), s, e, func(k, v []byte) (bool, error) {
+			got = append(got, string(k)+"="+string(v))
+			return len(got) < limit, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(got)
+	}
+	for _, c := range []struct {
+		start, end string
+		limit      int
+		want       string
+	}{
+		{"", "", 100, "[p/a=A p/b=B p/e=E2 p/f=F]"},
+		{"p/b", "p/f", 100, "[p/b=B p/e=E2]"},
+		{"", "", 2, "[p/a=A p/b=B]"},
+		{"p/c", "", 1, "[p/e=E2]"},
+	} {
+		if got := scan(c.start, c.end, c.limit); got != c.want {
+			t.Errorf("scan [%q, %q) limit %d = %s, want %s", c.start, c.end, c.limit, got, c.want)
+		}
+	}
+	if v, found, _ := st.get(ctx, []byte("p/c")); found {
+		t.Errorf("deleted key read as %q", v)
+	}
+	if v, found, _ := st.get(ctx, []byte("p/e")); !found || string(v) != "E2" {
+		t.Errorf("p/e = %q, want the pending E2", v)
+	}
+	hd.open()
+}
