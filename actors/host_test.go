@@ -384,6 +384,7 @@ func TestHost_NewActivationWaitsForAppliedWrites(t *testing.T) {
 		},
 		BeforeApply: func(uint64) { applyHold.before(1) },
 	}})
+	t.Cleanup(applyHold.open) // before the node stops: cleanups run last first
 	ctx := context.Background()
 	o := n.kv("f", "x")
 	if _, err := o.Set(ctx, "a", 0); err != nil { // activate; applied at once
