@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestServe_SIGTERMFinishesInflightWritesAndExitsZero sends SIGTERM while writers
+// are busy: the server must exit 0, and every write it acknowledged must be there
+// after a restart.
+func TestServe_SIGTERMFinishesInflightWritesAndExitsZero(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	dir := t.TempDir()
+	cfgFile := filepath.Join(dir, "holdfast.yaml")
+	cfg := fmt.Sprintf("apps:\n  - {id: app_crash, key: %s, secret: %s}\n", crashAppKey, crashAppSecret)
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := filepath.Join(dir, "data")
+	srv := startServer(t, dataDir, cfgFile)
+	client := &http.Client{Timeout: 10 * time.Second}
+	ctx := context.Background()
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				slot := fmt.Sprintf("w%d-%d", w, i)
+				status, _, err := call(ctx, client, "PUT", srv.url+"/api/v1/objects/app_crash/term/o"+fmt.Sprint(w%4)+"/"+slot, map[string]any{"value": i})
+				if err != nil || status != http.StatusOK {
+					return // refused or cut off by the shutdown: outcome unknown
+				}
+				mu.Lock()
+				acked[fmt.Sprintf("o%d/%s", w%4, slot)] = true
+				mu.Unlock()
+			}
+		}(w)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := len(acked)
+		mu.Unlock()
+		if n >= 200 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	err := <-srv.exited
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("server exit after SIGTERM: %v\n%s", err, srv.stderr)
+	}
+	if !strings.Contains(srv.stderr.String(), "stopped") {
+		t.Fatalf("no orderly shutdown in the log:\n%s", srv.stderr)
+	}
+	srv = startServer(t, dataDir, cfgFile)
+	defer srv.kill(t)
+	for key := range acked {
+		obj, slot, _ := strings.Cut(key, "/")
+		status, reply, err := call(ctx, client, "GET", srv.url+"/api/v1/objects/app_crash/term/"+obj+"/"+slot, nil)
+		if err != nil || status != http.StatusOK || reply["value"] == nil {
+			t.Fatalf("acknowledged %s after SIGTERM and restart: %d %v %v", key, status, reply, err)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "version")
+	cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "holdfast ") {
+		t.Fatalf("version printed %q", out.String())
+	}
+}
+
+func TestServe_BadConfigurationStopsStartUp(t *testing.T) {
+	dir := t.TempDir()
+	cfgFile := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(cfgFile, []byte("listen: 127.0.0.1:0\nnoSuchKey: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "serve", "--data-dir", filepath.Join(dir, "data"), "--config", cfgFile)
+	cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("serve started with an unknown key:\n%s", out)
+	}
+	if !strings.Contains(string(out), "noSuchKey") {
+		t.Fatalf("error does not name the key:\n%s", out)
+	}
+}
