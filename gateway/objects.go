@@ -132,6 +132,15 @@ func decodeFields(w http.ResponseWriter, r *http.Request, emptyOK bool) (map[str
 }
 
 func (s *Server) setSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.valueWrite(w, r, id, actors.RoutePut, "set")
+}
+
+func (s *Server) appendSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.valueWrite(w, r, id, actors.RouteAppend, "append")
+}
+
+// valueWrite runs a one-slot op whose body is {"value": ...}.
+func (s *Server) valueWrite(w http.ResponseWriter, r *http.Request, id actors.ObjectID, route, op string) {
 	fields, e := decodeFields(w, r, false)
 	if e != nil {
 		e.write(w)
@@ -142,7 +151,7 @@ func (s *Server) setSlot(w http.ResponseWriter, r *http.Request, id actors.Objec
 		badRequest(`the body needs a "value"`).write(w)
 		return
 	}
-	s.write(w, r, id, &actors.KVWrite{Route: actors.RoutePut, Ops: []actors.Op{{Op: "set", Key: r.PathValue("slot"), Value: v}}}, false)
+	s.write(w, r, id, &actors.KVWrite{Route: route, Ops: []actors.Op{{Op: op, Key: r.PathValue("slot"), Value: v}}}, false)
 }
 
 func (s *Server) increment(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
@@ -168,20 +177,6 @@ func isJSONNumber(raw json.RawMessage) bool {
 	}
 	_, ok := v.(json.Number)
 	return ok
-}
-
-func (s *Server) appendSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	fields, e := decodeFields(w, r, false)
-	if e != nil {
-		e.write(w)
-		return
-	}
-	v, ok := fields["value"]
-	if !ok {
-		badRequest(`the body needs a "value"`).write(w)
-		return
-	}
-	s.write(w, r, id, &actors.KVWrite{Route: actors.RouteAppend, Ops: []actors.Op{{Op: "append", Key: r.PathValue("slot"), Value: v}}}, false)
 }
 
 func (s *Server) deleteSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
