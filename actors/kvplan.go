@@ -43,10 +43,27 @@ type slotReader interface {
 // is left out), and the final value of the last incremented slot. Any failing op
 // fails the whole plan; the error names the op when there are several.
 func plan(st slotReader, ops []Op) ([]Change, json.RawMessage, error) {
-	var changes []Change
-	touched := make(map[string]int, len(ops))
+	changes := make([]Change, 0, len(ops))
+	// touched finds a slot's change: a linear search for the usual handful of ops,
+	// a map for long transactions.
+	var index map[string]int
+	if len(ops) > 8 {
+		index = make(map[string]int, len(ops))
+	}
+	touched := func(slot string) (int, bool) {
+		if index != nil {
+			i, ok := index[slot]
+			return i, ok
+		}
+		for i := range changes {
+			if changes[i].Slot == slot {
+				return i, true
+			}
+		}
+		return 0, false
+	}
 	current := func(slot string) (json.RawMessage, bool) {
-		if i, ok := touched[slot]; ok {
+		if i, ok := touched(slot); ok {
 			return changes[i].Value, changes[i].Value != nil
 		}
 		return st.slot(slot)
@@ -116,12 +133,14 @@ func plan(st slotReader, ops []Op) ([]Change, json.RawMessage, error) {
 		default:
 			return nil, nil, at(invalidf("unknown op %q", op.Op))
 		}
-		if j, ok := touched[op.Key]; ok {
+		if j, ok := touched(op.Key); ok {
 			changes[j].Value = next
 			continue
 		}
 		prev, _ := st.slot(op.Key)
-		touched[op.Key] = len(changes)
+		if index != nil {
+			index[op.Key] = len(changes)
+		}
 		changes = append(changes, Change{Slot: op.Key, Value: next, Previous: prev})
 	}
 	// A slot absent before and after (delete of a missing slot) is no change.
@@ -151,8 +170,17 @@ func slotBytes(name string, v json.RawMessage) int {
 	return len(name) + len(v)
 }
 
+// compactJSON validates v and removes its insignificant whitespace. A value with
+// no whitespace byte at all is already compact and is only validated.
 func compactJSON(v json.RawMessage) (json.RawMessage, *Error) {
+	if bytes.IndexAny(v, " \t\r\n") < 0 {
+		if !json.Valid(v) {
+			return nil, badRequestf("value is not valid JSON")
+		}
+		return append(json.RawMessage(nil), v...), nil // never alias the caller's buffer
+	}
 	var b bytes.Buffer
+	b.Grow(len(v))
 	if err := json.Compact(&b, v); err != nil {
 		return nil, badRequestf("value is not valid JSON")
 	}
