@@ -52,6 +52,10 @@ type Options struct {
 	TypeOptions func(typ string) TypeOptions
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// KeepGOMAXPROCS leaves GOMAXPROCS alone. By default Open raises it by
+	// cluster.ExtraProcs (unless the GOMAXPROCS environment variable is set),
+	// because the commit pipeline blocks a P in fdatasync.
+	KeepGOMAXPROCS bool
 }
 
 // Runtime is an embedded Holdfast node.
@@ -61,6 +65,9 @@ type Runtime struct {
 
 // Open starts a runtime on opts.DataDir.
 func Open(opts Options) (*Runtime, error) {
+	if !opts.KeepGOMAXPROCS {
+		cluster.TuneGOMAXPROCS(opts.Logger)
+	}
 	n, err := cluster.Start(cluster.Config{
 		DataDir:     opts.DataDir,
 		Partitions:  opts.Partitions,

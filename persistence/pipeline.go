@@ -318,10 +318,12 @@ func (p *Pipeline) commitBatch(batch []*Write) {
 		size += s
 	}
 	p.commitRun(batch[start:])
-	// A small batch completes right here, saving a goroutine hand-off on the
-	// latency path; a large one goes to the completion goroutine so that the next
-	// commit starts at once. Inline only when the completion goroutine is idle, so
-	// that tickets still complete in submission order.
+	// A lone write (a serial writer) completes right here, saving a goroutine
+	// hand-off on the latency path. Larger batches go to the completion goroutine:
+	// the next commit starts at once, and the writers it wakes are not queued on
+	// the committer's P while the committer sits in its next fdatasync. Inline
+	// only when the completion goroutine is idle, so that tickets still complete
+	// in submission order.
 	if len(batch) <= inlineCompletion && p.completing.Load() == 0 {
 		p.complete(batch)
 		return
@@ -331,7 +333,7 @@ func (p *Pipeline) commitBatch(batch []*Write) {
 }
 
 // inlineCompletion is the largest batch the committer completes itself.
-const inlineCompletion = 8
+const inlineCompletion = 1
 
 // estimate over-approximates the bytes w takes in the log and in Badger.
 func (w *Write) estimate() int {

@@ -72,6 +72,7 @@ environment variables, then flags; with none of them it serves ./holdfast-data o
 // serve runs the node until SIGTERM or SIGINT, then stops accepting requests,
 // lets in-flight ones finish (their writes become durable) and returns nil.
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	cluster.TuneGOMAXPROCS(log)
 	configured := make([]gateway.App, 0, len(cfg.Apps))
 	for _, a := range cfg.Apps {
 		configured = append(configured, gateway.App{ID: a.ID, Key: a.Key, Secret: a.Secret})
