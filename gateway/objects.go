@@ -31,19 +31,15 @@ func (s *Server) objectRoutes() {
 
 type objectHandler func(w http.ResponseWriter, r *http.Request, id actors.ObjectID)
 
-// object authenticates, names the object, and checks its name before h runs.
+// object authenticates and names the object before h runs.
 func (s *Server) object(h objectHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		app := s.authApp(w, r)
 		if app == nil {
 			return
 		}
-		id := actors.ObjectID{App: app.ID, Type: r.PathValue("type"), Key: r.PathValue("key")}
-		if err := actors.ValidateID(id); err != nil {
-			s.fail(w, r, err, seedRoute)
-			return
-		}
-		h(w, r, id)
+		// The object's name is checked where every caller's is: in the actor host.
+		h(w, r, actors.ObjectID{App: app.ID, Type: r.PathValue("type"), Key: r.PathValue("key")})
 	}
 }
 
@@ -188,29 +184,25 @@ func (s *Server) purge(w http.ResponseWriter, r *http.Request, id actors.ObjectI
 }
 
 func (s *Server) patch(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	body, e := readBody(w, r)
-	if e != nil {
-		e.write(w)
-		return
-	}
-	ops, err := ParsePatch(body)
-	if err != nil {
-		s.fail(w, r, err, seedRoute)
-		return
-	}
-	s.write(w, r, id, &actors.KVWrite{Route: actors.RoutePatch, Ops: ops}, false)
+	s.opsWrite(w, r, id, ParsePatch, &actors.KVWrite{Route: actors.RoutePatch})
 }
 
 func (s *Server) transaction(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.opsWrite(w, r, id, ParseTransaction, &actors.KVWrite{Route: actors.RouteTransaction, Transaction: true})
+}
+
+// opsWrite runs a write whose ops come from the whole body, parsed by parse.
+func (s *Server) opsWrite(w http.ResponseWriter, r *http.Request, id actors.ObjectID, parse func([]byte) ([]actors.Op, error), m *actors.KVWrite) {
 	body, e := readBody(w, r)
 	if e != nil {
 		e.write(w)
 		return
 	}
-	ops, err := ParseTransaction(body)
+	ops, err := parse(body)
 	if err != nil {
 		s.fail(w, r, err, seedRoute)
 		return
 	}
-	s.write(w, r, id, &actors.KVWrite{Route: actors.RouteTransaction, Ops: ops, Transaction: true}, false)
+	m.Ops = ops
+	s.write(w, r, id, m, false)
 }

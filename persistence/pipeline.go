@@ -554,7 +554,3 @@ func (p *Pipeline) Failed() error {
 	defer p.mu.Unlock()
 	return p.failErr
 }
-
-// IsStorageFailure reports whether err means the node's storage failed (as opposed
-// to one write being refused).
-func IsStorageFailure(err error) bool { return errors.Is(err, ErrFailed) }
