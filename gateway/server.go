@@ -81,7 +81,12 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	id := randomHex(8)
 	w.Header().Set("X-Request-Id", id)
 	r = r.WithContext(context.WithValue(r.Context(), requestIDKey, id))
-	if bad := badSegment(r.URL.EscapedPath()); bad != "" {
+	// Checked as sent and as decoded: %2F or %2E can make an empty or dot segment.
+	bad := badSegment(r.URL.EscapedPath())
+	if bad == "" {
+		bad = badSegment(r.URL.Path)
+	}
+	if bad != "" {
 		// The mux would redirect to a cleaned path, i.e. to another object.
 		badRequest("the path has " + bad + " segment").write(w)
 		return
@@ -121,8 +126,10 @@ func (s *Server) unmatched(w http.ResponseWriter, r *http.Request, h http.Handle
 		writeJSON(w, http.StatusMethodNotAllowed, errBody("method "+r.Method+" is not allowed here", "method_not_allowed"))
 	case http.StatusNotFound:
 		notFound("no route for " + r.Method + " " + r.URL.Path).write(w)
-	default: // never follow the mux elsewhere: answer as not found
-		notFound("no route for " + r.Method + " " + r.URL.Path).write(w)
+	default:
+		// The mux redirects to a cleaned path when a segment decodes to something
+		// empty or dotted (such as %2F or %2E): never follow it to another object.
+		badRequest("the path has an empty or dot segment once decoded").write(w)
 	}
 }
 
