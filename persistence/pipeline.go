@@ -385,10 +385,10 @@ func (p *Pipeline) commitRun(run []*Write) {
 		p.cfg.BeforeCommit(len(live))
 	}
 	seq := p.seq + 1
+	// The applier works on Badger while the log writes and syncs.
+	p.applies <- applyJob{seq: seq, writes: live}
 	err := p.db.wal.append(seq, payload)
 	if err == nil {
-		// The applier works on Badger while the log syncs.
-		p.applies <- applyJob{seq: seq, writes: live}
 		err = p.db.wal.sync()
 	}
 	if err != nil {

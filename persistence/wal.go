@@ -42,10 +42,11 @@ var errCorrupt = errors.New("persistence: corrupt log record")
 type segment struct {
 	id      uint64
 	f       *os.File
-	path    string // where the file is now
-	off     int64  // next write offset
-	zeroed  int64  // bytes known to be written (zeros or records) from 0
-	lastSeq uint64 // seq of its last record, 0 if none
+	path    string      // where the file is now
+	off     int64       // next write offset
+	zeroed  int64       // bytes known to be written (zeros or records) from 0
+	lastSeq uint64      // seq of its last record, 0 if none
+	pw      *pageWriter // record writer of the current segment; nil once full
 }
 
 type wal struct {
@@ -236,8 +237,15 @@ func (w *wal) startSegment(id uint64) error {
 		}
 	}
 	if err := syncDir(w.dir); err != nil {
+		seg.f.Close()
 		return err
 	}
+	pw, err := openPageWriter(seg)
+	if err != nil {
+		seg.f.Close()
+		return err
+	}
+	seg.pw = pw
 	w.cur = seg
 	return nil
 }
@@ -287,7 +295,7 @@ func (w *wal) append(seq uint64, payload []byte) error {
 	binary.LittleEndian.PutUint64(rec[8:], seq)
 	copy(rec[recordHeader:], payload)
 	binary.LittleEndian.PutUint32(rec[4:], recordCRC(seg.id, rec[:recordHeader], payload))
-	if _, err := seg.f.WriteAt(rec, seg.off); err != nil {
+	if err := seg.pw.write(rec); err != nil {
 		return fmt.Errorf("write log segment %d: %w", seg.id, err)
 	}
 	seg.off += need
@@ -297,7 +305,7 @@ func (w *wal) append(seq uint64, payload []byte) error {
 
 // sync makes every appended record durable.
 func (w *wal) sync() error {
-	if err := fdatasync(w.cur.f); err != nil {
+	if err := w.cur.pw.sync(); err != nil {
 		return fmt.Errorf("sync log segment %d: %w", w.cur.id, err)
 	}
 	return nil
@@ -307,6 +315,8 @@ func (w *wal) rotate() error {
 	if err := w.sync(); err != nil {
 		return err
 	}
+	w.cur.pw.close()
+	w.cur.pw = nil
 	w.full = append(w.full, w.cur)
 	return w.startSegment(w.cur.id + 1)
 }
@@ -358,6 +368,9 @@ func (w *wal) closeAll() {
 		f.f.Close()
 	}
 	if w.cur != nil {
+		if w.cur.pw != nil {
+			w.cur.pw.close()
+		}
 		w.cur.f.Close()
 	}
 }

@@ -1,0 +1,103 @@
+package persistence
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"unsafe"
+)
+
+// pageSize is the unit the log writes in. It is a multiple of every logical block
+// size O_DIRECT asks alignment to (512 or 4096 bytes).
+const pageSize = 4096
+
+// pageWriter writes a segment's records in whole, aligned pages, through an
+// O_DIRECT handle where the filesystem allows one.
+//
+// Why: a commit's record is a few hundred bytes. Written through the page cache
+// at its own offset and then fdatasync'ed, it measured 0.77-0.86x the raw fsync
+// probe (a 4 KiB overwrite plus fdatasync) on this machine's ext4 disk; the same
+// bytes written as whole pages with O_DIRECT, then fdatasync'ed, 0.93-0.96x. So the
+// writer keeps the segment's last, partial page in memory and rewrites it whole
+// with every record that lands in it; the bytes after the record in that page are
+// zeros, as the pre-zeroed segment already holds.
+type pageWriter struct {
+	f      *os.File // the O_DIRECT handle, or the segment's own when direct I/O is refused
+	direct bool
+	base   int64  // segment offset of buf[0], page aligned
+	n      int    // bytes of buf holding the segment's content from base
+	buf    []byte // page-aligned memory
+}
+
+// openPageWriter opens seg for record writes starting at seg.off.
+func openPageWriter(seg *segment) (*pageWriter, error) {
+	pw := &pageWriter{f: seg.f}
+	if f, err := os.OpenFile(seg.path, os.O_RDWR|syscall.O_DIRECT, 0); err == nil {
+		pw.f, pw.direct = f, true
+	} else if !errors.Is(err, syscall.EINVAL) {
+		return nil, fmt.Errorf("open log segment %d for direct writes: %w", seg.id, err)
+	}
+	pw.base = seg.off &^ (pageSize - 1)
+	pw.n = int(seg.off - pw.base)
+	pw.grow(pageSize)
+	if pw.n > 0 {
+		// The segment's partial last page (only when a writer resumes a segment).
+		if _, err := seg.f.ReadAt(pw.buf[:pw.n], pw.base); err != nil {
+			pw.close()
+			return nil, fmt.Errorf("read log segment %d: %w", seg.id, err)
+		}
+	}
+	return pw, nil
+}
+
+// grow makes buf hold at least size bytes, page aligned, keeping its content.
+func (pw *pageWriter) grow(size int) {
+	if size <= len(pw.buf) {
+		return
+	}
+	size = (size + pageSize - 1) &^ (pageSize - 1)
+	size = max(size, 2*len(pw.buf))
+	raw := make([]byte, size+pageSize)
+	skip := 0
+	if rem := int(uintptr(unsafe.Pointer(&raw[0])) & (pageSize - 1)); rem != 0 {
+		skip = pageSize - rem
+	}
+	buf := raw[skip : skip+size : skip+size]
+	copy(buf, pw.buf[:pw.n])
+	pw.buf = buf
+}
+
+// write writes rec at the end of what the writer holds (segment offset base+n), as
+// whole pages, and keeps the last partial page for the next record.
+func (pw *pageWriter) write(rec []byte) error {
+	end := pw.n + len(rec)
+	size := (end + pageSize - 1) &^ (pageSize - 1)
+	pw.grow(size)
+	copy(pw.buf[pw.n:], rec)
+	clear(pw.buf[end:size])
+	if _, err := pw.f.WriteAt(pw.buf[:size], pw.base); err != nil {
+		return err
+	}
+	keep := end &^ (pageSize - 1)
+	pw.base += int64(keep)
+	pw.n = copy(pw.buf, pw.buf[keep:end])
+	if len(pw.buf) > 1<<20 {
+		// A large record grew the buffer; do not keep the memory.
+		last := append([]byte(nil), pw.buf[:pw.n]...)
+		pw.buf, pw.n = nil, 0
+		pw.grow(pageSize)
+		pw.n = copy(pw.buf, last)
+	}
+	return nil
+}
+
+// sync makes every written page durable: with O_DIRECT the pages are on the
+// device already, and fdatasync flushes its write cache.
+func (pw *pageWriter) sync() error { return fdatasync(pw.f) }
+
+func (pw *pageWriter) close() {
+	if pw.direct {
+		pw.f.Close()
+	}
+}
