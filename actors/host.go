@@ -100,6 +100,9 @@ type activation struct {
 	// dirty is set when the object submitted a write: until its next turn it keeps
 	// the write's buffers (overlay, output gate). The sweeper tidies quiet ones.
 	dirty atomic.Bool
+	// subscribed counts the live feed's subscribers: the sweeper leaves the
+	// object active while it has any.
+	subscribed atomic.Int32
 }
 
 // NewHost returns a host over db and pipe; register types, then Start it.
@@ -180,7 +183,7 @@ func (h *Host) sweepLoop() {
 				s.mu.RLock()
 				for _, a := range s.m {
 					switch {
-					case a.inflight.Load() != 0:
+					case a.inflight.Load() != 0, a.subscribed.Load() != 0:
 					case a.lastUsed.Load() < cutoff:
 						idle = append(idle, a)
 					case a.dirty.Load():

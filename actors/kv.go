@@ -189,6 +189,10 @@ func (o *object) kvWrite(m *KVWrite) (any, error) {
 		o.kvApply(k, changes, m.Purge)
 	}
 	o.submit(w, k.readBack)
+	if len(changes) > 0 || m.Purge {
+		batch := m.Purge || m.Transaction || m.Route == RoutePatch || len(changes) > 1
+		o.kvBroadcast(res.LogID, changes, batch)
+	}
 	return res, nil
 }
 

@@ -63,6 +63,8 @@ type object struct {
 	typ   *TypeSpec
 	opts  TypeOptions
 	kv    *kvState // loaded on the first KV message
+	// subs are the live feed's subscribers (copy-on-write; see subscribe.go).
+	subs subscribers
 }
 
 func (o *object) Receive(c actor.Context) {
@@ -133,6 +135,12 @@ func (o *object) dispatch(msg any) (val any, err error) {
 		return o.kvWrite(m)
 	case KVReadLog:
 		return o.kvReadLog(m)
+	case KVSubscribe:
+		return o.kvSubscribe(m)
+	case KVUnsubscribe:
+		return o.kvUnsubscribe(m)
+	case Publish:
+		return o.publish(m)
 	}
 	if o.typ == nil {
 		return nil, notFoundf("object type %q has no handler for %T", o.act.id.Type, msg)
@@ -202,8 +210,9 @@ func (o *object) submit(w *persistence.Write, readBack func([]byte) bool) {
 // activation.
 func (o *object) idle(c actor.Context) {
 	o.ov.evict()
-	// Applied, not only durable: the next activation loads from Badger.
-	if (o.last == nil || o.last.Applied()) && o.h.release(o.act) {
+	// Applied, not only durable: the next activation loads from Badger. An object
+	// with subscribers stays: its feed lives in this activation.
+	if len(o.subs) == 0 && (o.last == nil || o.last.Applied()) && o.h.release(o.act) {
 		c.Stop(c.Self())
 	}
 }

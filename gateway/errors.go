@@ -56,6 +56,20 @@ func notFound(msg string) *apiError {
 	return &apiError{status: http.StatusNotFound, body: errBody(msg, "not_found")}
 }
 
+// invalid is a 422 of a route beyond the seed.
+func invalid(msg string) *apiError {
+	return &apiError{status: http.StatusUnprocessableEntity, body: errBody(msg, "invalid")}
+}
+
+// userMessage is the client-safe message of an error from the actors.
+func userMessage(err error) string {
+	var e *actors.Error
+	if errors.As(err, &e) {
+		return e.Msg
+	}
+	return "internal error"
+}
+
 func tooLarge(msg string) *apiError {
 	return &apiError{status: http.StatusRequestEntityTooLarge, body: errBody(msg, "too_large")}
 }

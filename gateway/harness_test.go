@@ -24,11 +24,18 @@ var (
 type testServer struct {
 	t    *testing.T
 	node *cluster.Node
+	gw   *Server
 	srv  *httptest.Server
 	url  string
 }
 
 func newTestServer(t *testing.T, cfg cluster.Config) *testServer {
+	t.Helper()
+	return newTestServerWith(t, cfg, nil)
+}
+
+// newTestServerWith lets a test change the gateway's configuration.
+func newTestServerWith(t *testing.T, cfg cluster.Config, gwcfg func(*Config)) *testServer {
 	t.Helper()
 	if cfg.DataDir == "" {
 		cfg.DataDir = t.TempDir()
@@ -37,10 +44,15 @@ func newTestServer(t *testing.T, cfg cluster.Config) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(Config{Node: node, Apps: NewApps([]App{testApp, otherApp})})
+	gc := Config{Node: node, Apps: NewApps([]App{testApp, otherApp})}
+	if gwcfg != nil {
+		gwcfg(&gc)
+	}
+	s := New(gc)
 	srv := httptest.NewServer(s.Handler())
-	ts := &testServer{t: t, node: node, srv: srv, url: srv.URL}
+	ts := &testServer{t: t, node: node, gw: s, srv: srv, url: srv.URL}
 	t.Cleanup(func() {
+		s.Close()
 		srv.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -27,6 +27,29 @@ func (s *Server) objectRoutes() {
 	s.mux.HandleFunc("DELETE "+objectBase+"/{slot}", s.object(s.deleteSlot))
 	s.mux.HandleFunc("POST "+objectBase+"/{slot}/increment", s.object(s.increment))
 	s.mux.HandleFunc("POST "+objectBase+"/{slot}/append", s.object(s.appendSlot))
+	s.mux.HandleFunc("POST "+objectBase+"/events", s.object(s.publish))
+}
+
+// publish serves POST .../events {"event": "run:...", "payload": {...}}: an
+// ephemeral event relayed to the object's subscribers, not stored. Reply 202
+// {"subscribers": N}, the subscribers it was sent to.
+func (s *Server) publish(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		Event   *string         `json:"event"`
+		Payload json.RawMessage `json:"payload"`
+	}
+	if err := strictJSON(body, &req); err != nil || req.Event == nil {
+		badRequest(`the body must be {"event": "run:...", "payload": {...}}`).write(w)
+		return
+	}
+	if reply, ok := s.call(w, r, id, actors.Publish{Name: *req.Event, Payload: req.Payload}, newRoute); ok {
+		writeJSON(w, http.StatusAccepted, reply)
+	}
 }
 
 type objectHandler func(w http.ResponseWriter, r *http.Request, id actors.ObjectID)

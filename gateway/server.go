@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
@@ -27,6 +28,12 @@ type Config struct {
 	Apps *Apps
 	// RequestTimeout bounds how long a request waits for its object; zero means 30s.
 	RequestTimeout time.Duration
+	// SocketBuffer bounds the live events queued for one websocket, in bytes; a
+	// socket that falls this far behind is closed. Zero means 8 MiB.
+	SocketBuffer int
+	// SocketIdleTimeout closes a websocket that sent nothing (not even a
+	// heartbeat) for this long. Zero means 60s.
+	SocketIdleTimeout time.Duration
 	// Logger is the gateway's logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -36,6 +43,8 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 	mux *http.ServeMux
+	clock atomic.Pointer[func() time.Time] // of token expiry; a test may replace it
+	hub *hub             // the open websockets
 }
 
 // New returns a server; serve it with Handler.
@@ -46,7 +55,13 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	if cfg.SocketBuffer <= 0 {
+		cfg.SocketBuffer = 8 << 20
+	}
+	if cfg.SocketIdleTimeout <= 0 {
+		cfg.SocketIdleTimeout = 60 * time.Second
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), hub: newHub()}
 	s.routes()
 	return s
 }
@@ -63,6 +78,16 @@ func (s *Server) routes() {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	s.objectRoutes()
+	s.mux.HandleFunc("POST /api/v1/tokens/{app}", s.mintToken)
+	s.mux.HandleFunc("GET /socket/websocket", s.serveSocket)
+}
+
+// now is the clock of token expiry: time.Now unless a test set another.
+func (s *Server) now() time.Time {
+	if f := s.clock.Load(); f != nil {
+		return (*f)()
+	}
+	return time.Now()
 }
 
 // Handler returns the server's root handler.

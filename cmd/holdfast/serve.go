@@ -102,8 +102,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		_ = node.Close(context.Background())
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
+	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps(apps), Logger: log})
 	srv := &http.Server{
-		Handler:           gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps(apps), Logger: log}).Handler(),
+		Handler:           gw.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
@@ -115,6 +116,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	go func() { served <- srv.Serve(ln) }()
 	select {
 	case err := <-served:
+		gw.Close()
 		_ = node.Close(context.Background())
 		return fmt.Errorf("http server: %w", err)
 	case <-sig.Done():
@@ -125,6 +127,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("http shutdown", "err", err)
 	}
+	gw.Close() // websockets are hijacked connections: Shutdown leaves them open
 	if err := node.Close(shutdownCtx); err != nil {
 		return fmt.Errorf("close node: %w", err)
 	}
