@@ -57,8 +57,15 @@ func main() {
 		only     = flag.String("case", "", "internal: run one case in this process")
 		check    = flag.Bool("check", false, "exit 1 when a median ratio is below half its target")
 		filter   = flag.String("cases", "", "comma-separated case names to run (default: all)")
+		fanout   = flag.Bool("fanout", false, "run the websocket fan-out benchmark instead of the write cases")
+		fSockets = flag.Int("fanout-sockets", 1000, "fan-out: websockets")
+		fObjects = flag.Int("fanout-objects", 100, "fan-out: objects the sockets subscribe to")
+		fRate    = flag.Int("fanout-rate", 500, "fan-out: writes per second over all objects")
 	)
 	flag.Parse()
+	if *only == "fanout-server" {
+		os.Exit(fanoutServer(*dirFlag))
+	}
 	if *only != "" {
 		os.Exit(runChild(*only, *dirFlag, *duration, *warmup, *memObjs))
 	}
@@ -82,6 +89,9 @@ func main() {
 			fatal(err)
 		}
 		defer os.RemoveAll(base)
+	}
+	if *fanout {
+		os.Exit(runFanout(base, fanoutConfig{sockets: *fSockets, objects: *fObjects, rate: *fRate, duration: *duration, rounds: *rounds}, *jsonOut))
 	}
 	os.Exit(drive(base, *rounds, *duration, *warmup, *memObjs, *jsonOut, *check))
 }
