@@ -152,24 +152,21 @@ func (o *object) dispatch(msg any) (val any, err error) {
 // activation submitted before it is durable, while the actor goes on with its
 // mailbox.
 func (o *object) respond(env *envelope, val any, err error) {
-	t := o.last
-	if t == nil || t.Done() {
-		var cerr error
-		if t != nil {
-			cerr = t.Err()
-		}
-		env.finish(val, err, cerr)
-		return
-	}
 	h := o.h
-	t.OnDone(func(cerr error) {
+	done := func(cerr error) {
 		if cerr != nil {
-			// Route later requests to a fresh activation at once; this one may
-			// hold state that never reached disk.
+			// Route later requests to a fresh activation at once (before this
+			// reply leaves); this one may hold state that never reached disk.
 			h.forget(env.act)
 		}
 		env.finish(val, err, cerr)
-	})
+	}
+	t := o.last
+	if t == nil {
+		env.finish(val, err, nil)
+		return
+	}
+	t.OnDone(done) // at once if the write's outcome is already known
 }
 
 // health reports whether the activation can still serve. After a failed write it
