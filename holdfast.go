@@ -35,7 +35,20 @@ type (
 	PatchEntry = actors.PatchEntry
 	// TypeOptions are an object type's options.
 	TypeOptions = actors.TypeOptions
+	// LogOptions are an object type's retained-log options.
+	LogOptions = actors.LogOptions
+	// Log is the API of one object's retained log.
+	Log = actors.Log
+	// LogInput is one record to append.
+	LogInput = actors.LogInput
+	// LogRecord is one record of a log.
+	LogRecord = actors.LogRecord
+	// OffsetTruncatedError says a log no longer holds an offset.
+	OffsetTruncatedError = actors.OffsetTruncatedError
 )
+
+// ErrLogTruncated matches every truncation error (errors.Is).
+var ErrLogTruncated = actors.ErrLogTruncated
 
 // Options configure an embedded runtime.
 type Options struct {
@@ -85,6 +98,11 @@ func Open(opts Options) (*Runtime, error) {
 // Object returns the KV API of object (app, typ, key).
 func (r *Runtime) Object(app, typ, key string) *Object {
 	return actors.NewKV(r.node, ObjectID{App: app, Type: typ, Key: key})
+}
+
+// Log returns the retained log of object (app, typ, key).
+func (r *Runtime) Log(app, typ, key string) *Log {
+	return actors.NewLog(r.node, ObjectID{App: app, Type: typ, Key: key})
 }
 
 // Request sends msg to object (app, typ, key) and returns the reply of its type's

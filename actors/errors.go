@@ -28,6 +28,9 @@ var (
 	ErrTooLarge    = &Error{Kind: KindTooLarge, Msg: "too large"}
 	ErrOverloaded  = &Error{Kind: KindOverloaded, Msg: "overloaded"}
 	ErrUnavailable = &Error{Kind: KindUnavailable, Msg: "unavailable"}
+	// ErrLogTruncated matches an *OffsetTruncatedError (the retained log) and a
+	// *LogTruncatedError (an object's change log).
+	ErrLogTruncated = errors.New("actors: log truncated")
 )
 
 // Error is a user-facing error: Msg is safe to show to a client.
@@ -78,6 +81,9 @@ type LogTruncatedError struct {
 	After  uint64
 	Oldest uint64
 }
+
+// Is makes errors.Is(err, ErrLogTruncated) hold.
+func (e *LogTruncatedError) Is(target error) bool { return target == ErrLogTruncated }
 
 func (e *LogTruncatedError) Error() string {
 	return fmt.Sprintf("actors: change log truncated: entries after %d were compacted, the oldest held is %d", e.After, e.Oldest)

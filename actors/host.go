@@ -39,10 +39,14 @@ type Config struct {
 type TypeOptions struct {
 	// ChangeLogEntries is how many change-log entries an object keeps (at least 1).
 	ChangeLogEntries int
+	// Log are the options of the type's retained logs.
+	Log LogOptions
 }
 
 // DefaultTypeOptions returns the options of a type nobody configured.
-func DefaultTypeOptions() TypeOptions { return TypeOptions{ChangeLogEntries: 10000} }
+func DefaultTypeOptions() TypeOptions {
+	return TypeOptions{ChangeLogEntries: 10000, Log: LogOptions{MaxBatchSize: DefaultMaxBatchSize}}
+}
 
 // Host runs the object actors of one node: it activates an object on its first
 // message, routes every message to the object's one activation, and passivates it

@@ -63,6 +63,7 @@ type object struct {
 	typ   *TypeSpec
 	opts  TypeOptions
 	kv    *kvState // loaded on the first KV message
+	log   *logState // loaded on the first log message
 	// subs are the live feed's subscribers (copy-on-write; see subscribe.go).
 	subs subscribers
 }
@@ -141,6 +142,22 @@ func (o *object) dispatch(msg any) (val any, err error) {
 		return o.kvUnsubscribe(m)
 	case Publish:
 		return o.publish(m)
+	case LogAppend:
+		return o.logAppend(m)
+	case LogRead:
+		return o.logRead(m)
+	case LogBoundsGet:
+		return o.logBounds()
+	case LogCommit:
+		return o.logCommit(m)
+	case LogCursorGet:
+		return o.logCursorGet(m)
+	case LogCursorsGet:
+		return o.logCursors()
+	case LogLoadGet:
+		return o.logLoadGet()
+	case LogTrim:
+		return o.logTrim()
 	}
 	if o.typ == nil {
 		return nil, notFoundf("object type %q has no handler for %T", o.act.id.Type, msg)

@@ -84,6 +84,13 @@ func toAPIError(err error, style routeStyle, requestID string) *apiError {
 			"after": trunc.After, "oldest_log_id": trunc.Oldest,
 		}}
 	}
+	var off *actors.OffsetTruncatedError
+	if errors.As(err, &off) {
+		return &apiError{status: http.StatusGone, body: map[string]any{
+			"error": fmt.Sprintf("offset %d is no longer in the log; the oldest readable offset is %d", off.Requested, off.Oldest), "code": "log_truncated",
+			"requestedOffset": off.Requested, "oldestOffset": off.Oldest,
+		}}
+	}
 	var e *actors.Error
 	if !errors.As(err, &e) {
 		return internalError(requestID)

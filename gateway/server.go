@@ -78,6 +78,7 @@ func (s *Server) routes() {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	s.objectRoutes()
+	s.logRoutes()
 	s.mux.HandleFunc("POST /api/v1/tokens/{app}", s.mintToken)
 	s.mux.HandleFunc("GET /socket/websocket", s.serveSocket)
 }

@@ -20,6 +20,7 @@ func (id ObjectID) String() string { return id.App + "/" + id.Type + "/" + id.Ke
 const (
 	BehaviourKV   byte = 'k' // KV slots, change log, idempotency records
 	BehaviourUser byte = 'u' // storage of user-defined object types
+	BehaviourLog  byte = 'l' // the retained log: records, deduplication index, cursors
 )
 
 const (

@@ -89,9 +89,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		DataDir:     filepath.Join(cfg.DataDir, "db"),
 		Partitions:  cfg.Partitions,
 		IdleTimeout: cfg.IdleTimeout,
-		TypeOptions: func(typ string) actors.TypeOptions {
-			return actors.TypeOptions{ChangeLogEntries: cfg.Type(typ).Objects.ChangeLogEntries}
-		},
+		TypeOptions: func(typ string) actors.TypeOptions { return typeOptions(cfg.Type(typ)) },
 		Logger: log,
 	})
 	if err != nil {
@@ -133,4 +131,19 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// typeOptions turns a type's configuration into the actors' options.
+func typeOptions(t config.TypeConfig) actors.TypeOptions {
+	r := t.Log.Retention
+	return actors.TypeOptions{
+		ChangeLogEntries: t.Objects.ChangeLogEntries,
+		Log: actors.LogOptions{
+			MaxBatchSize: t.Log.MaxBatchSize,
+			MaxAge:       r.MaxAge,
+			MaxRecords:   r.MaxRecords,
+			MaxBytes:     r.MaxBytes,
+			TrimEvery:    r.TrimEvery,
+		},
+	}
 }

@@ -1,0 +1,166 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strconv"
+
+	"github.com/holdfast/holdfast/actors"
+)
+
+// The retained log's routes (spec/log.md, "HTTP").
+const logBase = "/api/v1/logs/{app}/{type}/{key}"
+
+func (s *Server) logRoutes() {
+	s.mux.HandleFunc("POST "+logBase+"/append", s.object(s.logAppend))
+	s.mux.HandleFunc("GET "+logBase+"/records", s.object(s.logRecords))
+	s.mux.HandleFunc("GET "+logBase+"/bounds", s.object(s.logSimple(actors.LogBoundsGet{})))
+	s.mux.HandleFunc("GET "+logBase+"/cursors", s.object(s.logSimple(actors.LogCursorsGet{})))
+	s.mux.HandleFunc("GET "+logBase+"/cursors/{consumer}", s.object(s.logCursor))
+	s.mux.HandleFunc("PUT "+logBase+"/cursors/{consumer}", s.object(s.logCommit))
+	s.mux.HandleFunc("GET "+logBase+"/load", s.object(s.logSimple(actors.LogLoadGet{})))
+	s.mux.HandleFunc("POST "+logBase+"/trim", s.object(s.logSimple(actors.LogTrim{})))
+}
+
+// logSimple serves a route whose reply is msg's reply as JSON.
+func (s *Server) logSimple(msg any) objectHandler {
+	return func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+		if reply, ok := s.call(w, r, id, msg, newRoute); ok {
+			writeJSON(w, http.StatusOK, reply)
+		}
+	}
+}
+
+type appendBody struct {
+	Records *[]appendRecord `json:"records"`
+}
+
+type appendRecord struct {
+	Body             json.RawMessage `json:"body"`
+	DeduplicationKey *json.RawMessage `json:"deduplicationKey"`
+}
+
+func (s *Server) logAppend(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req appendBody
+	if err := strictJSON(body, &req); err != nil || req.Records == nil {
+		badRequest(`the body must be {"records": [{"body": ..., "deduplicationKey": "..."}]}`).write(w)
+		return
+	}
+	in := make([]actors.LogInput, len(*req.Records))
+	for i, rec := range *req.Records {
+		if len(rec.Body) == 0 {
+			badRequest("record " + strconv.Itoa(i) + " has no body").write(w)
+			return
+		}
+		in[i].Body = rec.Body
+		if rec.DeduplicationKey != nil && !bytes.Equal(*rec.DeduplicationKey, []byte("null")) {
+			var k string
+			if err := json.Unmarshal(*rec.DeduplicationKey, &k); err != nil {
+				badRequest("record " + strconv.Itoa(i) + ": deduplicationKey must be a string").write(w)
+				return
+			}
+			in[i].DeduplicationKey = &k
+		}
+	}
+	if reply, ok := s.call(w, r, id, actors.LogAppend{Records: in}, newRoute); ok {
+		writeJSON(w, http.StatusOK, reply)
+	}
+}
+
+// uintParam parses a non-negative integer query parameter; absent is def.
+func uintParam(r *http.Request, name string, def uint64) (uint64, *apiError) {
+	v := r.URL.Query().Get(name)
+	if !r.URL.Query().Has(name) {
+		return def, nil
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, badRequest(name + " must be a non-negative integer")
+	}
+	return n, nil
+}
+
+func (s *Server) logRecords(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	from, aerr := uintParam(r, "from", 0)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	limit, aerr := uintParam(r, "limit", 0)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	if r.URL.Query().Has("limit") && limit < 1 {
+		badRequest("limit must be at least 1").write(w)
+		return
+	}
+	limit = min(limit, 1<<30) // capped at the type's maxBatchSize by the object
+	if reply, ok := s.call(w, r, id, actors.LogRead{From: from, Limit: int(limit)}, newRoute); ok {
+		writePage(w, reply.(*actors.RecordPage))
+	}
+}
+
+// writePage writes a page by hand: encoding/json would compact the bodies, which
+// are returned byte for byte as they were appended.
+func writePage(w http.ResponseWriter, p *actors.RecordPage) {
+	n := 64
+	for _, r := range p.Records {
+		n += len(r.Body) + len(r.DeduplicationKey) + 96
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"records":[`...)
+	for i, r := range p.Records {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"offset":`...)
+		b = strconv.AppendUint(b, r.Offset, 10)
+		b = append(b, `,"body":`...)
+		b = append(b, r.Body...)
+		b = append(b, `,"deduplicationKey":`...)
+		b = appendString(b, r.DeduplicationKey)
+		b = append(b, `,"appendedAt":`...)
+		b = strconv.AppendInt(b, r.AppendedAt, 10)
+		b = append(b, '}')
+	}
+	b = append(b, `],"nextOffset":`...)
+	b = strconv.AppendUint(b, p.NextOffset, 10)
+	b = append(b, `,"lag":`...)
+	b = strconv.AppendUint(b, p.Lag, 10)
+	b = append(b, "}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+func (s *Server) logCursor(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	if reply, ok := s.call(w, r, id, actors.LogCursorGet{Consumer: r.PathValue("consumer")}, newRoute); ok {
+		writeJSON(w, http.StatusOK, reply)
+	}
+}
+
+func (s *Server) logCommit(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		Offset *uint64 `json:"offset"`
+	}
+	if err := strictJSON(body, &req); err != nil || req.Offset == nil {
+		badRequest(`the body must be {"offset": N} with N a non-negative integer`).write(w)
+		return
+	}
+	msg := actors.LogCommit{Consumer: r.PathValue("consumer"), Offset: *req.Offset}
+	if reply, ok := s.call(w, r, id, msg, newRoute); ok {
+		writeJSON(w, http.StatusOK, reply)
+	}
+}
