@@ -104,18 +104,25 @@ func TestVersion(t *testing.T) {
 }
 
 func TestServe_BadConfigurationStopsStartUp(t *testing.T) {
-	dir := t.TempDir()
-	cfgFile := filepath.Join(dir, "bad.yaml")
-	if err := os.WriteFile(cfgFile, []byte("listen: 127.0.0.1:0\nnoSuchKey: 1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "serve", "--data-dir", filepath.Join(dir, "data"), "--config", cfgFile)
-	cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1")
-	out, err := cmd.CombinedOutput()
-	if err == nil {
-		t.Fatalf("serve started with an unknown key:\n%s", out)
-	}
-	if !strings.Contains(string(out), "noSuchKey") {
-		t.Fatalf("error does not name the key:\n%s", out)
+	for _, c := range []struct{ name, yaml, mention string }{
+		{"unknown key", "listen: 127.0.0.1:0\nnoSuchKey: 1\n", "noSuchKey"},
+		{"log maxBytes above 1 GiB", "listen: 127.0.0.1:0\ntypes:\n  events:\n    log:\n      retention: {maxBytes: 1073741825}\n", "maxBytes"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfgFile := filepath.Join(dir, "bad.yaml")
+			if err := os.WriteFile(cfgFile, []byte(c.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "serve", "--data-dir", filepath.Join(dir, "data"), "--config", cfgFile)
+			cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1")
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("serve started:\n%s", out)
+			}
+			if !strings.Contains(string(out), c.mention) {
+				t.Fatalf("error does not name %s:\n%s", c.mention, out)
+			}
+		})
 	}
 }
