@@ -32,6 +32,11 @@ type result struct {
 	BytesPerActive   float64 `json:"bytesPerActive,omitempty"`
 	BytesPerIdle     float64 `json:"bytesPerIdle,omitempty"`
 	HighWaterPerPeak float64 `json:"highWaterPerPeakObject,omitempty"`
+	// Large-log case only.
+	LogRecords        int     `json:"logRecords,omitempty"`
+	FillRecordsPerSec float64 `json:"fillRecordsPerSec,omitempty"`
+	ReadRecordsPerSec float64 `json:"readRecordsPerSec,omitempty"`
+	StartSeconds      float64 `json:"startSeconds,omitempty"`
 }
 
 type caseSpec struct {
@@ -44,6 +49,10 @@ var cases = []caseSpec{
 	{"one-object-serial", 0.8, func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 1) }},
 	{"1000-objects-1-in-flight", 30, func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 1000) }},
 	{"one-object-64-callers", 8, func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 64) }},
+	// Records per second (not appends) against the probe's syncs per second.
+	{"log-batches-of-100", 40, func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1, 1, 100) }},
+	{"log-batches-of-100-4-logs", 40, func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 4, 4, 100) }},
+	{"log-1000-logs-single-records", 30, func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1000, 1000, 1) }},
 }
 
 func main() {
@@ -52,6 +61,7 @@ func main() {
 		duration = flag.Duration("duration", 3*time.Second, "measured time per case")
 		warmup   = flag.Duration("warmup", 500*time.Millisecond, "unmeasured time before each case")
 		memObjs  = flag.Int("memory-objects", 100000, "objects for the memory case (0 skips it)")
+		logRecs  = flag.Int("log-records", 1000000, "records of the large-log case: reads and start-up (0 skips it)")
 		jsonOut  = flag.String("json", "", "also write the summary as JSON to this file")
 		dirFlag  = flag.String("dir", "", "directory for data and the probe file (default: a temporary directory)")
 		only     = flag.String("case", "", "internal: run one case in this process")
@@ -67,7 +77,7 @@ func main() {
 		os.Exit(fanoutServer(*dirFlag))
 	}
 	if *only != "" {
-		os.Exit(runChild(*only, *dirFlag, *duration, *warmup, *memObjs))
+		os.Exit(runChild(*only, *dirFlag, *duration, *warmup, *memObjs, *logRecs))
 	}
 	if *filter != "" {
 		keep := map[string]bool{}
@@ -93,7 +103,7 @@ func main() {
 	if *fanout {
 		os.Exit(runFanout(base, fanoutConfig{sockets: *fSockets, objects: *fObjects, rate: *fRate, duration: *duration, rounds: *rounds}, *jsonOut))
 	}
-	os.Exit(drive(base, *rounds, *duration, *warmup, *memObjs, *jsonOut, *check))
+	os.Exit(drive(base, *rounds, *duration, *warmup, *memObjs, *logRecs, *jsonOut, *check))
 }
 
 func fatal(err error) {
@@ -102,7 +112,7 @@ func fatal(err error) {
 }
 
 // runChild runs one case and prints its result as JSON.
-func runChild(name, dir string, d, warmup time.Duration, memObjs int) int {
+func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) int {
 	var r result
 	var err error
 	switch name {
@@ -110,6 +120,8 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs int) int {
 		r, err = probe(dir, d)
 	case "memory":
 		r, err = memory(dir, memObjs)
+	case "log-large":
+		r, err = logLarge(dir, logRecs)
 	default:
 		found := false
 		for _, c := range cases {
@@ -313,7 +325,7 @@ func memory(dir string, n int) (result, error) {
 }
 
 // drive runs the rounds, each case in a child process, and reports.
-func drive(base string, rounds int, d, warmup time.Duration, memObjs int, jsonOut string, check bool) int {
+func drive(base string, rounds int, d, warmup time.Duration, memObjs, logRecs int, jsonOut string, check bool) int {
 	self, err := os.Executable()
 	if err != nil {
 		fatal(err)
@@ -325,7 +337,7 @@ func drive(base string, rounds int, d, warmup time.Duration, memObjs int, jsonOu
 	run := func(round int, name string) result {
 		dir := filepath.Join(base, fmt.Sprintf("r%d-%s", round, name))
 		defer os.RemoveAll(dir)
-		cmd := exec.Command(self, "-case", name, "-dir", dir, "-duration", d.String(), "-warmup", warmup.String(), fmt.Sprintf("-memory-objects=%d", memObjs))
+		cmd := exec.Command(self, "-case", name, "-dir", dir, "-duration", d.String(), "-warmup", warmup.String(), fmt.Sprintf("-memory-objects=%d", memObjs), fmt.Sprintf("-log-records=%d", logRecs))
 		cmd.Stderr = os.Stderr
 		out, err := cmd.Output()
 		if err != nil {
@@ -358,7 +370,12 @@ func drive(base string, rounds int, d, warmup time.Duration, memObjs int, jsonOu
 		r := run(0, "memory")
 		mem = &r
 	}
-	return report(probes, byCase, ratios, mem, memObjs, d, jsonOut, check)
+	var large *result
+	if logRecs > 0 {
+		r := run(0, "log-large")
+		large = &r
+	}
+	return report(probes, byCase, ratios, mem, memObjs, large, d, jsonOut, check)
 }
 
 type stat struct {
@@ -377,7 +394,7 @@ func summarize(xs []float64) stat {
 	return stat{Median: m, Min: s[0], Max: s[len(s)-1]}
 }
 
-func report(probes [][]float64, byCase map[string][]result, ratios map[string][]float64, mem *result, memObjs int, d time.Duration, jsonOut string, check bool) int {
+func report(probes [][]float64, byCase map[string][]result, ratios map[string][]float64, mem *result, memObjs int, large *result, d time.Duration, jsonOut string, check bool) int {
 	var all []float64
 	for _, p := range probes {
 		all = append(all, p...)
@@ -407,6 +424,11 @@ func report(probes [][]float64, byCase map[string][]result, ratios map[string][]
 	if mem != nil {
 		fmt.Printf("\n| memory, %d objects | Go heap bytes |\n|---|---|\n| per active object (quiet) | %.0f |\n| per idle (passivated) object: growth over a second round of %d other objects | %.0f |\n| routing tables' high-water mark, per object of the peak | %.0f |\n", memObjs, mem.BytesPerActive, memObjs, mem.BytesPerIdle, mem.HighWaterPerPeak)
 		summary["memory"] = mem
+	}
+	if large != nil {
+		fmt.Printf("\n| one log of %d records (256-byte bodies) | value |\n|---|---|\n| filled at (batches of 1,000) | %.0f records/s |\n| sequential read, pages of 1,000 (median of 3) | %.0f records/s |\n| start to ready: open the data directory, first read of the log (median of 5) | %.3f s (target under 1 s) |\n",
+			large.LogRecords, large.FillRecordsPerSec, large.ReadRecordsPerSec, large.StartSeconds)
+		summary["largeLog"] = large
 	}
 	if jsonOut != "" {
 		b, _ := json.MarshalIndent(summary, "", "  ")

@@ -151,12 +151,30 @@ func TestLog_Deduplication(t *testing.T) {
 	if len(p.Records) != 5 || string(p.Records[0].Body) != "1" || string(p.Records[4].Body) != "5" {
 		t.Fatalf("records %+v", p.Records)
 	}
+	// A generated key deduplicates too, while its record is hot.
+	gen := ts.appendRecs(t, logPath, `"no key"`) // offset 5
+	p = ts.readLog(t, logPath, fmt.Sprintf("?from=%d&limit=1", gen[0]))
+	genKey := p.Records[0].DeduplicationKey
+	if !strings.HasPrefix(genKey, "gen:") {
+		t.Fatalf("generated key %q", genKey)
+	}
+	if got := ts.appendRecs(t, logPath, `"again"|`+genKey); fmt.Sprint(got) != fmt.Sprint(gen) {
+		t.Fatalf("re-append with the generated key %s: %v, want %v", genKey, got, gen)
+	}
+	// A made-up key of the generated shape is an ordinary new key.
+	if got := ts.appendRecs(t, logPath, `"forged"|`+genKey[:len(genKey)-1]+"4"); fmt.Sprint(got) != "[6]" {
+		t.Fatalf("forged generated key: %v", got)
+	}
 	// Trimmed keys append anew.
-	if r := ts.do("POST", logPath+"/trim", nil, nil); r.status != 200 || strings.TrimSpace(string(r.body)) != `{"removed":3}` {
+	if r := ts.do("POST", logPath+"/trim", nil, nil); r.status != 200 || strings.TrimSpace(string(r.body)) != `{"removed":5}` {
 		t.Fatalf("trim: %d %s", r.status, r.body)
 	}
-	if got := ts.appendRecs(t, logPath, `8|k1`, `9|k4`); fmt.Sprint(got) != "[5 3]" {
-		t.Fatalf("trimmed key k1 and hot key k4: %v", got)
+	if got := ts.appendRecs(t, logPath, `8|k1`, `9|`+genKey, `10|k5`); fmt.Sprint(got) != "[7 5 8]" {
+		t.Fatalf("trimmed keys k1 and k5, hot generated key: %v", got)
+	}
+	ts.do("POST", logPath+"/trim", nil, nil) // keeps 7 and 8
+	if got := ts.appendRecs(t, logPath, `11|`+genKey); fmt.Sprint(got) != "[9]" {
+		t.Fatalf("trimmed generated key: %v", got)
 	}
 }
 
