@@ -219,10 +219,12 @@ func runLogModel(t *testing.T, seed int64, steps int) {
 			}
 		case op < 85: // trim, after time passes
 			clock = clock.Add(time.Duration(rng.Intn(3000)) * time.Millisecond)
+			hot0, next0, bytes0 := m.hot, m.next, m.hotBytes()
 			want := m.trim(clock)
+			b0, _ := lg().Bounds(ctx)
 			got, err := lg().Trim(ctx)
 			if err != nil || got != want {
-				t.Fatalf("%s: trim removed %d %v, model %d", where, got, err, want)
+				t.Fatalf("%s: trim removed %d %v, model %d (before: model hot %d next %d bytes %d; log %+v)", where, got, err, want, hot0, next0, bytes0, b0)
 			}
 		case op < 90: // restart
 			n.stop()

@@ -132,3 +132,37 @@ func (s store) scan(ctx context.Context, prefix, start, end []byte, fn func(key,
 	_, err = emitBelow(nil)
 	return err
 }
+
+// floor returns the greatest live key <= key under prefix and its value (copies),
+// merging the overlay over Badger.
+func (s store) floor(ctx context.Context, prefix, key []byte) (k, v []byte, found bool, err error) {
+	// The overlay's best: its greatest key in range whose newest entry is a set.
+	newest := map[string]*overlayEntry{}
+	for i := len(s.ov.entries) - 1; i >= 0; i-- {
+		e := &s.ov.entries[i]
+		if bytes.HasPrefix(e.key, prefix) && bytes.Compare(e.key, key) <= 0 {
+			if _, seen := newest[string(e.key)]; !seen {
+				newest[string(e.key)] = e
+			}
+		}
+	}
+	for _, e := range newest {
+		if !e.deleted && (k == nil || bytes.Compare(e.key, k) > 0) {
+			k, v, found = e.key, e.value, true
+		}
+	}
+	// Badger's best: its greatest key in range that the overlay does not delete.
+	err = s.db.ScanReverse(ctx, prefix, key, func(bk, bv []byte) (bool, error) {
+		if e := newest[string(bk)]; e != nil {
+			if e.deleted {
+				return true, nil // deleted by a write Badger does not show yet
+			}
+			bv = e.value
+		}
+		if k == nil || bytes.Compare(bk, k) > 0 {
+			k, v, found = append([]byte(nil), bk...), append([]byte(nil), bv...), true
+		}
+		return false, nil
+	})
+	return k, v, found, err
+}

@@ -223,6 +223,31 @@ func (db *DB) Scan(ctx context.Context, prefix, start, end []byte, fn func(key, 
 	})
 }
 
+// ScanReverse calls fn for each key under prefix at or below start, in descending
+// key order, until fn returns false. key and value are valid only during the call.
+func (db *DB) ScanReverse(ctx context.Context, prefix, start []byte, fn func(key, value []byte) (bool, error)) error {
+	return db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, Reverse: true})
+		defer it.Close()
+		for it.Seek(start); it.ValidForPrefix(prefix); it.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			item := it.Item()
+			var more bool
+			err := item.Value(func(v []byte) error {
+				var err error
+				more, err = fn(item.Key(), v)
+				return err
+			})
+			if err != nil || !more {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // Ends returns the first and the last key under prefix (copies), or found=false
 // when there is none.
 func (db *DB) Ends(ctx context.Context, prefix []byte) (first, last []byte, found bool, err error) {
