@@ -182,6 +182,9 @@ func fanoutOnce(dir string, cfg fanoutConfig) (fanoutRound, error) {
 		if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
 			return 0, err
 		}
+		if os.Getenv("FANOUT_MEM_DEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "server heap %d stack %d goroutines %d\n", m["heap"], m["stack"], m["goroutines"])
+		}
 		return float64(m["heap"] + m["stack"]), nil
 	}
 	for o := 0; o < cfg.objects; o++ { // activate every object

@@ -110,15 +110,17 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sk := &socket{
 		srv: s, id: randomHex(12), app: app, conn: conn, ctx: ctx, cancel: cancel,
-		notify: make(chan struct{}, 1), done: make(chan struct{}),
+		done: make(chan struct{}),
 		chans: map[string]*channel{},
 	}
 	if !s.hub.add(sk) {
 		conn.Close(websocket.StatusGoingAway, "the server is shutting down")
 		return
 	}
-	go sk.writeLoop()
-	sk.readLoop() // on the handler's goroutine: net/http keeps nothing else of it
+	// The handler returns: the hijacked connection lives on in the reader, whose
+	// fresh goroutine starts with a small stack (the handler's has grown in
+	// net/http's request parsing, and idle sockets would keep it).
+	go sk.readLoop()
 }
 
 // frame is one queued text frame: head, then body (shared between sockets, never
@@ -138,13 +140,13 @@ type socket struct {
 	conn   *websocket.Conn
 	ctx    context.Context // ends when the socket closes
 	cancel context.CancelFunc
-	notify chan struct{} // wakes the writer
 	done   chan struct{} // closed when the reader and writer are gone
 
 	mu       sync.Mutex
 	queue    []frame
 	queued   int  // bytes of live frames queued or being written
 	closed   bool // nothing more is queued
+	writing  bool // a drain goroutine is running
 	shutOnce sync.Once
 
 	// Only the reader goroutine touches chans.
@@ -171,10 +173,13 @@ func (sk *socket) enqueue(f frame) {
 		sk.queued += f.size()
 	}
 	sk.queue = append(sk.queue, f)
+	start := !sk.writing
+	sk.writing = true
 	sk.mu.Unlock()
-	select {
-	case sk.notify <- struct{}{}:
-	default:
+	if start {
+		// A writer runs only while there is something to send: an idle socket
+		// keeps no writer goroutine (and no stack).
+		go sk.drain()
 	}
 }
 
@@ -195,15 +200,17 @@ func (sk *socket) shut(code websocket.StatusCode, reason string) {
 	})
 }
 
-func (sk *socket) writeLoop() {
+// drain sends the queue in order until it is empty, then exits.
+func (sk *socket) drain() {
 	var batch []frame
 	for {
-		select {
-		case <-sk.ctx.Done():
-			return
-		case <-sk.notify:
-		}
 		sk.mu.Lock()
+		if len(sk.queue) == 0 || sk.closed {
+			sk.writing = false
+			sk.queue = nil // an idle socket keeps no queue memory
+			sk.mu.Unlock()
+			return
+		}
 		batch, sk.queue = sk.queue, batch[:0]
 		sk.mu.Unlock()
 		for i := range batch {

@@ -247,6 +247,7 @@ test("leave gets ok and stops events", async () => {
   const ch = s.channel(topic("order", key), { app_secret: SECRET });
   const events = record(ch);
   await join(ch);
+  await until(() => events.length === 1, "the snapshot");
   await new Promise((resolve, reject) =>
     ch.leave().receive("ok", resolve).receive("timeout", () => reject(new Error("leave timed out"))));
   assert(ch.state === "closed", `state ${ch.state} after leave`);
