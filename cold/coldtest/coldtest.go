@@ -1,0 +1,188 @@
+// Package coldtest is the conformance suite of cold stores: every implementation
+// runs Run against a fresh, empty store (or one whose keys under prefix are its own).
+package coldtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/cold"
+)
+
+// Run runs the conformance suite against s. Keys start with prefix, so that a
+// shared bucket can hold several runs; prefix ends with "/" or is empty.
+func Run(t *testing.T, s cold.Store, prefix string) {
+	ctx := func(t *testing.T) context.Context {
+		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		t.Cleanup(cancel)
+		return c
+	}
+	k := func(name string) string { return prefix + name }
+
+	t.Run("CreateThenGetStat", func(t *testing.T) {
+		c := ctx(t)
+		data := []byte("segment one")
+		if err := s.Create(c, k("a/seg/1"), data); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Get(c, k("a/seg/1"))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("get: %q %v", got, err)
+		}
+		info, err := s.Stat(c, k("a/seg/1"))
+		if err != nil || info.Key != k("a/seg/1") || info.Size != int64(len(data)) {
+			t.Fatalf("stat: %+v %v", info, err)
+		}
+		empty := k("a/seg/empty")
+		if err := s.Create(c, empty, nil); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.Get(c, empty); err != nil || len(got) != 0 {
+			t.Fatalf("empty object: %q %v", got, err)
+		}
+		big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+		if err := s.Create(c, k("a/seg/big"), big); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.Get(c, k("a/seg/big")); err != nil || !bytes.Equal(got, big) {
+			t.Fatalf("1 MiB object: %d bytes, %v", len(got), err)
+		}
+	})
+
+	t.Run("CreateNeverOverwrites", func(t *testing.T) {
+		c := ctx(t)
+		key := k("b/seg/1")
+		if err := s.Create(c, key, []byte("first")); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Create(c, key, []byte("second")); !errors.Is(err, cold.ErrExists) {
+			t.Fatalf("second create: %v, want ErrExists", err)
+		}
+		if got, _ := s.Get(c, key); string(got) != "first" {
+			t.Fatalf("after a refused create: %q", got)
+		}
+		// A create of the same bytes again is a retry: nil or ErrExists, never a change.
+		if err := s.Create(c, key, []byte("first")); err != nil && !errors.Is(err, cold.ErrExists) {
+			t.Fatalf("same-content create: %v", err)
+		}
+	})
+
+	t.Run("ConcurrentCreateOneWinner", func(t *testing.T) {
+		c := ctx(t)
+		key := k("c/race")
+		const racers = 8
+		var wg sync.WaitGroup
+		errs := make([]error, racers)
+		for i := 0; i < racers; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				errs[i] = s.Create(c, key, []byte(fmt.Sprintf("racer %d", i)))
+			}(i)
+		}
+		wg.Wait()
+		winner := -1
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				if winner >= 0 {
+					t.Fatalf("racers %d and %d both created %s", winner, i, key)
+				}
+				winner = i
+			case !errors.Is(err, cold.ErrExists):
+				t.Fatalf("racer %d: %v", i, err)
+			}
+		}
+		if winner < 0 {
+			t.Fatal("no racer created the key")
+		}
+		if got, _ := s.Get(c, key); string(got) != fmt.Sprintf("racer %d", winner) {
+			t.Fatalf("stored %q, the winner was racer %d", got, winner)
+		}
+	})
+
+	t.Run("MissingKeys", func(t *testing.T) {
+		c := ctx(t)
+		if _, err := s.Get(c, k("d/none")); !errors.Is(err, cold.ErrNotFound) {
+			t.Fatalf("get: %v, want ErrNotFound", err)
+		}
+		if _, err := s.Stat(c, k("d/none")); !errors.Is(err, cold.ErrNotFound) {
+			t.Fatalf("stat: %v, want ErrNotFound", err)
+		}
+		if l, err := s.List(c, k("d/")); err != nil || len(l) != 0 {
+			t.Fatalf("list of nothing: %v %v", l, err)
+		}
+	})
+
+	t.Run("ListInKeyOrder", func(t *testing.T) {
+		c := ctx(t)
+		keys := []string{"e/x/00000000000000000010", "e/x/00000000000000000002", "e/x/00000000000000000100", "e/y/1", "e/xa"}
+		for _, key := range keys {
+			if err := s.Create(c, k(key), []byte(key)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := s.List(c, k("e/x/"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"e/x/00000000000000000002", "e/x/00000000000000000010", "e/x/00000000000000000100"}
+		if len(got) != len(want) {
+			t.Fatalf("list e/x/: %v", got)
+		}
+		for i, info := range got {
+			if info.Key != k(want[i]) || info.Size != int64(len(want[i])) {
+				t.Fatalf("list e/x/ item %d: %+v, want %s", i, info, want[i])
+			}
+		}
+		all, err := s.List(c, k("e/x"))
+		if err != nil || len(all) != 4 || all[3].Key != k("e/xa") {
+			t.Fatalf("list e/x (a partial segment): %v %v", all, err)
+		}
+	})
+
+	t.Run("DeleteIsIdempotent", func(t *testing.T) {
+		c := ctx(t)
+		key := k("f/seg")
+		if err := s.Create(c, key, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 2; i++ {
+			if err := s.Delete(c, key); err != nil {
+				t.Fatalf("delete %d: %v", i, err)
+			}
+		}
+		if _, err := s.Get(c, key); !errors.Is(err, cold.ErrNotFound) {
+			t.Fatalf("get after delete: %v", err)
+		}
+		if err := s.Delete(c, k("f/never")); err != nil {
+			t.Fatalf("delete of a missing key: %v", err)
+		}
+		// A deleted key can be created again.
+		if err := s.Create(c, key, []byte("y")); err != nil {
+			t.Fatalf("create after delete: %v", err)
+		}
+	})
+
+	t.Run("InvalidKeys", func(t *testing.T) {
+		c := ctx(t)
+		for _, bad := range []string{"", "/a", "a/", "a//b", "a/./b", "a/../b", "..", string(bytes.Repeat([]byte("k"), cold.MaxKeyLen+1))} {
+			if err := s.Create(c, bad, []byte("x")); !errors.Is(err, cold.ErrInvalidKey) {
+				t.Errorf("create %q: %v, want ErrInvalidKey", bad, err)
+			}
+		}
+	})
+
+	t.Run("CancelledContext", func(t *testing.T) {
+		c, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := s.Create(c, k("g/x"), []byte("x")); err == nil {
+			t.Fatal("create with a cancelled context succeeded")
+		}
+	})
+}
