@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/cold"
 	"github.com/holdfast/holdfast/cluster"
 )
 
@@ -65,6 +66,9 @@ type Options struct {
 	TypeOptions func(typ string) TypeOptions
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Cold is where logs of types with cold storage keep trimmed records
+	// (cold.NewMemory, cold/fs, cold/s3); nil means none.
+	Cold cold.Store
 	// KeepGOMAXPROCS leaves GOMAXPROCS alone. By default Open raises it by
 	// cluster.ExtraProcs (unless the GOMAXPROCS environment variable is set),
 	// because the commit pipeline blocks a P in fdatasync.
@@ -88,6 +92,7 @@ func Open(opts Options) (*Runtime, error) {
 		Types:       opts.Types,
 		TypeOptions: opts.TypeOptions,
 		Logger:      opts.Logger,
+		Cold:        opts.Cold,
 	})
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/holdfast/holdfast/cold"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -33,6 +34,11 @@ type Config struct {
 	Epoch func(partition uint32) uint64
 	// Logger is the host's logger. Nil means slog.Default().
 	Logger *slog.Logger
+	// Cold is the node's cold segment store; nil means none (a log type with
+	// cold storage then fails its trims).
+	Cold cold.Store
+	// ColdTimeout bounds one cold store call; zero means 10s.
+	ColdTimeout time.Duration
 }
 
 // TypeOptions are the per-type settings the actors use.
@@ -119,6 +125,9 @@ func NewHost(db *persistence.DB, pipe *persistence.Pipeline, cfg Config) *Host {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.ColdTimeout <= 0 {
+		cfg.ColdTimeout = 10 * time.Second
 	}
 	h := &Host{db: db, pipe: pipe, cfg: cfg, log: cfg.Logger, types: map[string]*TypeSpec{}, now: time.Now}
 	for i := range h.shards {

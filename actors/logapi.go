@@ -21,6 +21,8 @@ type LogOptions struct {
 	MaxBytes   int64
 	// TrimEvery is the period of the automatic trim (durable alarms).
 	TrimEvery time.Duration
+	// Cold: trimmed records go to the node's cold store and stay readable.
+	Cold bool
 }
 
 // Limits of the log.
@@ -113,6 +115,16 @@ type LogLoad struct {
 
 // LogTrim enforces the type's retention, oldest first. Reply: *LogTrimmed.
 type LogTrim struct{}
+
+// LogForgetCold drops the cold segment index entries that end before Before (a
+// segment that straddles it is kept); the store keeps the objects. Reply:
+// *LogForgotten.
+type LogForgetCold struct{ Before uint64 }
+
+// LogForgotten is the reply to LogForgetCold.
+type LogForgotten struct {
+	Forgotten int `json:"forgotten"`
+}
 
 // LogTrimmed is the reply to LogTrim.
 type LogTrimmed struct {

@@ -64,6 +64,9 @@ type object struct {
 	opts  TypeOptions
 	kv    *kvState // loaded on the first KV message
 	log   *logState // loaded on the first log message
+	cur      *envelope // the message being handled
+	deferred bool      // its handler replies later (deferReply)
+	flush    *flushState
 	// subs are the live feed's subscribers (copy-on-write; see subscribe.go).
 	subs subscribers
 }
@@ -76,6 +79,8 @@ func (o *object) Receive(c actor.Context) {
 		o.handle(c, m)
 	case passivate:
 		o.idle(c)
+	case flushDone:
+		o.onFlushDone(m)
 	case tidy:
 		o.ov.evict()
 		if o.health() == nil && o.last == nil && len(o.ov.entries) == 0 {
@@ -114,8 +119,20 @@ func (o *object) handle(c actor.Context, env *envelope) {
 		o.h.pipe.WaitApplied()
 		o.ready = true
 	}
+	o.cur, o.deferred = env, false
 	val, err := o.dispatch(env.msg)
+	o.cur = nil
+	if o.deferred {
+		return // the handler replies later, from a later turn or a goroutine
+	}
 	o.respond(env, val, err)
+}
+
+// deferReply tells handle that the current message's handler replies itself,
+// later, and returns its envelope.
+func (o *object) deferReply() *envelope {
+	o.deferred = true
+	return o.cur
 }
 
 // dispatch runs one message in the object's turn. A panic is a bug: it is logged
@@ -158,6 +175,8 @@ func (o *object) dispatch(msg any) (val any, err error) {
 		return o.logLoadGet()
 	case LogTrim:
 		return o.logTrim()
+	case LogForgetCold:
+		return o.logForgetCold(m)
 	}
 	if o.typ == nil {
 		return nil, notFoundf("object type %q has no handler for %T", o.act.id.Type, msg)

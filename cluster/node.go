@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/cold"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -27,6 +28,10 @@ type Config struct {
 	Types []actors.TypeSpec
 	// Logger is the node's logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Cold is the node's cold segment store; nil means none.
+	Cold cold.Store
+	// ColdTimeout bounds one cold store call; zero means 10s.
+	ColdTimeout time.Duration
 }
 
 // ErrNotOwner is returned by the fence for a write whose partition epoch is no
@@ -80,6 +85,8 @@ func Start(cfg Config) (*Node, error) {
 		TypeOptions: cfg.TypeOptions,
 		Epoch:       n.table.epoch,
 		Logger:      cfg.Logger,
+		Cold:        cfg.Cold,
+		ColdTimeout: cfg.ColdTimeout,
 	})
 	for _, t := range cfg.Types {
 		if err := n.host.RegisterType(t); err != nil {

@@ -21,6 +21,25 @@ func (s *Server) logRoutes() {
 	s.mux.HandleFunc("PUT "+logBase+"/cursors/{consumer}", s.object(s.logCommit))
 	s.mux.HandleFunc("GET "+logBase+"/load", s.object(s.logSimple(actors.LogLoadGet{})))
 	s.mux.HandleFunc("POST "+logBase+"/trim", s.object(s.logSimple(actors.LogTrim{})))
+	s.mux.HandleFunc("POST "+logBase+"/forget-cold", s.object(s.logForgetCold))
+}
+
+func (s *Server) logForgetCold(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		Before *uint64 `json:"before"`
+	}
+	if err := strictJSON(body, &req); err != nil || req.Before == nil {
+		badRequest(`the body must be {"before": N} with N a non-negative integer`).write(w)
+		return
+	}
+	if reply, ok := s.call(w, r, id, actors.LogForgetCold{Before: *req.Before}, newRoute); ok {
+		writeJSON(w, http.StatusOK, reply)
+	}
 }
 
 // logSimple serves a route whose reply is msg's reply as JSON.

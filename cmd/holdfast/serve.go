@@ -16,6 +16,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/cold"
+	coldfs "github.com/holdfast/holdfast/cold/fs"
+	colds3 "github.com/holdfast/holdfast/cold/s3"
 	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/config"
 	"github.com/holdfast/holdfast/gateway"
@@ -85,12 +88,17 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	store, err := openColdStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
 	node, err := cluster.Start(cluster.Config{
 		DataDir:     filepath.Join(cfg.DataDir, "db"),
 		Partitions:  cfg.Partitions,
 		IdleTimeout: cfg.IdleTimeout,
 		TypeOptions: func(typ string) actors.TypeOptions { return typeOptions(cfg.Type(typ)) },
-		Logger: log,
+		Logger:      log,
+		Cold:        store,
 	})
 	if err != nil {
 		return err
@@ -144,6 +152,35 @@ func typeOptions(t config.TypeConfig) actors.TypeOptions {
 			MaxRecords:   r.MaxRecords,
 			MaxBytes:     r.MaxBytes,
 			TrimEvery:    r.TrimEvery,
+			Cold:         t.Log.Cold,
 		},
+	}
+}
+
+// openColdStore opens the cold store the configuration names (nil for "none").
+func openColdStore(ctx context.Context, cfg *config.Config) (cold.Store, error) {
+	switch cfg.Cold.Store {
+	case "none":
+		return nil, nil
+	case "s3":
+		c := cfg.Cold.S3
+		var access, secret string
+		if c.AccessKeyEnv != "" {
+			access, secret = os.Getenv(c.AccessKeyEnv), os.Getenv(c.SecretKeyEnv)
+		}
+		store, err := colds3.Open(ctx, colds3.Config{
+			Endpoint: c.Endpoint, Bucket: c.Bucket, AccessKey: access, SecretKey: secret,
+			Secure: c.Secure, Region: c.Region, Prefix: c.Prefix,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("cold store: %w", err)
+		}
+		return store, nil
+	default:
+		store, err := coldfs.Open(cfg.Cold.FS.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("cold store: %w", err)
+		}
+		return store, nil
 	}
 }

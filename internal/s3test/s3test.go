@@ -1,0 +1,167 @@
+// Package s3test starts real S3 servers for tests, as separate processes on
+// 127.0.0.1: MinIO (AGPL: only ever run, never imported) and versitygw. Their
+// binaries come from HOLDFAST_MINIO_BIN and HOLDFAST_VERSITYGW_BIN, or from the
+// cache directory scripts/test-servers.sh installs them into. A missing binary
+// fails the test, unless HOLDFAST_SKIP_S3=1 says to skip it.
+package s3test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	AccessKey = "holdfast-test"
+	SecretKey = "holdfast-test-secret"
+)
+
+// Server is one S3 server process.
+type Server struct {
+	t        *testing.T
+	Endpoint string // host:port
+	kind     string
+	bin      string
+	args     []string
+	env      []string
+	health   string
+	cmd      *exec.Cmd
+	exited   chan struct{}
+}
+
+// CacheDir is where scripts/test-servers.sh installs the servers.
+func CacheDir() string {
+	if d := os.Getenv("HOLDFAST_TEST_BIN"); d != "" {
+		return d
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "holdfast-test-bin")
+}
+
+func binary(t *testing.T, env, name string) string {
+	t.Helper()
+	if p := os.Getenv(env); p != "" {
+		return p
+	}
+	p := filepath.Join(CacheDir(), name)
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	if os.Getenv("HOLDFAST_SKIP_S3") == "1" {
+		t.Skipf("%s not installed and HOLDFAST_SKIP_S3=1", name)
+	}
+	t.Fatalf("%s is not installed: run scripts/test-servers.sh (or set %s); HOLDFAST_SKIP_S3=1 skips the S3 tests", name, env)
+	return ""
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// MinIO starts a MinIO server with an empty data directory.
+func MinIO(t *testing.T) *Server {
+	t.Helper()
+	bin := binary(t, "HOLDFAST_MINIO_BIN", "minio")
+	port := freePort(t)
+	s := &Server{
+		t: t, kind: "minio", bin: bin, Endpoint: "127.0.0.1:" + strconv.Itoa(port),
+		args: []string{"server", "--quiet", "--address", "127.0.0.1:" + strconv.Itoa(port),
+			"--console-address", "127.0.0.1:" + strconv.Itoa(freePort(t)), t.TempDir()},
+		env:    []string{"MINIO_ROOT_USER=" + AccessKey, "MINIO_ROOT_PASSWORD=" + SecretKey, "MINIO_BROWSER=off", "MINIO_UPDATE=off"},
+		health: "/minio/health/live",
+	}
+	s.Start()
+	return s
+}
+
+// VersityGW starts versitygw over a posix directory, with a bucket directory made.
+func VersityGW(t *testing.T, bucket string) *Server {
+	t.Helper()
+	bin := binary(t, "HOLDFAST_VERSITYGW_BIN", "versitygw")
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, bucket), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	s := &Server{
+		t: t, kind: "versitygw", bin: bin, Endpoint: "127.0.0.1:" + strconv.Itoa(port),
+		args:   []string{"--port", "127.0.0.1:" + strconv.Itoa(port), "--access", AccessKey, "--secret", SecretKey, "--health", "/health", "posix", dir},
+		health: "/health",
+	}
+	s.Start()
+	return s
+}
+
+// Start starts (or restarts) the process and waits until it answers.
+func (s *Server) Start() {
+	s.t.Helper()
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Env = append(os.Environ(), s.env...)
+	log, err := os.CreateTemp(s.t.TempDir(), s.kind+"-*.log")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("start %s: %v", s.kind, err)
+	}
+	s.cmd, s.exited = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(s.exited) }()
+	s.t.Cleanup(func() { s.Kill() })
+	deadline := time.Now().Add(60 * time.Second)
+	c := &http.Client{Timeout: time.Second}
+	for {
+		resp, err := c.Get("http://" + s.Endpoint + s.health)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		select {
+		case <-s.exited:
+			b, _ := os.ReadFile(log.Name())
+			s.t.Fatalf("%s exited at start:\n%s", s.kind, b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(log.Name())
+			s.t.Fatalf("%s did not become healthy:\n%s", s.kind, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Kill SIGKILLs the process and waits for it to exit.
+func (s *Server) Kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+}
+
+// Stop freezes the process (SIGSTOP): it keeps its connections but answers nothing.
+func (s *Server) Stop() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Cont resumes a stopped process.
+func (s *Server) Cont() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
+
+func (s *Server) String() string { return fmt.Sprintf("%s at %s", s.kind, s.Endpoint) }
