@@ -9,6 +9,7 @@ import (
 
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cluster"
+	"github.com/holdfast/holdfast/cold"
 )
 
 const logPath = "/api/v1/logs/app_test/events/p1"
@@ -406,5 +407,37 @@ func TestLog_LogsAreSeparatePerObjectAndApp(t *testing.T) {
 	// The object's KV state is untouched by its log.
 	if st := ts.state("events", "p1"); st.LogID != 0 {
 		t.Fatalf("log_id %d", st.LogID)
+	}
+}
+
+func TestLog_ColdReadsAndForgetColdOverHTTP(t *testing.T) {
+	ts := newTestServer(t, cluster.Config{Cold: cold.NewMemory(), TypeOptions: func(typ string) actors.TypeOptions {
+		o := actors.DefaultTypeOptions()
+		o.Log = actors.LogOptions{MaxBatchSize: 2, MaxRecords: 1, Cold: true}
+		return o
+	}})
+	ts.appendRecs(t, logPath, "0", "1")
+	ts.appendRecs(t, logPath, "2", "3")
+	if r := ts.do("POST", logPath+"/trim", nil, nil); strings.TrimSpace(string(r.body)) != `{"removed":3}` {
+		t.Fatalf("trim: %d %s", r.status, r.body)
+	}
+	if got := ts.bounds(t, logPath); got != `{"oldestOffset":0,"hotOffset":3,"nextOffset":4}` {
+		t.Fatalf("bounds %s", got)
+	}
+	if p := ts.readLog(t, logPath, "?from=1"); len(p.Records) != 1 || string(p.Records[0].Body) != "1" || p.NextOffset != 2 || p.Lag != 2 {
+		t.Fatalf("cold page %+v", p)
+	}
+	for _, body := range []string{`{}`, `{"before":-1}`, `{"before":"2"}`, `nope`} {
+		if r := ts.do("POST", logPath+"/forget-cold", body, nil); r.status != 400 {
+			t.Errorf("forget-cold %s: %d", body, r.status)
+		}
+	}
+	r := ts.do("POST", logPath+"/forget-cold", `{"before":2}`, nil)
+	if strings.TrimSpace(string(r.body)) != `{"forgotten":1}` {
+		t.Fatalf("forget-cold: %d %s", r.status, r.body)
+	}
+	r = ts.do("GET", logPath+"/records?from=0", nil, nil)
+	if m := r.json(t); r.status != 410 || m["oldestOffset"] != 2.0 || m["requestedOffset"] != 0.0 {
+		t.Fatalf("read of a forgotten segment: %d %s", r.status, r.body)
 	}
 }
