@@ -71,6 +71,8 @@ func main() {
 		fSockets = flag.Int("fanout-sockets", 1000, "fan-out: websockets")
 		fObjects = flag.Int("fanout-objects", 100, "fan-out: objects the sockets subscribe to")
 		fRate    = flag.Int("fanout-rate", 500, "fan-out: writes per second over all objects")
+		coldMode = flag.Bool("cold", false, "run the cold storage benchmark (cold/fs and a MinIO process) instead of the write cases")
+		coldRecs = flag.Int("cold-records", 1000000, "cold: records in the log")
 	)
 	flag.Parse()
 	if *only == "fanout-server" {
@@ -99,6 +101,9 @@ func main() {
 			fatal(err)
 		}
 		defer os.RemoveAll(base)
+	}
+	if *coldMode {
+		os.Exit(runCold(base, *coldRecs, *rounds))
 	}
 	if *fanout {
 		os.Exit(runFanout(base, fanoutConfig{sockets: *fSockets, objects: *fObjects, rate: *fRate, duration: *duration, rounds: *rounds}, *jsonOut))

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -23,9 +22,19 @@ const (
 	SecretKey = "holdfast-test-secret"
 )
 
+// TB is what the servers need of a test (testing.T has it); a benchmark program
+// can pass its own.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+	TempDir() string
+	Cleanup(func())
+}
+
 // Server is one S3 server process.
 type Server struct {
-	t        *testing.T
+	t        TB
 	Endpoint string // host:port
 	kind     string
 	bin      string
@@ -45,7 +54,7 @@ func CacheDir() string {
 	return filepath.Join(home, ".cache", "holdfast-test-bin")
 }
 
-func binary(t *testing.T, env, name string) string {
+func binary(t TB, env, name string) string {
 	t.Helper()
 	if p := os.Getenv(env); p != "" {
 		return p
@@ -64,18 +73,18 @@ func binary(t *testing.T, env, name string) string {
 	return ""
 }
 
-func freePort(t *testing.T) int {
+func freePort(t TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // MinIO starts a MinIO server with an empty data directory.
-func MinIO(t *testing.T) *Server {
+func MinIO(t TB) *Server {
 	t.Helper()
 	bin := binary(t, "HOLDFAST_MINIO_BIN", "minio")
 	port := freePort(t)
@@ -91,12 +100,12 @@ func MinIO(t *testing.T) *Server {
 }
 
 // VersityGW starts versitygw over a posix directory, with a bucket directory made.
-func VersityGW(t *testing.T, bucket string) *Server {
+func VersityGW(t TB, bucket string) *Server {
 	t.Helper()
 	bin := binary(t, "HOLDFAST_VERSITYGW_BIN", "versitygw")
 	dir := t.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, bucket), 0o755); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	port := freePort(t)
 	s := &Server{
@@ -115,7 +124,7 @@ func (s *Server) Start() {
 	cmd.Env = append(os.Environ(), s.env...)
 	log, err := os.CreateTemp(s.t.TempDir(), s.kind+"-*.log")
 	if err != nil {
-		s.t.Fatal(err)
+		s.t.Fatalf("%v", err)
 	}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
