@@ -109,6 +109,14 @@ func TestColdMinIO_FlushAndReadBack(t *testing.T) {
 	if n := segmentsOnce(t, store, 40); n != 4 {
 		t.Fatalf("%d segments, want 4 of 10", n)
 	}
+	// With the server gone a cold read is 503 (unavailable), not 410; hot reads go on.
+	srv.Kill()
+	if _, err := l.Read(context.Background(), 5, 0); !errors.Is(err, actors.ErrUnavailable) || errors.Is(err, holdfast.ErrLogTruncated) {
+		t.Fatalf("cold read with MinIO down: %v, want 503", err)
+	}
+	if p, err := l.Read(context.Background(), 40, 0); err != nil || len(p.Records) != 5 {
+		t.Fatalf("hot read with MinIO down: %v", err)
+	}
 }
 
 // TestColdMinIO_KilledDuringATrim: MinIO is frozen while a flush writes, then

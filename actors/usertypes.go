@@ -164,3 +164,50 @@ func (o *object) runUser(msg any) (reply any, err error) {
 	}
 	return reply, nil
 }
+
+// LogAppend appends records to the object's own retained log, at once, as its own
+// durable commit: it is not part of the turn's storage transaction (a handler
+// that fails afterwards does not take it back). The reply of the turn still
+// waits for it. Cold reads and trims of cold logs are not available here (they
+// reply from outside the turn): send LogRead or LogTrim to the object instead.
+func (c *Context) LogAppend(records ...LogInput) ([]uint64, error) {
+	v, err := c.o.logAppend(LogAppend{Records: records})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*LogAppended).Offsets, nil
+}
+
+// LogBounds returns the object's log bounds.
+func (c *Context) LogBounds() (*LogBounds, error) {
+	v, err := c.o.logBounds()
+	if err != nil {
+		return nil, err
+	}
+	return v.(*LogBounds), nil
+}
+
+// LogReadHot reads the object's log from a hot offset (from >= HotOffset).
+func (c *Context) LogReadHot(from uint64, limit int) (*RecordPage, error) {
+	l, err := c.o.logLoad()
+	if err != nil {
+		return nil, err
+	}
+	if from < l.hot {
+		return nil, invalidf("offset %d is below the hot window (%d): send LogRead to the object", from, l.hot)
+	}
+	v, err := c.o.logRead(LogRead{From: from, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*RecordPage), nil
+}
+
+// LogCommit moves a consumer's cursor forward (see LogCommit).
+func (c *Context) LogCommit(consumer string, offset uint64) (uint64, error) {
+	v, err := c.o.logCommit(LogCommit{Consumer: consumer, Offset: offset})
+	if err != nil {
+		return 0, err
+	}
+	return v.(*LogCursor).Offset, nil
+}

@@ -159,3 +159,29 @@ func TestUserType_UnknownTypeAndRegistration(t *testing.T) {
 		t.Fatal("type registered twice")
 	}
 }
+
+// TestUserType_OwnsALog: a user-defined type appends to its own log in its turn;
+// the log is readable from outside like any object's.
+func TestUserType_OwnsALog(t *testing.T) {
+	typ := TypeSpec{Name: "orders", Handle: func(c *Context, msg any) (any, error) {
+		offs, err := c.LogAppend(LogInput{Body: []byte(`{"event":"placed"}`)}, LogInput{Body: []byte(`{"event":"paid"}`)})
+		if err != nil {
+			return nil, err
+		}
+		if p, err := c.LogReadHot(offs[0], 0); err != nil || len(p.Records) != 2 {
+			return nil, fmt.Errorf("read back: %v %v", p, err)
+		}
+		return offs, nil
+	}}
+	n := startNode(t, t.TempDir(), nodeOpts{types: []TypeSpec{typ}})
+	ctx := context.Background()
+	id := ObjectID{App: "app_t", Type: "orders", Key: "o1"}
+	got, err := n.host.Request(ctx, id, "place")
+	if err != nil || fmt.Sprint(got) != "[0 1]" {
+		t.Fatalf("handler: %v %v", got, err)
+	}
+	page, err := NewLog(n.host, id).Read(ctx, 0, 0)
+	if err != nil || len(page.Records) != 2 || string(page.Records[1].Body) != `{"event":"paid"}` {
+		t.Fatalf("log read from outside: %+v %v", page, err)
+	}
+}
