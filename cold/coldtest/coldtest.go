@@ -72,6 +72,25 @@ func Run(t *testing.T, s cold.Store, prefix string) {
 		}
 	})
 
+	t.Run("LargeObjectNeverOverwritten", func(t *testing.T) {
+		// 17 MiB: past minio-go's multipart threshold (16 MiB), where a client that
+		// sends the condition only when a multipart upload starts would let a
+		// server that checks at completion overwrite silently.
+		c := ctx(t)
+		key := k("b/large")
+		first := bytes.Repeat([]byte("a"), 17<<20)
+		if err := s.Create(c, key, first); err != nil {
+			t.Fatal(err)
+		}
+		second := bytes.Repeat([]byte("b"), 17<<20)
+		if err := s.Create(c, key, second); !errors.Is(err, cold.ErrExists) {
+			t.Fatalf("second create of a large object: %v, want ErrExists", err)
+		}
+		if got, err := s.Get(c, key); err != nil || !bytes.Equal(got, first) {
+			t.Fatalf("large object after a refused create: %d bytes, %v", len(got), err)
+		}
+	})
+
 	t.Run("ConcurrentCreateOneWinner", func(t *testing.T) {
 		c := ctx(t)
 		key := k("c/race")
