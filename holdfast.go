@@ -38,6 +38,10 @@ type (
 	TypeOptions = actors.TypeOptions
 	// LogOptions are an object type's retained-log options.
 	LogOptions = actors.LogOptions
+	// LeaseOptions turn a log type's leases on.
+	LeaseOptions = actors.LeaseOptions
+	// Lease is a claimed range of a log.
+	Lease = actors.Lease
 	// Log is the API of one object's retained log.
 	Log = actors.Log
 	// LogInput is one record to append.

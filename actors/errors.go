@@ -18,6 +18,7 @@ const (
 	KindTooLarge                // over a size limit (413)
 	KindOverloaded              // past an admission limit (429)
 	KindUnavailable             // shutting down, storage failed, owner unreachable (503)
+	KindConflict                // the state forbids it: a lease not held, leases off (409)
 )
 
 // Sentinels for errors.Is: every *Error matches the sentinel of its kind.
@@ -39,6 +40,8 @@ type Error struct {
 	Msg  string
 	// RetryAfter is set on overloaded and unavailable errors when known.
 	RetryAfter time.Duration
+	// Code is the stable error code of a conflict ("lease_not_held", ...).
+	Code string
 	// cause is kept for logs and errors.Is; it never reaches a client.
 	cause error
 }
@@ -57,6 +60,8 @@ func (e *Error) Is(target error) bool {
 	switch t {
 	case ErrBadRequest, ErrNotFound, ErrInvalid, ErrTooLarge, ErrOverloaded, ErrUnavailable:
 		return t.Kind == e.Kind
+	case ErrLeaseNotHeld, ErrLeasesDisabled:
+		return t.Kind == e.Kind && t.Code == e.Code
 	}
 	return false
 }

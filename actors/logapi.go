@@ -23,6 +23,11 @@ type LogOptions struct {
 	TrimEvery time.Duration
 	// Cold: trimmed records go to the node's cold store and stay readable.
 	Cold bool
+	// Leases, when set, turns the lease API on (spec/log.md, "Leases").
+	Leases *LeaseOptions
+	// OnPoison, if set, is called (in the object's turn; it must not block) when a
+	// range is moved to a consumer's dead letters.
+	OnPoison func(id ObjectID, consumer string, first, last uint64, attempts int)
 }
 
 // Limits of the log.
@@ -236,3 +241,50 @@ func (l *Log) Trim(ctx context.Context) (uint64, error) {
 
 // Key returns a deduplication key for LogInput.
 func Key(s string) *string { return &s }
+
+// Lease claims a range for consumer (limit 0: MaxBatchSize); nil when nothing
+// is available now.
+func (l *Log) Lease(ctx context.Context, consumer string, limit int) (*Lease, error) {
+	reply, err := l.r.Request(ctx, l.id, LogLease{Consumer: consumer, Limit: limit})
+	if err != nil || reply == nil {
+		return nil, err
+	}
+	lease, ok := reply.(*Lease)
+	if !ok {
+		return nil, fmt.Errorf("actors: unexpected reply %T", reply)
+	}
+	return lease, nil
+}
+
+// Ack settles consumer's range batchID and returns the cursor when it moved.
+func (l *Log) Ack(ctx context.Context, consumer, batchID string) (*uint64, error) {
+	r, err := logAsk[*AckResult](ctx, l, LogAck{Consumer: consumer, BatchID: batchID})
+	if err != nil {
+		return nil, err
+	}
+	return r.Cursor, nil
+}
+
+// Nack makes consumer's range batchID redeliverable at once.
+func (l *Log) Nack(ctx context.Context, consumer, batchID string) error {
+	_, err := l.r.Request(ctx, l.id, LogNack{Consumer: consumer, BatchID: batchID})
+	return err
+}
+
+// Leases lists consumer's ranges.
+func (l *Log) Leases(ctx context.Context, consumer string) ([]LeaseInfo, error) {
+	r, err := logAsk[*LeaseList](ctx, l, LogLeasesGet{Consumer: consumer})
+	if err != nil {
+		return nil, err
+	}
+	return r.Leases, nil
+}
+
+// DeadLetters lists consumer's dead letters.
+func (l *Log) DeadLetters(ctx context.Context, consumer string) ([]DeadLetter, error) {
+	r, err := logAsk[*DeadLetters](ctx, l, LogDeadLettersGet{Consumer: consumer})
+	if err != nil {
+		return nil, err
+	}
+	return r.DeadLetters, nil
+}

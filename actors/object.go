@@ -81,6 +81,8 @@ func (o *object) Receive(c actor.Context) {
 		o.idle(c)
 	case flushDone:
 		o.onFlushDone(m)
+	case resume:
+		m.fn()
 	case tidy:
 		o.ov.evict()
 		if o.health() == nil && o.last == nil && len(o.ov.entries) == 0 {
@@ -177,6 +179,16 @@ func (o *object) dispatch(msg any) (val any, err error) {
 		return o.logTrim()
 	case LogForgetCold:
 		return o.logForgetCold(m)
+	case LogLease:
+		return o.logLease(m)
+	case LogAck:
+		return o.settle(m.Consumer, m.BatchID, true)
+	case LogNack:
+		return o.settle(m.Consumer, m.BatchID, false)
+	case LogLeasesGet:
+		return o.logLeases(m)
+	case LogDeadLettersGet:
+		return o.logDeadLetters(m)
 	}
 	if o.typ == nil {
 		return nil, notFoundf("object type %q has no handler for %T", o.act.id.Type, msg)

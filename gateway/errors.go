@@ -111,6 +111,8 @@ func toAPIError(err error, style routeStyle, requestID string) *apiError {
 		return retryable(http.StatusTooManyRequests, e.Msg, "overloaded", e.RetryAfter)
 	case actors.KindUnavailable:
 		return retryable(http.StatusServiceUnavailable, e.Msg, "unavailable", e.RetryAfter)
+	case actors.KindConflict:
+		return &apiError{status: http.StatusConflict, body: errBody(e.Msg, e.Code)}
 	}
 	return internalError(requestID)
 }

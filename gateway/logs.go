@@ -22,6 +22,88 @@ func (s *Server) logRoutes() {
 	s.mux.HandleFunc("GET "+logBase+"/load", s.object(s.logSimple(actors.LogLoadGet{})))
 	s.mux.HandleFunc("POST "+logBase+"/trim", s.object(s.logSimple(actors.LogTrim{})))
 	s.mux.HandleFunc("POST "+logBase+"/forget-cold", s.object(s.logForgetCold))
+	s.mux.HandleFunc("POST "+logBase+"/consumers/{consumer}/lease", s.object(s.logLease))
+	s.mux.HandleFunc("POST "+logBase+"/consumers/{consumer}/ack", s.object(s.logSettle(true)))
+	s.mux.HandleFunc("POST "+logBase+"/consumers/{consumer}/nack", s.object(s.logSettle(false)))
+	s.mux.HandleFunc("GET "+logBase+"/consumers/{consumer}/leases", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+		s.logSimple(actors.LogLeasesGet{Consumer: r.PathValue("consumer")})(w, r, id)
+	}))
+	s.mux.HandleFunc("GET "+logBase+"/consumers/{consumer}/dead-letters", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+		s.logSimple(actors.LogDeadLettersGet{Consumer: r.PathValue("consumer")})(w, r, id)
+	}))
+}
+
+// logLease serves POST .../consumers/{consumer}/lease {"limit": N} (optional):
+// 200 with the lease, or 204 when nothing is available now.
+func (s *Server) logLease(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		Limit *uint64 `json:"limit"`
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		if err := strictJSON(body, &req); err != nil || (req.Limit != nil && *req.Limit < 1) {
+			badRequest(`the body must be empty or {"limit": N} with N at least 1`).write(w)
+			return
+		}
+	}
+	limit := 0
+	if req.Limit != nil {
+		limit = int(min(*req.Limit, 1<<30))
+	}
+	reply, ok := s.call(w, r, id, actors.LogLease{Consumer: r.PathValue("consumer"), Limit: limit}, newRoute)
+	if !ok {
+		return
+	}
+	lease, _ := reply.(*actors.Lease)
+	if lease == nil {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	page := &actors.RecordPage{Records: lease.Records}
+	// The records are written by hand (bodies byte for byte), the rest by encoding/json.
+	head, _ := json.Marshal(struct {
+		BatchID     string `json:"batchId"`
+		Consumer    string `json:"consumer"`
+		FirstOffset uint64 `json:"firstOffset"`
+		LastOffset  uint64 `json:"lastOffset"`
+		Attempt     int    `json:"attempt"`
+		ExpiresAt   int64  `json:"expiresAt"`
+	}{lease.BatchID, lease.Consumer, lease.FirstOffset, lease.LastOffset, lease.Attempt, lease.ExpiresAt})
+	b := append(head[:len(head)-1], `,"records":`...)
+	b = appendRecords(b, page.Records)
+	b = append(b, "}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+// logSettle serves ack and nack: {"batchId": "..."}.
+func (s *Server) logSettle(ack bool) objectHandler {
+	return func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+		body, aerr := readBody(w, r)
+		if aerr != nil {
+			aerr.write(w)
+			return
+		}
+		var req struct {
+			BatchID *string `json:"batchId"`
+		}
+		if err := strictJSON(body, &req); err != nil || req.BatchID == nil {
+			badRequest(`the body must be {"batchId": "..."}`).write(w)
+			return
+		}
+		var msg any = actors.LogNack{Consumer: r.PathValue("consumer"), BatchID: *req.BatchID}
+		if ack {
+			msg = actors.LogAck{Consumer: r.PathValue("consumer"), BatchID: *req.BatchID}
+		}
+		if reply, ok := s.call(w, r, id, msg, newRoute); ok {
+			writeJSON(w, http.StatusOK, reply)
+		}
+	}
 }
 
 func (s *Server) logForgetCold(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
@@ -134,8 +216,22 @@ func writePage(w http.ResponseWriter, p *actors.RecordPage) {
 		n += len(r.Body) + len(r.DeduplicationKey) + 96
 	}
 	b := make([]byte, 0, n)
-	b = append(b, `{"records":[`...)
-	for i, r := range p.Records {
+	b = append(b, `{"records":`...)
+	b = appendRecords(b, p.Records)
+	b = append(b, `,"nextOffset":`...)
+	b = strconv.AppendUint(b, p.NextOffset, 10)
+	b = append(b, `,"lag":`...)
+	b = strconv.AppendUint(b, p.Lag, 10)
+	b = append(b, "}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+// appendRecords appends records as a JSON array, bodies byte for byte.
+func appendRecords(b []byte, records []actors.LogRecord) []byte {
+	b = append(b, '[')
+	for i, r := range records {
 		if i > 0 {
 			b = append(b, ',')
 		}
@@ -149,14 +245,7 @@ func writePage(w http.ResponseWriter, p *actors.RecordPage) {
 		b = strconv.AppendInt(b, r.AppendedAt, 10)
 		b = append(b, '}')
 	}
-	b = append(b, `],"nextOffset":`...)
-	b = strconv.AppendUint(b, p.NextOffset, 10)
-	b = append(b, `,"lag":`...)
-	b = strconv.AppendUint(b, p.Lag, 10)
-	b = append(b, "}\n"...)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(b)
+	return append(b, ']')
 }
 
 func (s *Server) logCursor(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {

@@ -441,3 +441,82 @@ func TestLog_ColdReadsAndForgetColdOverHTTP(t *testing.T) {
 		t.Fatalf("read of a forgotten segment: %d %s", r.status, r.body)
 	}
 }
+
+func TestLog_LeaseRoutes(t *testing.T) {
+	ts := newTestServer(t, cluster.Config{TypeOptions: func(typ string) actors.TypeOptions {
+		o := actors.DefaultTypeOptions()
+		if typ == "events" {
+			o.Log = actors.LogOptions{MaxBatchSize: 3, Leases: &actors.LeaseOptions{MaxParallelism: 1, LeaseDuration: time.Minute, MaxAttempts: 1}}
+		}
+		return o
+	}})
+	// A type without leases: 409 leases_disabled on every lease route.
+	plain := "/api/v1/logs/app_test/plain/p1"
+	ts.appendRecs(t, plain, "1")
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/consumers/c/lease", ""}, {"POST", "/consumers/c/ack", `{"batchId":"x"}`},
+		{"POST", "/consumers/c/nack", `{"batchId":"x"}`}, {"GET", "/consumers/c/leases", ""}, {"GET", "/consumers/c/dead-letters", ""},
+	} {
+		r := ts.do(c.method, plain+c.path, c.body, nil)
+		if r.status != 409 || r.json(t)["code"] != "leases_disabled" {
+			t.Errorf("%s %s without leases: %d %s", c.method, c.path, r.status, r.body)
+		}
+	}
+	ts.appendRecs(t, logPath, `{"a": 1}`, "2", "3")
+	ts.appendRecs(t, logPath, "4")
+	r := ts.do("POST", logPath+"/consumers/c/lease", `{"limit": 2}`, nil)
+	var lease struct {
+		BatchID     string `json:"batchId"`
+		Consumer    string
+		FirstOffset uint64 `json:"firstOffset"`
+		LastOffset  uint64 `json:"lastOffset"`
+		Attempt     int
+		ExpiresAt   int64 `json:"expiresAt"`
+		Records     []struct {
+			Offset uint64
+			Body   json.RawMessage
+		}
+	}
+	if r.status != 200 || json.Unmarshal(r.body, &lease) != nil || lease.FirstOffset != 0 || lease.LastOffset != 1 || lease.Attempt != 1 || lease.Consumer != "c" || len(lease.Records) != 2 || string(lease.Records[0].Body) != `{"a": 1}` || lease.ExpiresAt == 0 {
+		t.Fatalf("lease: %d %s", r.status, r.body)
+	}
+	if r := ts.do("POST", logPath+"/consumers/c/lease", "", nil); r.status != 204 || len(r.body) != 0 {
+		t.Fatalf("lease at maxParallelism: %d %s", r.status, r.body)
+	}
+	r = ts.do("GET", logPath+"/consumers/c/leases", nil, nil)
+	if !strings.Contains(string(r.body), `"state":"active"`) || !strings.Contains(string(r.body), lease.BatchID) {
+		t.Fatalf("leases: %s", r.body)
+	}
+	for _, body := range []string{`{}`, `{"batchId":5}`, `nope`} {
+		if r := ts.do("POST", logPath+"/consumers/c/ack", body, nil); r.status != 400 {
+			t.Errorf("ack %s: %d", body, r.status)
+		}
+	}
+	for _, body := range []string{`{"limit":0}`, `{"limit":-1}`, `{"x":1}`} {
+		if r := ts.do("POST", logPath+"/consumers/c/lease", body, nil); r.status != 400 {
+			t.Errorf("lease %s: %d", body, r.status)
+		}
+	}
+	if r := ts.do("POST", logPath+"/consumers/c/ack", `{"batchId":"other"}`, nil); r.status != 409 || r.json(t)["code"] != "lease_not_held" {
+		t.Fatalf("ack of an unknown batch: %d %s", r.status, r.body)
+	}
+	// maxAttempts 1: a nacked range is dead-lettered at the next lease.
+	if r := ts.do("POST", logPath+"/consumers/c/nack", `{"batchId":"`+lease.BatchID+`"}`, nil); r.status != 200 || strings.TrimSpace(string(r.body)) != `{}` {
+		t.Fatalf("nack: %d %s", r.status, r.body)
+	}
+	r = ts.do("POST", logPath+"/consumers/c/lease", "", nil)
+	if r.status != 200 || json.Unmarshal(r.body, &lease) != nil || lease.FirstOffset != 2 || lease.LastOffset != 3 {
+		t.Fatalf("lease after the poison range: %d %s", r.status, r.body)
+	}
+	r = ts.do("POST", logPath+"/consumers/c/ack", `{"batchId":"`+lease.BatchID+`"}`, nil)
+	if strings.TrimSpace(string(r.body)) != `{"cursor":4}` {
+		t.Fatalf("ack: %d %s", r.status, r.body)
+	}
+	r = ts.do("GET", logPath+"/consumers/c/dead-letters", nil, nil)
+	if r.status != 200 || !strings.Contains(string(r.body), `"firstOffset":0,"lastOffset":1,"attempts":1`) {
+		t.Fatalf("dead letters: %d %s", r.status, r.body)
+	}
+	if r := ts.do("POST", logPath+"/consumers/c/lease", "", nil); r.status != 204 {
+		t.Fatalf("lease with nothing left: %d %s", r.status, r.body)
+	}
+}

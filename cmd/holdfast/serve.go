@@ -144,6 +144,10 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 // typeOptions turns a type's configuration into the actors' options.
 func typeOptions(t config.TypeConfig) actors.TypeOptions {
 	r := t.Log.Retention
+	var leases *actors.LeaseOptions
+	if l := t.Log.Leases; l != nil {
+		leases = &actors.LeaseOptions{MaxParallelism: l.MaxParallelism, LeaseDuration: l.LeaseDuration, MaxAttempts: l.MaxAttempts}
+	}
 	return actors.TypeOptions{
 		ChangeLogEntries: t.Objects.ChangeLogEntries,
 		Log: actors.LogOptions{
@@ -153,6 +157,7 @@ func typeOptions(t config.TypeConfig) actors.TypeOptions {
 			MaxBytes:     r.MaxBytes,
 			TrimEvery:    r.TrimEvery,
 			Cold:         t.Log.Cold,
+			Leases:       leases,
 		},
 	}
 }
