@@ -103,7 +103,8 @@ func TestLog_RandomModel(t *testing.T) {
 
 func runLogModel(t *testing.T, seed int64, steps int) {
 	rng := rand.New(rand.NewSource(seed))
-	opts := LogOptions{MaxBatchSize: 1 + rng.Intn(8), MaxRecords: int64(rng.Intn(30)), MaxBytes: int64(rng.Intn(200))}
+	opts := LogOptions{MaxBatchSize: 1 + rng.Intn(8), MaxRecords: int64(rng.Intn(30)), MaxBytes: int64(rng.Intn(200)),
+		Leases: &LeaseOptions{MaxParallelism: 1 + rng.Intn(3), LeaseDuration: time.Duration(1+rng.Intn(3)) * time.Second, MaxAttempts: rng.Intn(4)}}
 	clock := time.Unix(1_700_000_000, 0)
 	if rng.Intn(2) == 0 {
 		opts.MaxAge = time.Duration(1+rng.Intn(20)) * time.Second
@@ -123,9 +124,12 @@ func runLogModel(t *testing.T, seed int64, steps int) {
 	lg := func() *Log { return NewLog(n.host, id) }
 	keyPool := func() string { return fmt.Sprint("k", rng.Intn(40)) }
 
+	lm := &leaseModel{m: m, opts: *opts.Leases, maxBatch: opts.MaxBatchSize}
 	for step := 0; step < steps; step++ {
 		where := fmt.Sprintf("seed %d step %d", seed, step)
-		switch op := rng.Intn(100); {
+		switch op := rng.Intn(120); {
+		case op >= 100: // leases of consumer "L"
+			lm.step(t, where, rng, lg(), clock)
 		case op < 40: // append
 			size := 1 + rng.Intn(opts.MaxBatchSize+1) // sometimes one too many
 			if rng.Intn(20) == 0 {
@@ -251,6 +255,207 @@ func runLogModel(t *testing.T, seed int64, steps int) {
 			if load != want {
 				t.Fatalf("%s: load %d, model %d", where, load, want)
 			}
+		}
+	}
+	t.Logf("leases: %+v", lm.stats)
+}
+
+// leaseModel is consumer "L"'s leases as the spec describes them.
+type leaseModel struct {
+	m        *logModel
+	opts     LeaseOptions
+	maxBatch int
+	alloc    uint64
+	ranges   []*mRange // by first offset
+	ids      []string  // every batch id ever handed out (stale ones included)
+	stats    struct{ leases, redeliveries, truncations, none, acks, refused int }
+}
+
+type mRange struct {
+	first, last uint64
+	id          string
+	attempt     int
+	exp         time.Time
+	state       byte
+}
+
+func (lm *leaseModel) fold() (moved bool) {
+	cur := lm.m.cursors["L"]
+	keep := lm.ranges[:0]
+	for _, r := range lm.ranges {
+		switch {
+		case r.last < cur && r.state == rangeSettled:
+		case r.first <= cur && r.state == rangeSettled:
+			cur, moved = r.last+1, true
+		default:
+			keep = append(keep, r)
+		}
+	}
+	lm.ranges = keep
+	if moved {
+		lm.m.cursors["L"] = cur
+	}
+	return moved
+}
+
+// lease predicts LogLease: a range (its offsets and attempt), a truncation, or nothing.
+func (lm *leaseModel) lease(now time.Time, limit int) (r *mRange, trunc *OffsetTruncatedError) {
+	m := lm.m
+	for {
+		var again bool
+		for _, r := range lm.ranges {
+			if !(r.state == rangeNacked || (r.state == rangeActive && !r.exp.After(now))) {
+				continue
+			}
+			if r.first < m.hot {
+				te := &OffsetTruncatedError{Requested: r.first, Oldest: m.hot}
+				if r.last < m.hot {
+					r.state = rangeSettled
+				} else {
+					r.first = m.hot
+				}
+				if cur := m.cursors["L"]; cur < m.hot {
+					below := false
+					for _, x := range lm.ranges {
+						below = below || (x != r && x.first < m.hot && x.state != rangeSettled)
+					}
+					if !below {
+						m.cursors["L"] = m.hot
+					}
+				}
+				lm.fold()
+				return nil, te
+			}
+			if lm.opts.MaxAttempts > 0 && r.attempt+1 > lm.opts.MaxAttempts {
+				r.state = rangeSettled
+				lm.fold()
+				again = true
+				break
+			}
+			r.attempt++
+			r.state = rangeActive
+			r.exp = now.Add(lm.opts.LeaseDuration)
+			return r, nil
+		}
+		if !again {
+			break
+		}
+	}
+	held := 0
+	for _, r := range lm.ranges {
+		if r.state == rangeNacked || (r.state == rangeActive && r.exp.After(now)) {
+			held++
+		}
+	}
+	if held >= lm.opts.MaxParallelism {
+		return nil, nil
+	}
+	cur, hasCursor := m.cursors["L"]
+	start := max(m.hot, cur, lm.alloc)
+	if start >= m.next {
+		return nil, nil
+	}
+	if limit == 0 || limit > lm.maxBatch {
+		limit = lm.maxBatch
+	}
+	end := min(m.next, start+uint64(limit))
+	if !hasCursor || cur < m.hot {
+		if base := max(m.hot, lm.alloc); !hasCursor || base > cur {
+			m.cursors["L"] = base
+		}
+	}
+	r = &mRange{first: start, last: end - 1, attempt: 1, exp: now.Add(lm.opts.LeaseDuration), state: rangeActive}
+	lm.ranges = append(lm.ranges, r)
+	sort.Slice(lm.ranges, func(i, j int) bool { return lm.ranges[i].first < lm.ranges[j].first })
+	lm.alloc = end
+	return r, nil
+}
+
+func (lm *leaseModel) step(t *testing.T, where string, rng *rand.Rand, l *Log, now time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	switch rng.Intn(3) {
+	case 0: // lease
+		limit := rng.Intn(lm.maxBatch + 2)
+		want, wantTrunc := lm.lease(now, limit)
+		got, err := l.Lease(ctx, "L", limit)
+		switch {
+		case wantTrunc != nil:
+			lm.stats.truncations++
+			var te *OffsetTruncatedError
+			if !errors.As(err, &te) || *te != *wantTrunc {
+				t.Fatalf("%s: lease: %v, model truncation %+v", where, err, wantTrunc)
+			}
+		case err != nil:
+			t.Fatalf("%s: lease: %v", where, err)
+		case want == nil:
+			lm.stats.none++
+			if got != nil {
+				t.Fatalf("%s: lease [%d,%d]#%d, model none", where, got.FirstOffset, got.LastOffset, got.Attempt)
+			}
+		default:
+			if got == nil || got.FirstOffset != want.first || got.LastOffset != want.last || got.Attempt != want.attempt || len(got.Records) != int(want.last-want.first+1) {
+				t.Fatalf("%s: lease %+v, model [%d,%d]#%d", where, got, want.first, want.last, want.attempt)
+			}
+			for _, r := range got.Records {
+				if mr, ok := lm.m.records[r.Offset]; !ok || string(r.Body) != mr.body {
+					t.Fatalf("%s: lease record %d: %s", where, r.Offset, r.Body)
+				}
+			}
+			want.id = got.BatchID
+			lm.ids = append(lm.ids, got.BatchID)
+			lm.stats.leases++
+			if got.Attempt > 1 {
+				lm.stats.redeliveries++
+			}
+		}
+	default: // ack or nack, of a current or a stale id
+		if len(lm.ids) == 0 {
+			return
+		}
+		id := lm.ids[rng.Intn(len(lm.ids))] // often a stale one
+		var current []string
+		for _, x := range lm.ranges {
+			if x.state == rangeActive {
+				current = append(current, x.id)
+			}
+		}
+		if len(current) > 0 && rng.Intn(10) < 8 {
+			id = current[rng.Intn(len(current))]
+		}
+		var r *mRange
+		for _, x := range lm.ranges {
+			if x.id == id && x.state == rangeActive {
+				r = x
+			}
+		}
+		ack := rng.Intn(3) > 0
+		var err error
+		var cur *uint64
+		if ack {
+			cur, err = l.Ack(ctx, "L", id)
+		} else {
+			err = l.Nack(ctx, "L", id)
+		}
+		if r == nil {
+			if !errors.Is(err, ErrLeaseNotHeld) {
+				t.Fatalf("%s: settle of a batch not held: %v", where, err)
+			}
+			lm.stats.refused++
+			return
+		}
+		if err != nil {
+			t.Fatalf("%s: settle: %v", where, err)
+		}
+		if !ack {
+			r.state = rangeNacked
+			return
+		}
+		r.state = rangeSettled
+		lm.stats.acks++
+		moved := lm.fold()
+		if (cur != nil) != moved || (cur != nil && *cur != lm.m.cursors["L"]) {
+			t.Fatalf("%s: ack moved the cursor to %v, model %v %d", where, cur, moved, lm.m.cursors["L"])
 		}
 	}
 }
