@@ -21,7 +21,7 @@ func TestCrash_LeasesSurviveSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("crash test starts server processes")
 	}
-	const records, pollers, rounds = 3000, 8, 3
+	const records, pollers, rounds = 10000, 8, 3
 	dir := t.TempDir()
 	cfgFile := filepath.Join(dir, "holdfast.yaml")
 	cfg := fmt.Sprintf(`apps:
@@ -119,7 +119,7 @@ types:
 					mu.Lock()
 					holds[h.batchID] = h
 					mu.Unlock()
-					time.Sleep(time.Duration(r.Intn(20)) * time.Millisecond)
+					time.Sleep(time.Duration(50+r.Intn(100)) * time.Millisecond) // processing
 					ack(ctx, h)
 				}
 			}(rand.New(rand.NewSource(rng.Int63())))
