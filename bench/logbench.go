@@ -160,3 +160,107 @@ func logLarge(dir string, n int) (result, error) {
 		StartSeconds:      starts[len(starts)/2],
 	}, nil
 }
+
+// leaseCycles runs pollers goroutines that lease (up to 10 records) and ack, on
+// one consumer of one log, for d. OpsPerSec is lease+ack cycles per second.
+func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
+	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger(), TypeOptions: func(string) holdfast.TypeOptions {
+		o := defaultTypeOptions()
+		o.Log.MaxBatchSize = 10
+		o.Log.Leases = &holdfast.LeaseOptions{MaxParallelism: pollers, LeaseDuration: 30 * time.Second}
+		return o
+	}})
+	if err != nil {
+		return result{}, err
+	}
+	defer rt.Close(context.Background())
+	ctx := context.Background()
+	l := rt.Log("app_bench", "jobs", "q")
+	in := make([]holdfast.LogInput, 10)
+	for i := range in {
+		in[i].Body = recordBody
+	}
+	// Enough records for the run: 10 per cycle.
+	for i := 0; i < 30000; i++ {
+		if _, err := l.Append(ctx, in...); err != nil {
+			return result{}, err
+		}
+	}
+	var cycles atomic.Int64
+	var failed atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	start := time.Now()
+	for p := 0; p < pollers; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				lease, err := l.Lease(ctx, "workers", 10)
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				if lease == nil {
+					failed.Store(fmt.Errorf("no lease available"))
+					return
+				}
+				if _, err := l.Ack(ctx, "workers", lease.BatchID); err != nil {
+					failed.Store(err)
+					return
+				}
+				cycles.Add(1)
+			}
+		}()
+	}
+	time.Sleep(d)
+	close(stop)
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		return result{}, err
+	}
+	return result{OpsPerSec: float64(cycles.Load()) / time.Since(start).Seconds()}, nil
+}
+
+// redeliveryDelay leases ranges of 100 ms and lets them expire while a poller
+// asks for a lease every millisecond; it reports the p99 of the time from a
+// range's expiry to its redelivery.
+func redeliveryDelay(dir string, trials int) (result, error) {
+	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger(), TypeOptions: func(string) holdfast.TypeOptions {
+		o := defaultTypeOptions()
+		o.Log.Leases = &holdfast.LeaseOptions{MaxParallelism: 1, LeaseDuration: 100 * time.Millisecond}
+		return o
+	}})
+	if err != nil {
+		return result{}, err
+	}
+	defer rt.Close(context.Background())
+	ctx := context.Background()
+	l := rt.Log("app_bench", "jobs", "redeliver")
+	if _, err := l.Append(ctx, holdfast.LogInput{Body: recordBody}); err != nil {
+		return result{}, err
+	}
+	var delays []float64
+	held, err := l.Lease(ctx, "w", 1)
+	if err != nil || held == nil {
+		return result{}, fmt.Errorf("lease: %v", err)
+	}
+	for len(delays) < trials {
+		time.Sleep(time.Millisecond)
+		again, err := l.Lease(ctx, "w", 1)
+		if err != nil {
+			return result{}, err
+		}
+		if again != nil { // the expired range, redelivered; it expires in turn
+			delays = append(delays, float64(time.Now().UnixMilli()-held.ExpiresAt))
+			held = again
+		}
+	}
+	sort.Float64s(delays)
+	return result{RedeliveryP99Ms: delays[len(delays)*99/100], RedeliveryP50Ms: delays[len(delays)/2]}, nil
+}

@@ -37,6 +37,9 @@ type result struct {
 	FillRecordsPerSec float64 `json:"fillRecordsPerSec,omitempty"`
 	ReadRecordsPerSec float64 `json:"readRecordsPerSec,omitempty"`
 	StartSeconds      float64 `json:"startSeconds,omitempty"`
+	// Redelivery case only.
+	RedeliveryP50Ms float64 `json:"redeliveryP50Ms,omitempty"`
+	RedeliveryP99Ms float64 `json:"redeliveryP99Ms,omitempty"`
 }
 
 type caseSpec struct {
@@ -53,6 +56,9 @@ var cases = []caseSpec{
 	{"log-batches-of-100", 40, func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1, 1, 100) }},
 	{"log-batches-of-100-4-logs", 40, func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 4, 4, 100) }},
 	{"log-1000-logs-single-records", 30, func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1000, 1000, 1) }},
+	// Lease+ack cycles (10 records each) per second on one consumer.
+	{"log-lease-ack-1-poller", 0, func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 1) }},
+	{"log-lease-ack-64-pollers", 0, func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 64) }},
 }
 
 func main() {
@@ -127,6 +133,8 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 		r, err = memory(dir, memObjs)
 	case "log-large":
 		r, err = logLarge(dir, logRecs)
+	case "redelivery":
+		r, err = redeliveryDelay(dir, 200)
 	default:
 		found := false
 		for _, c := range cases {
@@ -378,6 +386,8 @@ func drive(base string, rounds int, d, warmup time.Duration, memObjs, logRecs in
 	var large *result
 	if logRecs > 0 {
 		r := run(0, "log-large")
+		red := run(0, "redelivery")
+		r.RedeliveryP50Ms, r.RedeliveryP99Ms = red.RedeliveryP50Ms, red.RedeliveryP99Ms
 		large = &r
 	}
 	return report(probes, byCase, ratios, mem, memObjs, large, d, jsonOut, check)
@@ -433,6 +443,7 @@ func report(probes [][]float64, byCase map[string][]result, ratios map[string][]
 	if large != nil {
 		fmt.Printf("\n| one log of %d records (256-byte bodies) | value |\n|---|---|\n| filled at (batches of 1,000) | %.0f records/s |\n| sequential read, pages of 1,000 (median of 3) | %.0f records/s |\n| start to ready: open the data directory, first read of the log (median of 5) | %.3f s (target under 1 s) |\n",
 			large.LogRecords, large.FillRecordsPerSec, large.ReadRecordsPerSec, large.StartSeconds)
+		fmt.Printf("\n| lease redelivery after expiry (leases of 100 ms, a poller asking every 1 ms, 200 expiries) | p50 %.0f ms, p99 %.0f ms |\n|---|---|\n", large.RedeliveryP50Ms, large.RedeliveryP99Ms)
 		summary["largeLog"] = large
 	}
 	if jsonOut != "" {
