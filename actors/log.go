@@ -63,11 +63,19 @@ type logState struct {
 
 func (l *logState) hotBytes() int64 { return int64(l.cumNext - l.cumHot) }
 
-// readBack: blocks and the deduplication index are read from storage after they
-// are written; the meta and the cursors live in memory.
+// readBack: blocks, the deduplication index, the segment index and dead letters
+// are read from storage after they are written; the meta, the cursors and the
+// lease ranges live in memory once loaded.
 func (l *logState) readBack(key []byte) bool {
 	n := len(l.ks.Prefix())
-	return len(key) > n && (key[n] == logBlock || key[n] == logDedup)
+	if len(key) <= n {
+		return false
+	}
+	switch key[n] {
+	case logBlock, logDedup, logSegment, logDead:
+		return true
+	}
+	return false
 }
 
 const logMetaSize = 57

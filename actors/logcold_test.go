@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/cold"
+	"github.com/holdfast/holdfast/persistence"
 )
 
 // faultyStore wraps a store: it can fail every call, lose creates' replies
@@ -311,5 +312,45 @@ func TestLogCold_ReadsDoNotStallTheObject(t *testing.T) {
 	n.store.set(func(f *faultyStore) { f.holdGets, f.down = nil, true })
 	if _, err := n.log.Read(ctx, 0, 0); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("cold read with the store down: %v, want 503", err)
+	}
+}
+
+// TestLogCold_ReadsSeeWritesBadgerDoesNotShowYet holds the applier: a segment
+// index entry and a dead letter that are durable but not yet in Badger are read
+// from the object's overlay.
+func TestLogCold_ReadsSeeWritesBadgerDoesNotShowYet(t *testing.T) {
+	applyHold := newHold(t)
+	applyHold.open()
+	opts := LogOptions{MaxBatchSize: 2, MaxRecords: 1, Cold: true, Leases: &LeaseOptions{MaxAttempts: 1, LeaseDuration: time.Minute}}
+	n := startNode(t, t.TempDir(), nodeOpts{
+		cfg:  Config{Cold: cold.NewMemory(), TypeOptions: func(string) TypeOptions { o := DefaultTypeOptions(); o.Log = opts; return o }},
+		pipe: persistence.PipelineConfig{BeforeApply: func(uint64) { applyHold.before(1) }},
+	})
+	t.Cleanup(applyHold.open)
+	lg := NewLog(n.host, ObjectID{App: "app_t", Type: "events", Key: "p"})
+	ctx := context.Background()
+	appendN(t, lg, 0, 2)
+	appendN(t, lg, 2, 1)
+	applyHold.mu.Lock()
+	applyHold.held, applyHold.release = true, make(chan struct{})
+	applyHold.mu.Unlock()
+	lease, err := lg.Lease(ctx, "c", 0)
+	if err != nil || lease == nil {
+		t.Fatalf("lease: %v", err)
+	}
+	if err := lg.Nack(ctx, "c", lease.BatchID); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := lg.Lease(ctx, "c", 0); err != nil || l == nil || l.FirstOffset != 2 {
+		t.Fatalf("lease after the poison range: %+v %v", l, err)
+	}
+	if d, err := lg.DeadLetters(ctx, "c"); err != nil || len(d) != 1 {
+		t.Fatalf("dead letters not yet applied: %+v %v", d, err)
+	}
+	if removed, err := lg.Trim(ctx); err != nil || removed != 2 {
+		t.Fatalf("trim: %d %v", removed, err)
+	}
+	if p, err := lg.Read(ctx, 0, 0); err != nil || len(p.Records) != 2 {
+		t.Fatalf("cold read of a segment whose index entry is not applied yet: %+v %v", p, err)
 	}
 }

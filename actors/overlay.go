@@ -153,6 +153,9 @@ func (s store) floor(ctx context.Context, prefix, key []byte) (k, v []byte, foun
 	}
 	// Badger's best: its greatest key in range that the overlay does not delete.
 	err = s.db.ScanReverse(ctx, prefix, key, func(bk, bv []byte) (bool, error) {
+		if k != nil && bytes.Compare(bk, k) < 0 {
+			return false, nil // below the overlay's best: nothing better here
+		}
 		if e := newest[string(bk)]; e != nil {
 			if e.deleted {
 				return true, nil // deleted by a write Badger does not show yet
