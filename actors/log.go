@@ -367,6 +367,18 @@ func (o *object) logAppend(m LogAppend) (any, error) {
 // scanBlocks calls fn for each hot block from the one holding offset from, in
 // order, until fn returns false.
 func (o *object) scanBlocks(l *logState, from uint64, fn func(*block) bool) error {
+	prefix := l.ks.Key(logBlock, nil)
+	if from == l.hot {
+		// A block starts at hot: a forward scan finds it without a floor lookup
+		// (Badger's reverse seeks copy the values they pass).
+		return o.st.scan(o.bg(), prefix, l.ks.KeyUint64(logBlock, from), nil, func(key, value []byte) (bool, error) {
+			b, err := decodeBlock(binary.BigEndian.Uint64(key[len(prefix):]), value)
+			if err != nil {
+				return false, err
+			}
+			return fn(b), nil
+		})
+	}
 	first, err := o.blockAt(l, from)
 	if err != nil {
 		return err
@@ -374,7 +386,6 @@ func (o *object) scanBlocks(l *logState, from uint64, fn func(*block) bool) erro
 	if !fn(first) {
 		return nil
 	}
-	prefix := l.ks.Key(logBlock, nil)
 	return o.st.scan(o.bg(), prefix, l.ks.KeyUint64(logBlock, first.end()), nil, func(key, value []byte) (bool, error) {
 		b, err := decodeBlock(binary.BigEndian.Uint64(key[len(prefix):]), value)
 		if err != nil {

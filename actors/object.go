@@ -80,8 +80,10 @@ func (o *object) Receive(c actor.Context) {
 	case passivate:
 		o.idle(c)
 	case flushDone:
+		o.ov.evict() // long trims run here, pass after pass: keep the overlay short
 		o.onFlushDone(m)
 	case resume:
+		o.ov.evict()
 		m.fn()
 	case tidy:
 		o.ov.evict()
