@@ -250,6 +250,11 @@ func (o *object) maxBatch() int {
 // blockAt returns the hot block holding offset off (hot <= off < next).
 func (o *object) blockAt(l *logState, off uint64) (*block, error) {
 	prefix := l.ks.Key(logBlock, nil)
+	// Most lookups (pages read one after another, generated keys of a batch's
+	// first record) hit a block's first offset: a point read, no floor search.
+	if v, found, err := o.st.get(o.bg(), l.ks.KeyUint64(logBlock, off)); err == nil && found {
+		return decodeBlock(off, v)
+	}
 	k, v, found, err := o.st.floor(o.bg(), prefix, l.ks.KeyUint64(logBlock, off))
 	if err != nil {
 		return nil, err
