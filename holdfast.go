@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
-	"github.com/holdfast/holdfast/cold"
 	"github.com/holdfast/holdfast/cluster"
+	"github.com/holdfast/holdfast/cold"
 )
 
 // Re-exported so that an embedding program imports one package.

@@ -105,8 +105,13 @@ func NewKV(r Requester, id ObjectID) *KV { return &KV{r: r, id: id} }
 func (o *KV) ID() ObjectID { return o.id }
 
 func ask[T any](ctx context.Context, o *KV, msg any) (T, error) {
+	return request[T](ctx, o.r, o.id, msg)
+}
+
+// request sends msg to object id and returns its reply as a T.
+func request[T any](ctx context.Context, r Requester, id ObjectID, msg any) (T, error) {
 	var zero T
-	reply, err := o.r.Request(ctx, o.id, msg)
+	reply, err := r.Request(ctx, id, msg)
 	if err != nil {
 		return zero, err
 	}

@@ -44,13 +44,13 @@ const (
 )
 
 type logState struct {
-	ks       persistence.Keyspace
-	next     uint64 // the next offset to assign
-	hot      uint64 // the lowest hot offset
-	oldest   uint64 // the lowest readable offset (cold segments included)
-	cumHot   uint64 // payload bytes appended before hot
-	cumNext  uint64 // payload bytes appended before next
-	lastAt   int64  // appendedAt of the newest record: appendedAt never goes back
+	ks      persistence.Keyspace
+	next    uint64 // the next offset to assign
+	hot     uint64 // the lowest hot offset
+	oldest  uint64 // the lowest readable offset (cold segments included)
+	cumHot  uint64 // payload bytes appended before hot
+	cumNext uint64 // payload bytes appended before next
+	lastAt  int64  // appendedAt of the newest record: appendedAt never goes back
 	// pendFirst, pendEnd: the run a cold flush fixed and has not finished (empty
 	// when equal); the next trim writes exactly this run.
 	pendFirst, pendEnd uint64

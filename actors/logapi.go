@@ -160,16 +160,7 @@ type Log struct {
 func NewLog(r Requester, id ObjectID) *Log { return &Log{r: r, id: id} }
 
 func logAsk[T any](ctx context.Context, l *Log, msg any) (T, error) {
-	var zero T
-	reply, err := l.r.Request(ctx, l.id, msg)
-	if err != nil {
-		return zero, err
-	}
-	v, ok := reply.(T)
-	if !ok {
-		return zero, fmt.Errorf("actors: unexpected reply %T", reply)
-	}
-	return v, nil
+	return request[T](ctx, l.r, l.id, msg)
 }
 
 // Append appends records atomically and returns their offsets in input order.

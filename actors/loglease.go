@@ -295,24 +295,14 @@ func (o *object) recordsOf(l *logState, first, last uint64, fn func([]LogRecord,
 }
 
 func (o *object) logLease(m LogLease) (any, error) {
-	lo, err := o.leaseOpts()
-	if err != nil {
-		return nil, err
-	}
-	if err := checkConsumer(m.Consumer); err != nil {
-		return nil, err
-	}
 	if m.Limit < 0 {
 		return nil, badRequestf("limit must be at least 1")
 	}
-	l, err := o.logLoad()
+	l, c, err := o.leaseConsumer(m.Consumer)
 	if err != nil {
 		return nil, err
 	}
-	c, err := o.consumerLoad(l, m.Consumer)
-	if err != nil {
-		return nil, err
-	}
+	lo, _ := o.leaseOpts()
 	now := o.h.now().UnixMilli()
 	w := &persistence.Write{}
 
@@ -507,17 +497,7 @@ func (o *object) foldCursor(l *logState, c *consumerLeases, consumer string, w *
 
 // settle acks or nacks the range holding batchID.
 func (o *object) settle(consumer, batchID string, ack bool) (any, error) {
-	if _, err := o.leaseOpts(); err != nil {
-		return nil, err
-	}
-	if err := checkConsumer(consumer); err != nil {
-		return nil, err
-	}
-	l, err := o.logLoad()
-	if err != nil {
-		return nil, err
-	}
-	c, err := o.consumerLoad(l, consumer)
+	l, c, err := o.leaseConsumer(consumer)
 	if err != nil {
 		return nil, err
 	}
@@ -549,18 +529,28 @@ func (o *object) settle(consumer, batchID string, ack bool) (any, error) {
 	return res, nil
 }
 
-func (o *object) logLeases(m LogLeasesGet) (any, error) {
+// leaseConsumer checks that the type has leases and the consumer's name, and
+// loads the log and the consumer's ranges.
+func (o *object) leaseConsumer(consumer string) (*logState, *consumerLeases, error) {
 	if _, err := o.leaseOpts(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if err := checkConsumer(m.Consumer); err != nil {
-		return nil, err
+	if err := checkConsumer(consumer); err != nil {
+		return nil, nil, err
 	}
 	l, err := o.logLoad()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	c, err := o.consumerLoad(l, m.Consumer)
+	c, err := o.consumerLoad(l, consumer)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l, c, nil
+}
+
+func (o *object) logLeases(m LogLeasesGet) (any, error) {
+	_, c, err := o.leaseConsumer(m.Consumer)
 	if err != nil {
 		return nil, err
 	}
@@ -577,13 +567,7 @@ func (o *object) logLeases(m LogLeasesGet) (any, error) {
 }
 
 func (o *object) logDeadLetters(m LogDeadLettersGet) (any, error) {
-	if _, err := o.leaseOpts(); err != nil {
-		return nil, err
-	}
-	if err := checkConsumer(m.Consumer); err != nil {
-		return nil, err
-	}
-	l, err := o.logLoad()
+	l, _, err := o.leaseConsumer(m.Consumer)
 	if err != nil {
 		return nil, err
 	}

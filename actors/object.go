@@ -59,11 +59,11 @@ type object struct {
 	// may be ahead of disk, so the activation answers 503 and goes away.
 	broken error
 
-	ready bool // state may be read: earlier activations' writes are applied
-	typ   *TypeSpec
-	opts  TypeOptions
-	kv    *kvState // loaded on the first KV message
-	log   *logState // loaded on the first log message
+	ready    bool // state may be read: earlier activations' writes are applied
+	typ      *TypeSpec
+	opts     TypeOptions
+	kv       *kvState  // loaded on the first KV message
+	log      *logState // loaded on the first log message
 	cur      *envelope // the message being handled
 	deferred bool      // its handler replies later (deferReply)
 	flush    *flushState

@@ -166,7 +166,7 @@ func logLarge(dir string, n int) (result, error) {
 func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger(), TypeOptions: func(string) holdfast.TypeOptions {
 		o := defaultTypeOptions()
-		o.Log.MaxBatchSize = 10
+		o.Log.MaxBatchSize = 100 // appends of 100; leases ask for 10
 		o.Log.Leases = &holdfast.LeaseOptions{MaxParallelism: pollers, LeaseDuration: 30 * time.Second}
 		return o
 	}})
@@ -176,12 +176,12 @@ func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 	defer rt.Close(context.Background())
 	ctx := context.Background()
 	l := rt.Log("app_bench", "jobs", "q")
-	in := make([]holdfast.LogInput, 10)
+	in := make([]holdfast.LogInput, 100)
 	for i := range in {
 		in[i].Body = recordBody
 	}
-	// Enough records for the run: 10 per cycle.
-	for i := 0; i < 30000; i++ {
+	// Enough records for the run: 10 per cycle, up to 100,000 cycles.
+	for i := 0; i < 10000; i++ {
 		if _, err := l.Append(ctx, in...); err != nil {
 			return result{}, err
 		}

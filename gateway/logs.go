@@ -138,7 +138,7 @@ type appendBody struct {
 }
 
 type appendRecord struct {
-	Body             json.RawMessage `json:"body"`
+	Body             json.RawMessage  `json:"body"`
 	DeduplicationKey *json.RawMessage `json:"deduplicationKey"`
 }
 

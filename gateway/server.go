@@ -40,11 +40,11 @@ type Config struct {
 
 // Server is the HTTP API of one node.
 type Server struct {
-	cfg Config
-	log *slog.Logger
-	mux *http.ServeMux
+	cfg   Config
+	log   *slog.Logger
+	mux   *http.ServeMux
 	clock atomic.Pointer[func() time.Time] // of token expiry; a test may replace it
-	hub *hub             // the open websockets
+	hub   *hub                             // the open websockets
 }
 
 // New returns a server; serve it with Handler.

@@ -110,7 +110,7 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sk := &socket{
 		srv: s, id: randomHex(12), app: app, conn: conn, ctx: ctx, cancel: cancel,
-		done: make(chan struct{}),
+		done:  make(chan struct{}),
 		chans: map[string]*channel{},
 	}
 	if !s.hub.add(sk) {

@@ -18,12 +18,12 @@ import (
 func TestSocket_ConnectChecksBeforeTheUpgrade(t *testing.T) {
 	ts := newTestServer(t, cluster.Config{})
 	for _, q := range []string{
-		"?app_key=" + testApp.Key,                  // no vsn
-		"?app_key=" + testApp.Key + "&vsn=1.0.0",   // V1 frames
-		"?app_key=" + testApp.Key + "&vsn=3.0.0",   // unknown
-		"?app_key=" + testApp.Key + "&vsn=",        // empty
-		"?app_key=pk_nobody&vsn=2.0.0",             // unknown app
-		"?vsn=2.0.0",                               // no app key
+		"?app_key=" + testApp.Key,                   // no vsn
+		"?app_key=" + testApp.Key + "&vsn=1.0.0",    // V1 frames
+		"?app_key=" + testApp.Key + "&vsn=3.0.0",    // unknown
+		"?app_key=" + testApp.Key + "&vsn=",         // empty
+		"?app_key=pk_nobody&vsn=2.0.0",              // unknown app
+		"?vsn=2.0.0",                                // no app key
 		"?app_key=" + testApp.Secret + "&vsn=2.0.0", // a secret is not a key
 	} {
 		if got := ts.dialStatus(t, q); got != http.StatusForbidden {

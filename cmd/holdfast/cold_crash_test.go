@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -21,24 +19,12 @@ func TestCrash_FlushesSurviveSIGKILL(t *testing.T) {
 		t.Skip("crash test starts server processes")
 	}
 	const rounds = 4
-	dir := t.TempDir()
-	cfgFile := filepath.Join(dir, "holdfast.yaml")
-	cfg := fmt.Sprintf(`apps:
-  - {id: app_crash, key: %s, secret: %s}
-types:
-  events:
+	cfgFile, dataDir, rng := crashSetup(t, `  events:
     log:
       maxBatchSize: 20
       retention: {maxRecords: 30, trimEvery: 0s}
       cold: true
-`, crashAppKey, crashAppSecret)
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dataDir := filepath.Join(dir, "data")
-	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewSource(seed))
+`)
 	const logPath = "/api/v1/logs/app_crash/events/e1"
 
 	var (

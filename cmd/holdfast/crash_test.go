@@ -401,3 +401,22 @@ func checkEntry(t *testing.T, name string, o op, items []entryItem) {
 		}
 	}
 }
+
+// crashSetup writes a configuration with the crash app and the given types
+// section (YAML under "types:", may be empty) and returns it, the data directory
+// and a logged random seed.
+func crashSetup(t *testing.T, types string) (cfgFile, dataDir string, rng *rand.Rand) {
+	t.Helper()
+	dir := t.TempDir()
+	cfgFile = filepath.Join(dir, "holdfast.yaml")
+	cfg := fmt.Sprintf("apps:\n  - {id: app_crash, key: %s, secret: %s}\n", crashAppKey, crashAppSecret)
+	if types != "" {
+		cfg += "types:\n" + types
+	}
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	return cfgFile, filepath.Join(dir, "data"), rand.New(rand.NewSource(seed))
+}

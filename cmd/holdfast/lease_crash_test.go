@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"math/rand"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -22,24 +19,12 @@ func TestCrash_LeasesSurviveSIGKILL(t *testing.T) {
 		t.Skip("crash test starts server processes")
 	}
 	const records, pollers, rounds = 10000, 8, 3
-	dir := t.TempDir()
-	cfgFile := filepath.Join(dir, "holdfast.yaml")
-	cfg := fmt.Sprintf(`apps:
-  - {id: app_crash, key: %s, secret: %s}
-types:
-  jobs:
+	cfgFile, dataDir, rng := crashSetup(t, `  jobs:
     log:
       maxBatchSize: 50
       leases: {maxParallelism: 8, leaseDuration: 10s}
-`, crashAppKey, crashAppSecret)
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dataDir := filepath.Join(dir, "data")
+`)
 	const logPath = "/api/v1/logs/app_crash/jobs/j1"
-	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewSource(seed))
 
 	type held struct {
 		batchID     string

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math/rand"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -23,16 +21,7 @@ func TestCrash_LogAppendsWithDedupKeysSurviveSIGKILL(t *testing.T) {
 		t.Skip("crash test starts server processes")
 	}
 	const producers, rounds = 6, 4
-	dir := t.TempDir()
-	cfgFile := filepath.Join(dir, "holdfast.yaml")
-	cfg := fmt.Sprintf("apps:\n  - {id: app_crash, key: %s, secret: %s}\n", crashAppKey, crashAppSecret)
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dataDir := filepath.Join(dir, "data")
-	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewSource(seed))
+	cfgFile, dataDir, rng := crashSetup(t, ``)
 	const logPath = "/api/v1/logs/app_crash/events/l1"
 
 	type batch struct{ keys []string }
@@ -203,4 +192,3 @@ func TestCrash_LogAppendsWithDedupKeysSurviveSIGKILL(t *testing.T) {
 		srv.kill(t)
 	}
 }
-

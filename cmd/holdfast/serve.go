@@ -16,10 +16,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/cold"
 	coldfs "github.com/holdfast/holdfast/cold/fs"
 	colds3 "github.com/holdfast/holdfast/cold/s3"
-	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/config"
 	"github.com/holdfast/holdfast/gateway"
 )
