@@ -255,6 +255,31 @@ func (o *object) blockAt(l *logState, off uint64) (*block, error) {
 	if v, found, err := o.st.get(o.bg(), l.ks.KeyUint64(logBlock, off)); err == nil && found {
 		return decodeBlock(off, v)
 	}
+	// Blocks hold at most MaxBatchSize records, unless the setting shrank since:
+	// look forward from where the block holding off must start, and only then
+	// floor-search (Badger's reverse seeks are dear; see TRAPS.md).
+	if w := uint64(o.maxBatch()); off >= l.hot {
+		from := max(l.hot, off-min(off, w-1))
+		var hit *block
+		err := o.st.scan(o.bg(), prefix, l.ks.KeyUint64(logBlock, from), l.ks.KeyUint64(logBlock, off+1), func(key, value []byte) (bool, error) {
+			first := binary.BigEndian.Uint64(key[len(prefix):])
+			if len(value) < 18 {
+				return false, fmt.Errorf("log block %d: bad header", first)
+			}
+			if count, used := binary.Uvarint(value[17:]); used <= 0 || first+count <= off {
+				return used > 0, nil // ends before off: the next one
+			}
+			b, err := decodeBlock(first, value)
+			hit = b
+			return false, err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if hit != nil {
+			return hit, nil
+		}
+	}
 	k, v, found, err := o.st.floor(o.bg(), prefix, l.ks.KeyUint64(logBlock, off))
 	if err != nil {
 		return nil, err
