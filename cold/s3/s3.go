@@ -119,18 +119,20 @@ func (s *Store) Create(ctx context.Context, key string, data []byte) error {
 	if err == nil {
 		return nil
 	}
-	switch status(err) {
-	case http.StatusPreconditionFailed, http.StatusConflict:
-		// The key exists: ours (a retry whose first attempt landed) or another's.
-		info, serr := s.c.StatObject(ctx, s.bucket, s.prefix+key, minio.StatObjectOptions{})
-		if serr != nil {
-			return fmt.Errorf("cold s3: create %s refused, then stat: %w", key, serr)
-		}
+	// Refused (412, or 409 from a server racing conditional writes), or failed
+	// on the way: a server may answer 412 before reading the body and reset the
+	// connection while a large body is still being sent. What the key holds now
+	// decides: ours (a retry whose first attempt landed), another's, or nothing.
+	info, serr := s.c.StatObject(ctx, s.bucket, s.prefix+key, minio.StatObjectOptions{})
+	switch {
+	case serr == nil:
 		sum := md5.Sum(data)
 		if strings.Trim(info.ETag, `"`) == hex.EncodeToString(sum[:]) && info.Size == int64(len(data)) {
 			return nil
 		}
 		return cold.ErrExists
+	case status(err) == http.StatusPreconditionFailed || status(err) == http.StatusConflict:
+		return fmt.Errorf("cold s3: create %s refused, then stat: %w", key, serr)
 	}
 	return fmt.Errorf("cold s3: create %s: %w", key, err)
 }
