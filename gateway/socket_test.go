@@ -446,7 +446,9 @@ func TestSocket_RunEventsAreRelayedNotStored(t *testing.T) {
 // reading falls past its buffer and is closed; writers and a reading subscriber
 // go on; the slow client resumes with after_log_id and misses nothing.
 func TestSocket_SlowSubscriberIsClosedWithoutSlowingOthers(t *testing.T) {
-	ts := newTestServerWith(t, cluster.Config{}, func(c *Config) { c.SocketBuffer = 64 << 10 })
+	// Each change event carries the new and the previous 16 KiB value (32 KiB): the
+	// buffer leaves the reading subscriber room for a few in flight.
+	ts := newTestServerWith(t, cluster.Config{}, func(c *Config) { c.SocketBuffer = 256 << 10 })
 	topic := topicOf("order", "o1")
 	base := "/api/v1/objects/app_test/order/o1"
 
