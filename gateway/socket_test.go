@@ -51,13 +51,13 @@ func TestSocket_HeartbeatIsAnswered(t *testing.T) {
 }
 
 func TestSocket_SilentSocketIsClosedAndHeartbeatsKeepItOpen(t *testing.T) {
-	ts := newTestServerWith(t, cluster.Config{}, func(c *Config) { c.SocketIdleTimeout = 300 * time.Millisecond })
+	ts := newTestServerWith(t, cluster.Config{}, func(c *Config) { c.SocketIdleTimeout = time.Second })
 	alive := ts.dial(t)
 	silent := ts.dial(t)
-	for i := 0; i < 8; i++ { // 800 ms of heartbeats, every 100 ms
+	for i := 0; i < 12; i++ { // 2.4 s of heartbeats, every 200 ms
 		ref := alive.send("", "phoenix", "heartbeat", map[string]any{})
 		alive.expectReply("phoenix", ref, "ok")
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
 	}
 	err := silent.closed(5 * time.Second)
 	if websocket.CloseStatus(err) != websocket.StatusPolicyViolation {

@@ -233,11 +233,14 @@ test("a push is rejected and the channel stays joined", async () => {
 });
 
 test("heartbeat is answered", async () => {
-  const s = connect({ heartbeatIntervalMs: 100 });
+  const s = connect({ heartbeatIntervalMs: 300 });
   await until(() => s.isConnected(), "connect");
+  let closed = 0;
+  s.onClose(() => closed++);
   const rtt = await new Promise((resolve) => s.ping(resolve));
   assert(rtt >= 0, "ping");
-  await sleep(500); // several heartbeats: a missing reply would close the socket
+  await sleep(1000); // several heartbeats: a missing reply would close the socket
+  eq(closed, 0, "socket closes during heartbeats");
   assert(s.isConnected(), "socket closed despite heartbeats");
 });
 
