@@ -572,9 +572,69 @@ func (o *object) retention(l *logState) func(hot, cumHot uint64, at int64) bool 
 	}
 }
 
+// trimRun is one trim pass: the hot records [first, end) it takes, and the write
+// that removes them from the hot window (their blocks, what is left of a block
+// the run ends in, their index entries).
+type trimRun struct {
+	first, end uint64
+	bytes      uint64      // their payload bytes
+	recs       []segRecord // the records, when asked for (a cold flush)
+	w          *persistence.Write
+}
+
+// nextRun takes the next pass from hot in one scan: the records past the
+// retention, at most MaxBatchSize of them, or, when upTo > hot, exactly
+// [hot, upTo) (a pending cold flush).
+func (o *object) nextRun(l *logState, upTo uint64, keep bool) (*trimRun, error) {
+	run := &trimRun{first: l.hot, end: l.hot, w: &persistence.Write{}}
+	if l.hot >= l.next {
+		return run, nil
+	}
+	expired := o.retention(l)
+	budget := uint64(o.maxBatch())
+	take := func(at int64) bool {
+		if upTo > l.hot {
+			return run.end < upTo
+		}
+		return run.end-run.first < budget && expired(run.end, l.cumHot+run.bytes, at)
+	}
+	w := run.w
+	err := o.scanBlocks(l, l.hot, func(b *block) bool {
+		i := 0 // blocks start at hot
+		for ; i < len(b.recs) && take(b.at); i++ {
+			r := b.recs[i]
+			if r.flags&recordGenerated == 0 {
+				w.Deletes = append(w.Deletes, l.ks.KeyString(logDedup, r.key))
+			}
+			if keep {
+				run.recs = append(run.recs, segRecord{at: b.at, flags: r.flags, key: r.key, body: r.body})
+			}
+			run.end++
+			run.bytes += uint64(len(r.body))
+		}
+		if i == 0 {
+			return false // the run ended before this block
+		}
+		w.Deletes = append(w.Deletes, l.ks.KeyUint64(logBlock, b.first))
+		if i < len(b.recs) { // it ended inside this block: keep the rest
+			rest := &block{first: run.end, at: b.at, cumEnd: b.cumEnd, recs: b.recs[i:]}
+			w.Sets = append(w.Sets, persistence.KV{Key: l.ks.KeyUint64(logBlock, rest.first), Value: encodeBlock(rest)})
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		return nil, unavailable("cannot read the log", err)
+	}
+	if upTo > l.hot && run.end != upTo {
+		return nil, &Error{Kind: KindInternal, Msg: "internal error", cause: fmt.Errorf("pending run [%d, %d) found %d records", l.hot, upTo, run.end-l.hot)}
+	}
+	return run, nil
+}
+
 // logTrim enforces the retention oldest first, in passes of at most MaxBatchSize
-// records, each one durable commit. It ignores cursors. A block that a pass
-// empties only in part is written again, from its first kept record.
+// records, each one durable commit. It ignores cursors. Without cold storage the
+// trimmed records are gone; with it, see coldTrim.
 func (o *object) logTrim() (any, error) {
 	l, err := o.logLoad()
 	if err != nil {
@@ -588,46 +648,22 @@ func (o *object) logTrim() (any, error) {
 		o.coldTrim(l)
 		return nil, nil
 	}
-	expired := o.retention(l)
 	var removed uint64
-	for l.hot < l.next {
-		w := &persistence.Write{}
-		hot, cumHot := l.hot, l.cumHot
-		budget := o.maxBatch()
-		err := o.scanBlocks(l, l.hot, func(b *block) bool {
-			i := 0 // blocks start at hot
-			for ; i < len(b.recs) && budget > 0 && expired(hot, cumHot, b.at); i++ {
-				r := b.recs[i]
-				if r.flags&recordGenerated == 0 {
-					w.Deletes = append(w.Deletes, l.ks.KeyString(logDedup, r.key))
-				}
-				hot++
-				cumHot += uint64(len(r.body))
-				budget--
-			}
-			if i == 0 {
-				return false // the retention keeps this block whole
-			}
-			w.Deletes = append(w.Deletes, l.ks.KeyUint64(logBlock, b.first))
-			if i < len(b.recs) {
-				rest := &block{first: hot, at: b.at, cumEnd: b.cumEnd, recs: b.recs[i:]}
-				w.Sets = append(w.Sets, persistence.KV{Key: l.ks.KeyUint64(logBlock, rest.first), Value: encodeBlock(rest)})
-				return false
-			}
-			return budget > 0
-		})
+	for {
+		run, err := o.nextRun(l, 0, false)
 		if err != nil {
-			return nil, unavailable("cannot read the log", err)
+			return nil, err
 		}
-		if hot == l.hot {
+		n := run.end - run.first
+		if n == 0 {
 			break
 		}
-		removed += hot - l.hot
-		l.hot, l.cumHot = hot, cumHot
-		l.oldest = max(l.oldest, hot) // without cold storage, trimmed records are gone
-		w.Sets = append(w.Sets, persistence.KV{Key: l.ks.Key(logMeta, nil), Value: l.metaValue()})
-		o.submit(w, l.readBack)
-		if budget > 0 {
+		removed += n
+		l.hot, l.cumHot = run.end, l.cumHot+run.bytes
+		l.oldest = max(l.oldest, l.hot) // without cold storage, trimmed records are gone
+		run.w.Sets = append(run.w.Sets, persistence.KV{Key: l.ks.Key(logMeta, nil), Value: l.metaValue()})
+		o.submit(run.w, l.readBack)
+		if n < uint64(o.maxBatch()) {
 			break // the pass stopped at a record the retention keeps
 		}
 	}

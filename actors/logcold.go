@@ -183,72 +183,26 @@ func (o *object) flushNext(l *logState) {
 		o.flushFinish(l, unavailable("the log's type keeps trimmed records in cold storage, and this node has no cold store", nil))
 		return
 	}
-	first, end := l.pendFirst, l.pendEnd
-	if end <= first && l.hot >= l.next {
-		o.flushFinish(l, nil) // nothing hot
+	// A pending run (fixed by a flush that did not finish) is written first, as it
+	// was fixed; it always starts at hot, unless trims without cold storage (the
+	// type's setting changed) removed it since.
+	upTo := uint64(0)
+	if l.pendFirst == l.hot && l.pendEnd > l.pendFirst {
+		upTo = l.pendEnd
+	}
+	run, err := o.nextRun(l, upTo, true)
+	if err != nil {
+		o.flushFinish(l, err)
 		return
 	}
-	if end <= first { // no pending run: take the expired records from hot
-		first, end = l.hot, l.hot
-		expired := o.retention(l)
-		budget := o.maxBatch()
-		cum := l.cumHot
-		err := o.scanBlocks(l, l.hot, func(b *block) bool {
-			for i := range b.recs {
-				if budget == 0 || !expired(end, cum, b.at) {
-					return false
-				}
-				end++
-				cum += uint64(len(b.recs[i].body))
-				budget--
-			}
-			return true
-		})
-		if err != nil {
-			o.flushFinish(l, unavailable("cannot read the log", err))
-			return
-		}
-	}
-	if end <= first {
+	if run.end == run.first {
 		o.flushFinish(l, nil)
 		return
 	}
-	// Collect the run's records and the hot deletions of step 3.
-	var recs []segRecord
-	w := &persistence.Write{}
-	var bytes uint64
-	err := o.scanBlocks(l, first, func(b *block) bool {
-		if b.first >= end {
-			return false
-		}
-		for i, r := range b.recs {
-			if off := b.first + uint64(i); off >= first && off < end {
-				recs = append(recs, segRecord{at: b.at, flags: r.flags, key: r.key, body: r.body})
-				bytes += uint64(len(r.body))
-				if r.flags&recordGenerated == 0 {
-					w.Deletes = append(w.Deletes, l.ks.KeyString(logDedup, r.key))
-				}
-			}
-		}
-		w.Deletes = append(w.Deletes, l.ks.KeyUint64(logBlock, b.first))
-		if b.end() > end { // the run ends inside this block: keep its rest
-			rest := &block{first: end, at: b.at, cumEnd: b.cumEnd, recs: b.recs[end-b.first:]}
-			w.Sets = append(w.Sets, persistence.KV{Key: l.ks.KeyUint64(logBlock, end), Value: encodeBlock(rest)})
-			return false
-		}
-		return b.end() < end
-	})
-	if err != nil {
-		o.flushFinish(l, unavailable("cannot read the log", err))
-		return
-	}
-	if uint64(len(recs)) != end-first {
-		o.flushFinish(l, &Error{Kind: KindInternal, Msg: "internal error", cause: fmt.Errorf("flush run [%d, %d) found %d records", first, end, len(recs))})
-		return
-	}
+	first, end, recs := run.first, run.end, run.recs
 	data := encodeSegment(first, recs)
 	key := segmentKey(o.act.id, first)
-	f.first, f.end, f.bytes, f.w = first, end, bytes, w
+	f.first, f.end, f.bytes, f.w = first, end, run.bytes, run.w
 	f.seg = segEntry{first: first, end: end, size: uint64(len(data)), key: key}
 	// Step 1: fix the run durably (unless a crashed flush already did).
 	if l.pendFirst != first || l.pendEnd != end {
