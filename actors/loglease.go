@@ -414,30 +414,19 @@ func (o *object) segmentHolding(l *logState, off uint64) (segEntry, bool) {
 // reply leaves after the claim is durable.
 func (o *object) deliver(l *logState, consumer string, r leaseRange) (any, error) {
 	lease := &Lease{BatchID: r.batchID, Consumer: consumer, FirstOffset: r.first, LastOffset: r.last, Attempt: r.attempt, ExpiresAt: r.expiresAt}
-	var out any
-	var outErr error
-	sync := true
-	env := o.cur
+	env := o.deferReply()
 	o.recordsOf(l, r.first, r.last, func(recs []LogRecord, err error) {
-		lease.Records = recs
 		if err == nil && uint64(len(recs)) != r.last-r.first+1 {
 			err = &OffsetTruncatedError{Requested: r.first, Oldest: l.oldest}
 		}
 		if err != nil {
-			out, outErr = nil, err
-		} else {
-			out = lease
+			o.respond(env, nil, err)
+			return
 		}
-		if !sync {
-			o.respond(env, out, outErr) // a later turn: reply through the output gate
-		}
+		lease.Records = recs
+		o.respond(env, lease, nil)
 	})
-	if out == nil && outErr == nil {
-		sync = false
-		o.deferReply()
-		return nil, nil
-	}
-	return out, outErr
+	return nil, nil
 }
 
 // deadLetter moves a poison range to the consumer's dead letters with its

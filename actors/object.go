@@ -203,20 +203,29 @@ func (o *object) dispatch(msg any) (val any, err error) {
 // mailbox.
 func (o *object) respond(env *envelope, val any, err error) {
 	h := o.h
-	done := func(cerr error) {
-		if cerr != nil {
-			// Route later requests to a fresh activation at once (before this
-			// reply leaves); this one may hold state that never reached disk.
-			h.forget(env.act)
-		}
+	o.gate(func() { env.finish(val, err, nil) }, func(cerr error) {
+		// Route later requests to a fresh activation at once (before this reply
+		// leaves); this one may hold state that never reached disk.
+		h.forget(env.act)
 		env.finish(val, err, cerr)
-	}
+	})
+}
+
+// gate is the output gate: it runs f once every write submitted before now is
+// durable, at once when none is pending; if one failed, it runs lost instead.
+func (o *object) gate(f func(), lost func(error)) {
 	t := o.last
 	if t == nil {
-		env.finish(val, err, nil)
+		f()
 		return
 	}
-	t.OnDone(done) // at once if the write's outcome is already known
+	t.OnDone(func(err error) { // at once if the outcome is already known
+		if err != nil {
+			lost(err)
+			return
+		}
+		f()
+	})
 }
 
 // health reports whether the activation can still serve. After a failed write it

@@ -111,27 +111,6 @@ func (s subscribers) contains(sub Subscriber) bool {
 	return false
 }
 
-// gate runs f once every write submitted before now is durable: at once when
-// none is pending. If one failed, lost is called instead.
-func (o *object) gate(f func(), lost func(error)) {
-	t := o.last
-	if t == nil || t.Done() {
-		if t != nil && t.Err() != nil {
-			lost(t.Err())
-			return
-		}
-		f()
-		return
-	}
-	t.OnDone(func(err error) {
-		if err != nil {
-			lost(err)
-			return
-		}
-		f()
-	})
-}
-
 func (o *object) kvSubscribe(m KVSubscribe) (any, error) {
 	if m.Sub == nil {
 		return nil, badRequestf("no subscriber")
