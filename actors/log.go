@@ -340,7 +340,7 @@ func (o *object) logAppend(m LogAppend) (any, error) {
 			return nil, badRequestf("record %d has no body", i)
 		case len(r.Body) > MaxRecordBody:
 			return nil, tooLargef("record %d: the body is %d bytes, at most %d", i, len(r.Body), MaxRecordBody)
-		case !json.Valid(r.Body):
+		case !m.Validated && !json.Valid(r.Body):
 			return nil, badRequestf("record %d: the body is not JSON", i)
 		case r.DeduplicationKey != nil && *r.DeduplicationKey == "":
 			return nil, invalidf("record %d: an empty deduplicationKey", i)

@@ -399,3 +399,19 @@ func TestLease_SixteenPollersShareOneConsumer(t *testing.T) {
 }
 
 func newRand(seed int64) *rand.Rand { return rand.New(rand.NewSource(seed)) }
+
+// TestLog_GoAPIRejectsBadBodies: the Go API checks what the gateway checks,
+// and a refused append writes nothing.
+func TestLog_GoAPIRejectsBadBodies(t *testing.T) {
+	n := startNode(t, t.TempDir(), nodeOpts{})
+	lg := NewLog(n.host, ObjectID{App: "app_t", Type: "events", Key: "p"})
+	ctx := context.Background()
+	for _, body := range []string{`{`, `{"a":1} x`, ``, `nul`} {
+		if _, err := lg.Append(ctx, LogInput{Body: []byte(`1`)}, LogInput{Body: []byte(body)}); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("append of body %q: %v, want bad request", body, err)
+		}
+	}
+	if b, _ := lg.Bounds(ctx); b.NextOffset != 0 {
+		t.Fatalf("refused appends wrote: %+v", b)
+	}
+}

@@ -169,7 +169,7 @@ func (s *Server) logAppend(w http.ResponseWriter, r *http.Request, id actors.Obj
 			in[i].DeduplicationKey = &k
 		}
 	}
-	if reply, ok := s.call(w, r, id, actors.LogAppend{Records: in}, newRoute); ok {
+	if reply, ok := s.call(w, r, id, actors.LogAppend{Records: in, Validated: true}, newRoute); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }
