@@ -130,19 +130,27 @@ func encodeBlock(b *block) []byte {
 	return out
 }
 
+// blockCount reads a stored block's record count and returns the rest of it.
+func blockCount(v []byte) (count uint64, rest []byte, ok bool) {
+	if len(v) < 18 || v[0] != logBlockVersion {
+		return 0, nil, false
+	}
+	count, used := binary.Uvarint(v[17:])
+	if used <= 0 || count > uint64(len(v)) {
+		return 0, nil, false
+	}
+	return count, v[17+used:], true
+}
+
 // decodeBlock decodes a stored block; the records' bytes are copied.
 func decodeBlock(first uint64, v []byte) (*block, error) {
 	bad := func(what string) error { return fmt.Errorf("log block %d: bad %s", first, what) }
-	if len(v) < 18 || v[0] != logBlockVersion {
+	count, rest, ok := blockCount(v)
+	if !ok {
 		return nil, bad("header")
 	}
 	b := &block{first: first, at: int64(binary.BigEndian.Uint64(v[1:])), cumEnd: binary.BigEndian.Uint64(v[9:])}
-	v = v[17:]
-	count, used := binary.Uvarint(v)
-	if used <= 0 || count > uint64(len(v)) {
-		return nil, bad("count")
-	}
-	v = v[used:]
+	v = rest
 	next := func() ([]byte, bool) {
 		n, used := binary.Uvarint(v)
 		if used <= 0 || uint64(len(v)-used) < n {
@@ -263,11 +271,12 @@ func (o *object) blockAt(l *logState, off uint64) (*block, error) {
 		var hit *block
 		err := o.st.scan(o.bg(), prefix, l.ks.KeyUint64(logBlock, from), l.ks.KeyUint64(logBlock, off+1), func(key, value []byte) (bool, error) {
 			first := binary.BigEndian.Uint64(key[len(prefix):])
-			if len(value) < 18 {
+			count, _, ok := blockCount(value)
+			if !ok {
 				return false, fmt.Errorf("log block %d: bad header", first)
 			}
-			if count, used := binary.Uvarint(value[17:]); used <= 0 || first+count <= off {
-				return used > 0, nil // ends before off: the next one
+			if first+count <= off {
+				return true, nil // ends before off: the next one
 			}
 			b, err := decodeBlock(first, value)
 			hit = b
