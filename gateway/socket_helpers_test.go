@@ -203,6 +203,18 @@ func (c *wsClient) readFrame() (wsFrame, error) {
 	return f, nil
 }
 
+// joinOK joins topic, expects the ok reply and the snapshot, and returns the
+// join's ref.
+func (c *wsClient) joinOK(topic string, params map[string]any) string {
+	c.t.Helper()
+	ref := c.join(topic, params)
+	c.expectReply(topic, ref, "ok")
+	if f := c.read(); f.Event != "snapshot" || f.Topic != topic {
+		c.t.Fatalf("after joining %s: %v, want the snapshot", topic, f)
+	}
+	return ref
+}
+
 // expectReply reads the next frame and checks that it is the phx_reply to ref
 // with status; it returns the response.
 func (c *wsClient) expectReply(topic, ref, status string) map[string]any {

@@ -256,9 +256,7 @@ func TestSocket_PushesAreRefusedAndTheChannelStaysJoined(t *testing.T) {
 	ts := newTestServer(t, cluster.Config{})
 	c := ts.dial(t)
 	topic := topicOf("order", "o1")
-	jr := c.join(topic, secretParams())
-	c.expectReply(topic, jr, "ok")
-	c.read() // snapshot
+	jr := c.joinOK(topic, secretParams())
 	ref := c.send(jr, topic, "set", map[string]any{"key": "a", "value": 1})
 	if r := c.expectReply(topic, ref, "error"); r["reason"] != "read-only channel" {
 		t.Fatalf("push reply %v", r)
@@ -298,9 +296,7 @@ func TestSocket_LeaveRepliesThenClosesAndStopsEvents(t *testing.T) {
 	ts := newTestServer(t, cluster.Config{})
 	c := ts.dial(t)
 	topic := topicOf("order", "o1")
-	jr := c.join(topic, secretParams())
-	c.expectReply(topic, jr, "ok")
-	c.read() // snapshot
+	jr := c.joinOK(topic, secretParams())
 	ref := c.send(jr, topic, "phx_leave", map[string]any{})
 	c.expectReply(topic, ref, "ok")
 	f := c.read()
@@ -320,9 +316,7 @@ func TestSocket_SecondJoinClosesTheFirst(t *testing.T) {
 	ts := newTestServer(t, cluster.Config{})
 	c := ts.dial(t)
 	topic := topicOf("order", "o1")
-	first := c.join(topic, secretParams())
-	c.expectReply(topic, first, "ok")
-	c.read() // snapshot
+	first := c.joinOK(topic, secretParams())
 	second := c.join(topic, secretParams())
 	f := c.read()
 	if f.Event != "phx_close" || f.JoinRef == nil || *f.JoinRef != first {
@@ -365,9 +359,7 @@ func TestSocket_AtMost100Channels(t *testing.T) {
 	c := ts.dial(t)
 	for i := 0; i < 100; i++ {
 		topic := topicOf("order", fmt.Sprint("o", i))
-		ref := c.join(topic, secretParams())
-		c.expectReply(topic, ref, "ok")
-		c.read() // snapshot
+		c.joinOK(topic, secretParams())
 	}
 	c.expectJoinError(topicOf("order", "o100"), secretParams(), "too many channels joined")
 	c.expectJoinError("socket", nil, "too many channels joined")
@@ -394,15 +386,13 @@ func TestSocket_RunEventsAreRelayedNotStored(t *testing.T) {
 	ts.do("PUT", base+"/title", map[string]any{"value": "hi"}, nil)
 	c := ts.dial(t)
 	topic := topicOf("thread", "t1")
-	jr := c.join(topic, secretParams())
-	c.expectReply(topic, jr, "ok")
-	c.read() // snapshot
+	jr := c.joinOK(topic, secretParams())
 	r := ts.do("POST", base+"/events", map[string]any{"event": "run:start", "payload": map[string]any{"run_id": "r1"}}, nil)
 	if r.status != http.StatusAccepted || string(r.body) != "{\"subscribers\":1}\n" {
 		t.Fatalf("publish: %d %s", r.status, r.body)
 	}
 	f := c.read()
-	if f.Event != "run:start" || string(f.Payload) != `{"run_id":"r1"}` || f.Ref != nil {
+	if f.Event != "run:start" || string(f.Payload) != `{"run_id":"r1"}` || f.Ref != nil || f.JoinRef == nil || *f.JoinRef != jr {
 		t.Fatalf("%v, want the relayed run:start", f)
 	}
 	r = ts.do("POST", base+"/events", map[string]any{"event": "run:end"}, nil)
@@ -469,9 +459,7 @@ func TestSocket_SlowSubscriberIsClosedWithoutSlowingOthers(t *testing.T) {
 		}
 	}
 	fast := ts.dial(t)
-	jr := fast.join(topic, secretParams())
-	fast.expectReply(topic, jr, "ok")
-	fast.read()
+	jr := fast.joinOK(topic, secretParams())
 
 	value := strings.Repeat("v", 16<<10)
 	const writes = 1000 // 16 MiB of events: more than loopback's socket buffers
@@ -530,9 +518,7 @@ func TestSocket_ClosingASocketUnsubscribes(t *testing.T) {
 	ts := newTestServer(t, cluster.Config{IdleTimeout: 200 * time.Millisecond})
 	c := ts.dial(t)
 	topic := topicOf("order", "o1")
-	ref := c.join(topic, secretParams())
-	c.expectReply(topic, ref, "ok")
-	c.read()
+	c.joinOK(topic, secretParams())
 	time.Sleep(600 * time.Millisecond)
 	if n := ts.node.Stats().ActiveObjects; n != 1 {
 		t.Fatalf("%d active objects: a subscribed object must stay active", n)
@@ -549,9 +535,7 @@ func TestSocket_CloseEndsEverySocket(t *testing.T) {
 	ts := newTestServer(t, cluster.Config{})
 	c := ts.dial(t)
 	topic := topicOf("order", "o1")
-	ref := c.join(topic, secretParams())
-	c.expectReply(topic, ref, "ok")
-	c.read()
+	c.joinOK(topic, secretParams())
 	ts.gw.Close()
 	if err := c.closed(10 * time.Second); websocket.CloseStatus(err) != websocket.StatusGoingAway {
 		t.Fatalf("after Close: %v, want 1001", err)
