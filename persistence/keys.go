@@ -18,10 +18,25 @@ func (id ObjectID) String() string { return id.App + "/" + id.Type + "/" + id.Ke
 
 // Behaviour bytes: each behaviour of an object owns the keys under its byte.
 const (
-	BehaviourKV   byte = 'k' // KV slots, change log, idempotency records
-	BehaviourUser byte = 'u' // storage of user-defined object types
-	BehaviourLog  byte = 'l' // the retained log: records, deduplication index, cursors
+	BehaviourKV    byte = 'k' // KV slots, change log, idempotency records
+	BehaviourUser  byte = 'u' // storage of user-defined object types
+	BehaviourLog   byte = 'l' // the retained log: records, deduplication index, cursors
+	BehaviourAlarm byte = 'a' // named alarms: one record per name, the generation counter
 )
+
+// Partition indexes: node-level indexes of one partition (the alarm index), kept
+// under the partition's prefix so that a partition is still scanned, copied or
+// dropped by prefix. They sit after every object of the partition: an object
+// prefix continues with the 16-bit length of its app name, and no app name is
+// 0xFFxx bytes long.
+const (
+	IndexAlarms byte = 't' // the partition's alarms by due time
+)
+
+// PartitionIndexPrefix is the prefix of partition p's index kind.
+func PartitionIndexPrefix(p uint32, kind byte) []byte {
+	return []byte{prefixPartition, byte(p >> 8), byte(p), 0xFF, 0xFF, kind}
+}
 
 const (
 	prefixMeta      byte = 'm'
