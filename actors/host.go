@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/cold"
 	"github.com/holdfast/holdfast/persistence"
 )
@@ -39,6 +40,9 @@ type Config struct {
 	Cold cold.Store
 	// ColdTimeout bounds one cold store call; zero means 10s.
 	ColdTimeout time.Duration
+	// Alarms configures the node's alarm scheduler; its DB, Fire and clock are
+	// the host's.
+	Alarms alarms.Config
 }
 
 // TypeOptions are the per-type settings the actors use.
@@ -47,6 +51,8 @@ type TypeOptions struct {
 	ChangeLogEntries int
 	// Log are the options of the type's retained logs.
 	Log LogOptions
+	// Alarms are the options of the type's alarms.
+	Alarms AlarmOptions
 }
 
 // DefaultTypeOptions returns the options of a type nobody configured.
@@ -72,6 +78,7 @@ type Host struct {
 	started bool
 	stop    chan struct{}
 	swept   sync.WaitGroup
+	sched   *alarms.Scheduler
 
 	now func() time.Time // clock; a test may replace it before Start
 }
@@ -170,6 +177,38 @@ func (h *Host) Start() {
 	h.stop = make(chan struct{})
 	h.swept.Add(1)
 	go h.sweepLoop()
+	sc := h.cfg.Alarms
+	sc.DB, sc.WaitApplied, sc.Fire = h.db, h.pipe.WaitApplied, h.fireAlarm
+	if sc.Logger == nil {
+		sc.Logger = h.log
+	}
+	h.sched = alarms.NewScheduler(sc)
+	h.sched.SetClock(h.now)
+	h.sched.Start()
+}
+
+// Scheduler returns the node's alarm scheduler (after Start).
+func (h *Host) Scheduler() *alarms.Scheduler { return h.sched }
+
+// fireAlarm wakes d's object for its alarm without waiting for it.
+func (h *Host) fireAlarm(d alarms.Due) error { return h.post(d.ID, alarmFire{d}) }
+
+// retryAlarm wakes d's object again later: it could not look at its alarm now.
+func (h *Host) retryAlarm(d alarms.Due) {
+	if h.sched != nil && !h.closing.Load() {
+		h.sched.Retry(d)
+	}
+}
+
+// post sends msg to object id, activating it if needed, without waiting for the
+// reply.
+func (h *Host) post(id ObjectID, msg any) error {
+	act, err := h.acquire(id)
+	if err != nil {
+		return err
+	}
+	h.system.Root.Send(act.pid, &envelope{msg: msg, reply: make(chan result, 1), act: act})
+	return nil
 }
 
 // sweepLoop passivates idle objects: one goroutine and one ticker for the node,
@@ -225,6 +264,7 @@ func (h *Host) Close(ctx context.Context) error {
 	h.closing.Store(true)
 	close(h.stop)
 	h.swept.Wait()
+	h.sched.Close()
 	var err error
 	for h.inflight() > 0 {
 		if ctx.Err() != nil {

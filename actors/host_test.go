@@ -24,6 +24,7 @@ type nodeOpts struct {
 	cfg   Config
 	pipe  persistence.PipelineConfig
 	types []TypeSpec
+	now   func() time.Time // the host's clock; nil: real time
 }
 
 func startNode(t *testing.T, dir string, o nodeOpts) *testNode {
@@ -35,6 +36,9 @@ func startNode(t *testing.T, dir string, o nodeOpts) *testNode {
 	pipe := persistence.NewPipeline(db, o.pipe)
 	pipe.Start()
 	h := NewHost(db, pipe, o.cfg)
+	if o.now != nil {
+		h.now = o.now
+	}
 	for _, ty := range o.types {
 		if err := h.RegisterType(ty); err != nil {
 			t.Fatal(err)

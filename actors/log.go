@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -398,8 +399,18 @@ func (o *object) logAppend(m LogAppend) (any, error) {
 		return &LogAppended{Offsets: offsets}, nil // every record was a duplicate
 	}
 	w.Sets = append(w.Sets, persistence.KV{Key: l.ks.KeyUint64(logBlock, b.first), Value: encodeBlock(b)})
+	var trimDue *alarms.Due
+	if o.autoTrim() {
+		// The automatic trim is armed in the same commit as the records it trims.
+		if trimDue, err = o.armTrim(w); err != nil {
+			return nil, err
+		}
+	}
 	l.next, l.cumNext, l.lastAt = b.end(), b.cumEnd, b.at
 	o.submit(w, l.readBack)
+	if trimDue != nil {
+		o.alarmNotify([]alarms.Due{*trimDue})
+	}
 	return &LogAppended{Offsets: offsets}, nil
 }
 
@@ -641,27 +652,47 @@ func (o *object) nextRun(l *logState, upTo uint64, keep bool) (*trimRun, error) 
 	return run, nil
 }
 
+// trimDone receives the outcome of a trim, in the object's turn.
+type trimDone func(*LogTrimmed, error)
+
 // logTrim enforces the retention oldest first, in passes of at most MaxBatchSize
 // records, each one durable commit. It ignores cursors. Without cold storage the
 // trimmed records are gone; with it, see coldTrim.
 func (o *object) logTrim() (any, error) {
+	env := o.deferReply()
+	o.trim(func(t *LogTrimmed, err error) {
+		if err != nil {
+			o.respond(env, nil, err)
+			return
+		}
+		o.respond(env, t, nil)
+	})
+	return nil, nil
+}
+
+// trim runs a trim and calls done with its outcome: at once, or from a later turn
+// when the log keeps trimmed records in cold storage.
+func (o *object) trim(done trimDone) {
 	l, err := o.logLoad()
 	if err != nil {
-		return nil, err
+		done(nil, err)
+		return
 	}
 	opts := o.opts.Log
 	if opts.MaxAge <= 0 && opts.MaxRecords <= 0 && opts.MaxBytes <= 0 && l.pendEnd <= l.pendFirst {
-		return &LogTrimmed{}, nil
+		done(&LogTrimmed{}, nil)
+		return
 	}
 	if opts.Cold {
-		o.coldTrim(l)
-		return nil, nil
+		o.coldTrim(l, done)
+		return
 	}
 	var removed uint64
 	for {
 		run, err := o.nextRun(l, 0, false)
 		if err != nil {
-			return nil, err
+			done(nil, err)
+			return
 		}
 		n := run.end - run.first
 		if n == 0 {
@@ -676,5 +707,5 @@ func (o *object) logTrim() (any, error) {
 			break // the pass stopped at a record the retention keeps
 		}
 	}
-	return &LogTrimmed{Removed: removed}, nil
+	done(&LogTrimmed{Removed: removed}, nil)
 }

@@ -149,11 +149,11 @@ func decodeSegEntry(first uint64, v []byte) (segEntry, error) {
 	return segEntry{first: first, end: binary.BigEndian.Uint64(v[1:]), size: binary.BigEndian.Uint64(v[9:]), key: string(v[17:])}, nil
 }
 
-// flushState is the trim in progress on a cold log: its envelope, the trims
-// waiting behind it, and what it removed so far.
+// flushState is the trim in progress on a cold log: whom to tell when it is done,
+// the trims waiting behind it, and what it removed so far.
 type flushState struct {
-	env     *envelope
-	waiting []*envelope
+	done    trimDone
+	waiting []trimDone
 	removed uint64
 	// run is the pass being flushed: [first, end) and what the commit must do.
 	first, end uint64
@@ -165,14 +165,13 @@ type flushState struct {
 // flushDone is the cold store's answer for the pass in flight, sent to the object.
 type flushDone struct{ err error }
 
-// coldTrim starts (or queues) a trim of a cold log; it replies from a later turn.
-func (o *object) coldTrim(l *logState) {
-	env := o.deferReply()
+// coldTrim starts (or queues) a trim of a cold log; done runs in a later turn.
+func (o *object) coldTrim(l *logState, done trimDone) {
 	if o.flush != nil {
-		o.flush.waiting = append(o.flush.waiting, env)
+		o.flush.waiting = append(o.flush.waiting, done)
 		return
 	}
-	o.flush = &flushState{env: env}
+	o.flush = &flushState{done: done}
 	o.flushNext(l)
 }
 
@@ -254,12 +253,12 @@ func (o *object) flushFinish(l *logState, err error) {
 	f := o.flush
 	o.flush = nil
 	if err != nil {
-		o.respond(f.env, nil, err)
+		f.done(nil, err)
 	} else {
-		o.respond(f.env, &LogTrimmed{Removed: f.removed}, nil)
+		f.done(&LogTrimmed{Removed: f.removed}, nil)
 	}
 	if len(f.waiting) > 0 {
-		o.flush = &flushState{env: f.waiting[0], waiting: f.waiting[1:]}
+		o.flush = &flushState{done: f.waiting[0], waiting: f.waiting[1:]}
 		o.flushNext(l)
 	}
 }

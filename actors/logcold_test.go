@@ -20,7 +20,11 @@ type faultyStore struct {
 	down     bool
 	lossy    bool
 	holdGets chan struct{} // when set, Get waits for it to close
-	creates  []string
+	// holdCreates, when set, makes Create wait for it to close; inCreate and
+	// maxInCreate count the Creates waiting at once.
+	holdCreates           chan struct{}
+	inCreate, maxInCreate int
+	creates               []string
 }
 
 var errStoreDown = errors.New("store down for the test")
@@ -33,9 +37,19 @@ func (f *faultyStore) set(fn func(f *faultyStore)) {
 
 func (f *faultyStore) Create(ctx context.Context, key string, data []byte) error {
 	f.mu.Lock()
-	down, lossy := f.down, f.lossy
+	down, lossy, hold := f.down, f.lossy, f.holdCreates
 	f.creates = append(f.creates, key)
+	f.inCreate++
+	f.maxInCreate = max(f.maxInCreate, f.inCreate)
 	f.mu.Unlock()
+	defer f.set(func(f *faultyStore) { f.inCreate-- })
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if down {
 		return errStoreDown
 	}

@@ -63,7 +63,8 @@ type object struct {
 	typ      *TypeSpec
 	opts     TypeOptions
 	kv       *kvState  // loaded on the first KV message
-	log      *logState // loaded on the first log message
+	log      *logState   // loaded on the first log message
+	alarms   *alarmState // loaded on the first alarm message
 	cur      *envelope // the message being handled
 	deferred bool      // its handler replies later (deferReply)
 	flush    *flushState
@@ -111,6 +112,9 @@ type tidy struct{}
 func (o *object) handle(c actor.Context, env *envelope) {
 	o.ov.evict()
 	if err := o.health(); err != nil {
+		if f, ok := env.msg.(alarmFire); ok {
+			o.h.retryAlarm(f.d) // the next activation looks at it
+		}
 		env.finish(nil, err, nil)
 		if env.act.inflight.Load() == 0 {
 			c.Stop(c.Self())
@@ -191,6 +195,16 @@ func (o *object) dispatch(msg any) (val any, err error) {
 		return o.logLeases(m)
 	case LogDeadLettersGet:
 		return o.logDeadLetters(m)
+	case AlarmSet:
+		return o.alarmSet(m)
+	case AlarmGet:
+		return o.alarmGet(m)
+	case AlarmDelete:
+		return o.alarmDelete(m)
+	case AlarmListGet:
+		return o.alarmList()
+	case alarmFire:
+		return o.alarmFire(m)
 	}
 	if o.typ == nil {
 		return nil, notFoundf("object type %q has no handler for %T", o.act.id.Type, msg)

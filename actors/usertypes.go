@@ -18,6 +18,9 @@ type TypeSpec struct {
 	// caller only once that transaction, and every earlier write of the object, is
 	// durable. Handle must not block on slow I/O.
 	Handle func(c *Context, msg any) (reply any, err error)
+	// Alarms are the type's alarm handlers by alarm name (spec/alarms.md): an
+	// alarm scheduled without an action runs the handler of its name.
+	Alarms map[string]AlarmHandler
 }
 
 // userData is the sub-key of user storage in the BehaviourUser keyspace.
@@ -36,6 +39,10 @@ type Context struct {
 	ks     persistence.Keyspace
 	writes map[string]*[]byte // key -> value; a nil pointer means deleted
 	order  []string           // keys in first-write order
+	// alarmOps are the alarms this turn set (or deleted: nil), by name, and
+	// alarmGen the last generation it handed out.
+	alarmOps map[string]*alarmRec
+	alarmGen uint64
 }
 
 // ID returns the object's name.
@@ -150,18 +157,12 @@ func (o *object) runUser(msg any) (reply any, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(c.order) > 0 {
-		w := &persistence.Write{}
-		for _, k := range c.order {
-			key := c.ks.KeyString(userData, k)
-			if v := c.writes[k]; v != nil {
-				w.Sets = append(w.Sets, persistence.KV{Key: key, Value: *v})
-			} else {
-				w.Deletes = append(w.Deletes, key)
-			}
-		}
+	w := &persistence.Write{}
+	notify := c.stage(w)
+	if len(w.Sets)+len(w.Deletes) > 0 {
 		o.submit(w, nil)
 	}
+	o.alarmNotify(notify)
 	return reply, nil
 }
 

@@ -339,8 +339,7 @@ func (s *Scheduler) worker() {
 				continue
 			}
 			s.log.Debug("cannot wake an object for its alarm; retrying", "object", d.ID.String(), "alarm", d.Name, "err", err)
-			d.At = s.nowMs() + s.cfg.RetryFire.Milliseconds()
-			s.post(inboxItem{d: d, force: true})
+			s.Retry(d)
 		}
 	}
 }
@@ -358,4 +357,10 @@ func (h *dueHeap) Pop() any {
 	old[len(old)-1] = Due{}
 	*h = old[:len(old)-1]
 	return d
+}
+
+// Retry wakes d's object again after RetryFire: it could not handle the wake-up.
+func (s *Scheduler) Retry(d Due) {
+	d.At = s.nowMs() + s.cfg.RetryFire.Milliseconds()
+	s.post(inboxItem{d: d, force: true})
 }
