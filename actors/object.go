@@ -62,11 +62,11 @@ type object struct {
 	ready    bool // state may be read: earlier activations' writes are applied
 	typ      *TypeSpec
 	opts     TypeOptions
-	kv       *kvState  // loaded on the first KV message
+	kv       *kvState    // loaded on the first KV message
 	log      *logState   // loaded on the first log message
 	alarms   *alarmState // loaded on the first alarm message
-	cur      *envelope // the message being handled
-	deferred bool      // its handler replies later (deferReply)
+	cur      *envelope   // the message being handled
+	deferred bool        // its handler replies later (deferReply)
 	flush    *flushState
 	// subs are the live feed's subscribers (copy-on-write; see subscribe.go).
 	subs subscribers
