@@ -159,6 +159,7 @@ func typeOptions(t config.TypeConfig) actors.TypeOptions {
 			Cold:         t.Log.Cold,
 			Leases:       leases,
 		},
+		Alarms: actors.AlarmOptions{MaxAttempts: t.Alarms.MaxAttempts},
 	}
 }
 

@@ -1,0 +1,55 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/holdfast/holdfast/actors"
+)
+
+// The alarms' routes (spec/alarms.md, "HTTP").
+const alarmBase = "/api/v1/alarms/{app}/{type}/{key}"
+
+func (s *Server) alarmRoutes() {
+	s.mux.HandleFunc("PUT "+alarmBase+"/{name}", s.object(s.alarmPut))
+	s.mux.HandleFunc("GET "+alarmBase+"/{name}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+		s.logSimple(actors.AlarmGet{Name: r.PathValue("name")})(w, r, id)
+	}))
+	s.mux.HandleFunc("DELETE "+alarmBase+"/{name}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+		if _, ok := s.call(w, r, id, actors.AlarmDelete{Name: r.PathValue("name")}, newRoute); ok {
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
+	s.mux.HandleFunc("GET "+alarmBase+"/{$}", s.object(s.logSimple(actors.AlarmListGet{})))
+	s.mux.HandleFunc("GET "+alarmBase, s.object(s.logSimple(actors.AlarmListGet{})))
+}
+
+// alarmPut serves PUT .../{name} {"at": ms, "action": {...}}. The action may be
+// left out when the object's type registers a Go handler for the name.
+func (s *Server) alarmPut(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		At     *json.Number    `json:"at"`
+		Action json.RawMessage `json:"action"`
+	}
+	if err := strictJSON(body, &req); err != nil || req.At == nil {
+		badRequest(`the body must be {"at": unix milliseconds, "action": {...}}`).write(w)
+		return
+	}
+	at, err := req.At.Int64()
+	if err != nil {
+		badRequest(`"at" must be an integer number of unix milliseconds`).write(w)
+		return
+	}
+	if string(req.Action) == "null" {
+		req.Action = nil
+	}
+	reply, ok := s.call(w, r, id, actors.AlarmSet{Name: r.PathValue("name"), At: at, Action: req.Action}, newRoute)
+	if ok {
+		writeJSON(w, http.StatusOK, reply)
+	}
+}
