@@ -50,6 +50,16 @@ type (
 	LogRecord = actors.LogRecord
 	// OffsetTruncatedError says a log no longer holds an offset.
 	OffsetTruncatedError = actors.OffsetTruncatedError
+	// Alarms is the API of one object's durable alarms.
+	Alarms = actors.Alarms
+	// AlarmHandler runs a fired alarm in its object's turn (TypeSpec.Alarms).
+	AlarmHandler = actors.AlarmHandler
+	// AlarmCall is what an alarm handler receives.
+	AlarmCall = actors.AlarmCall
+	// AlarmInfo is one alarm's occurrence.
+	AlarmInfo = actors.AlarmInfo
+	// AlarmOptions are a type's alarm options.
+	AlarmOptions = actors.AlarmOptions
 )
 
 // ErrLogTruncated matches every truncation error (errors.Is).
@@ -112,6 +122,11 @@ func (r *Runtime) Object(app, typ, key string) *Object {
 // Log returns the retained log of object (app, typ, key).
 func (r *Runtime) Log(app, typ, key string) *Log {
 	return actors.NewLog(r.node, ObjectID{App: app, Type: typ, Key: key})
+}
+
+// Alarms returns the durable alarms of object (app, typ, key).
+func (r *Runtime) Alarms(app, typ, key string) *Alarms {
+	return actors.NewAlarms(r.node, ObjectID{App: app, Type: typ, Key: key})
 }
 
 // Request sends msg to object (app, typ, key) and returns the reply of its type's

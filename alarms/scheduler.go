@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,7 +35,9 @@ type Config struct {
 	// within Window, the horizon shrinks to what fits (entries due in the same
 	// millisecond are never split). Zero means 100,000.
 	MaxResident int
-	// Workers is the number of goroutines that call Fire. Zero means 4.
+	// Workers is the number of goroutines that call Fire. Zero means 32: a wake-up
+	// that activates an object waits for the applier (see Pipeline.WaitApplied) on
+	// its worker, so few workers would serialize activations.
 	Workers int
 	// RetryFire is the wait before waking an object again after Fire failed. Zero
 	// means 1s.
@@ -87,7 +88,7 @@ func NewScheduler(cfg Config) *Scheduler {
 		cfg.MaxResident = 100_000
 	}
 	if cfg.Workers <= 0 {
-		cfg.Workers = 4
+		cfg.Workers = 32
 	}
 	if cfg.RetryFire <= 0 {
 		cfg.RetryFire = time.Second
@@ -251,70 +252,48 @@ func (s *Scheduler) takeInbox() {
 }
 
 // refill loads the index entries due in (horizon, now+Window] of every partition
-// this node fires, at most about MaxResident in memory, and moves the horizon to
-// the last due time loaded completely.
+// this node fires, in due order across partitions, until about MaxResident are
+// in memory, and moves the horizon to the last due time loaded completely
+// (entries due in one millisecond are never split).
 func (s *Scheduler) refill(now int64) {
 	if s.cfg.WaitApplied != nil {
 		s.cfg.WaitApplied()
 	}
 	limit := now + s.cfg.Window.Milliseconds()
 	budget := max(s.cfg.MaxResident-len(s.heap), 1)
-	var got []Due
-	// shrink keeps at most budget entries, cutting between two due times: the
-	// limit becomes the last due time kept whole.
-	shrink := func() {
-		if len(got) <= budget {
-			return
-		}
-		sort.Slice(got, func(i, j int) bool { return got[i].At < got[j].At })
-		cut := got[budget].At
-		v := cut - 1
-		if got[0].At == cut { // more than budget in one millisecond: keep it whole
-			v = cut
-		}
-		limit = min(limit, v)
-		n := sort.Search(len(got), func(i int) bool { return got[i].At > limit })
-		clear(got[n:])
-		got = got[:n]
+	parts := s.partitions()
+	ranges := make([]persistence.Range, len(parts))
+	for i, p := range parts {
+		ranges[i] = persistence.Range{Prefix: persistence.PartitionIndexPrefix(p, persistence.IndexAlarms), Start: atKey(p, s.horizon+1), End: atKey(p, limit+1)}
 	}
-	ctx := context.Background()
-	for _, p := range s.partitions() {
-		prefix := persistence.PartitionIndexPrefix(p, persistence.IndexAlarms)
-		n, last := 0, int64(math.MinInt64)
-		err := s.cfg.DB.Scan(ctx, prefix, atKey(p, s.horizon+1), atKey(p, limit+1), func(k, v []byte) (bool, error) {
-			d, err := DecodeIndex(p, k, v)
-			if err != nil {
-				s.log.Error("skipping a malformed alarm index entry", "partition", p, "key", fmt.Sprintf("%x", k))
-				return true, nil
-			}
-			if d.At > limit {
-				return false, nil
-			}
-			if n >= budget && d.At != last {
-				limit = min(limit, last) // everything at or before last was read
-				return false, nil
-			}
-			got = append(got, d)
-			n++
-			last = d.At
-			return true, nil
-		})
+	n, last := 0, int64(math.MinInt64)
+	err := s.cfg.DB.ScanMerged(context.Background(), ranges, func(i int, k, v []byte) (bool, error) {
+		d, err := DecodeIndex(parts[i], k, v)
 		if err != nil {
-			s.log.Error("cannot read the alarm index; retrying in 1s", "partition", p, "err", err)
-			s.refillAfter = s.cfg.now().Add(time.Second)
-			return
+			s.log.Error("skipping a malformed alarm index entry", "partition", parts[i], "key", fmt.Sprintf("%x", k))
+			return true, nil
 		}
-		shrink()
-	}
-	for _, d := range got {
-		if d.At <= limit {
-			heap.Push(&s.heap, d)
+		if n >= budget && d.At != last {
+			limit = last // everything due at or before last is loaded
+			return false, nil
 		}
+		heap.Push(&s.heap, d)
+		n++
+		last = d.At
+		return true, nil
+	})
+	if err != nil {
+		s.log.Error("cannot read the alarm index; retrying in 1s", "err", err)
+		s.refillAfter = s.cfg.now().Add(time.Second)
+		// What was pushed is due before the old limit's entries that were not
+		// read; the horizon stays, so they are read (again) next time. A repeat
+		// wake-up is harmless.
+		return
 	}
 	s.horizon = limit
 	s.resident.Store(int64(len(s.heap)))
 	s.refills.Add(1)
-	s.loaded.Add(int64(len(got)))
+	s.loaded.Add(int64(n))
 	if s.refills.Load() == 1 {
 		close(s.ready)
 	}

@@ -79,8 +79,19 @@ func main() {
 		fRate    = flag.Int("fanout-rate", 500, "fan-out: writes per second over all objects")
 		coldMode = flag.Bool("cold", false, "run the cold storage benchmark (cold/fs and a MinIO process) instead of the write cases")
 		coldRecs = flag.Int("cold-records", 1000000, "cold: records in the log")
+		alarmsOn = flag.Bool("alarms", false, "run the alarms benchmark instead of the write cases")
+		aObjects = flag.Int("alarm-objects", 100000, "alarms: objects")
+		aCount   = flag.Int("alarm-count", 1000000, "alarms: alarms (10 names per object at most)")
+		aRate    = flag.Int("alarm-rate", 10000, "alarms: alarms falling due per second")
+		aWindow  = flag.Duration("alarm-window", 30*time.Second, "alarms: how long firing is measured")
+		aLead    = flag.Duration("alarm-lead", 90*time.Second, "alarms: the first alarm is due this long after the set phase starts")
+		aT0      = flag.Int64("alarm-t0", 0, "internal: unix ms of the first alarm")
 	)
 	flag.Parse()
+	acfg := alarmConfig{objects: *aObjects, count: *aCount, rate: *aRate, window: *aWindow, lead: *aLead}
+	if *only == "alarms-set" || *only == "alarms-fire" {
+		os.Exit(alarmChild(*only, *dirFlag, acfg, *aT0))
+	}
 	if *only == "fanout-server" {
 		os.Exit(fanoutServer(*dirFlag))
 	}
@@ -110,6 +121,9 @@ func main() {
 	}
 	if *coldMode {
 		os.Exit(runCold(base, *coldRecs, *rounds))
+	}
+	if *alarmsOn {
+		os.Exit(runAlarms(base, acfg, *jsonOut))
 	}
 	if *fanout {
 		os.Exit(runFanout(base, fanoutConfig{sockets: *fSockets, objects: *fObjects, rate: *fRate, duration: *duration, rounds: *rounds}, *jsonOut))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/cold"
 	"github.com/holdfast/holdfast/persistence"
 )
@@ -32,6 +33,9 @@ type Config struct {
 	Cold cold.Store
 	// ColdTimeout bounds one cold store call; zero means 10s.
 	ColdTimeout time.Duration
+	// Alarms tunes the node's alarm scheduler (its window and memory bound); the
+	// zero value is the defaults.
+	Alarms alarms.Config
 }
 
 // ErrNotOwner is returned by the fence for a write whose partition epoch is no
@@ -87,6 +91,7 @@ func Start(cfg Config) (*Node, error) {
 		Logger:      cfg.Logger,
 		Cold:        cfg.Cold,
 		ColdTimeout: cfg.ColdTimeout,
+		Alarms:      cfg.Alarms,
 	})
 	for _, t := range cfg.Types {
 		if err := n.host.RegisterType(t); err != nil {
@@ -119,12 +124,17 @@ func (n *Node) Ready() bool { return n.ready.Load() && n.pipe.Failed() == nil }
 type Stats struct {
 	Pipeline      persistence.PipelineStats
 	ActiveObjects int
+	Alarms        alarms.Stats
 }
 
 // Stats returns the node's counters.
 func (n *Node) Stats() Stats {
-	return Stats{Pipeline: n.pipe.Stats(), ActiveObjects: n.host.Active()}
+	return Stats{Pipeline: n.pipe.Stats(), ActiveObjects: n.host.Active(), Alarms: n.host.Scheduler().Stats()}
 }
+
+// AlarmsReady is closed once the alarm scheduler loaded its index after start:
+// from then on, alarms that fell due while the node was down are firing.
+func (n *Node) AlarmsReady() <-chan struct{} { return n.host.Scheduler().Ready() }
 
 // Partitions returns the partition count of the node's data directory.
 func (n *Node) Partitions() int { return n.db.Partitions() }

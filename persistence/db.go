@@ -1,6 +1,8 @@
 package persistence
 
 import (
+	"bytes"
+	"container/heap"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -307,4 +309,98 @@ func trimNL(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// Range is one key range of ScanMerged: the keys in [Start, End) under Prefix. A
+// nil Start means Prefix itself; a nil End means the end of Prefix.
+type Range struct {
+	Prefix, Start, End []byte
+}
+
+// ScanMerged scans several ranges whose prefixes have the same length as one
+// sequence, ordered by the part of each key after its prefix (ties in range
+// order): for example one time index per partition, read in time order across
+// partitions. fn receives the index of the key's range; key and value are valid
+// only during the call. It stops when fn returns false.
+func (db *DB) ScanMerged(ctx context.Context, ranges []Range, fn func(i int, key, value []byte) (bool, error)) error {
+	return db.bdb.View(func(txn *badger.Txn) error {
+		h := make(mergeHeap, 0, len(ranges))
+		defer func() {
+			for _, c := range h {
+				c.it.Close()
+			}
+		}()
+		for i, r := range ranges {
+			start := r.Start
+			if start == nil {
+				start = r.Prefix
+			}
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: r.Prefix, PrefetchValues: false})
+			it.Seek(start)
+			c := &mergeCursor{it: it, r: r, i: i}
+			if !c.valid() {
+				it.Close()
+				continue
+			}
+			h = append(h, c)
+		}
+		heap.Init(&h)
+		for len(h) > 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			c := h[0]
+			item := c.it.Item()
+			var more bool
+			err := item.Value(func(v []byte) error {
+				var err error
+				more, err = fn(c.i, item.Key(), v)
+				return err
+			})
+			if err != nil || !more {
+				return err
+			}
+			c.it.Next()
+			if c.valid() {
+				heap.Fix(&h, 0)
+			} else {
+				c.it.Close()
+				heap.Pop(&h)
+			}
+		}
+		return nil
+	})
+}
+
+type mergeCursor struct {
+	it *badger.Iterator
+	r  Range
+	i  int
+}
+
+func (c *mergeCursor) valid() bool {
+	if !c.it.ValidForPrefix(c.r.Prefix) {
+		return false
+	}
+	return c.r.End == nil || bytes.Compare(c.it.Item().Key(), c.r.End) < 0
+}
+
+func (c *mergeCursor) suffix() []byte { return c.it.Item().Key()[len(c.r.Prefix):] }
+
+type mergeHeap []*mergeCursor
+
+func (h mergeHeap) Len() int { return len(h) }
+func (h mergeHeap) Less(a, b int) bool {
+	if c := bytes.Compare(h[a].suffix(), h[b].suffix()); c != 0 {
+		return c < 0
+	}
+	return h[a].i < h[b].i
+}
+func (h mergeHeap) Swap(a, b int) { h[a], h[b] = h[b], h[a] }
+func (h *mergeHeap) Push(x any)   { *h = append(*h, x.(*mergeCursor)) }
+func (h *mergeHeap) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return c
 }

@@ -383,3 +383,38 @@ func TestPipeline_ChainStopsWritesAfterAFailure(t *testing.T) {
 		t.Fatal("a write built on a failed one reached the database")
 	}
 }
+
+// ScanMerged reads several ranges as one sequence ordered by the key after each
+// prefix, honours each range's bounds, and stops when told.
+func TestDB_ScanMergedOrdersAcrossRanges(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	p := startPipeline(t, db, PipelineConfig{})
+	w := &Write{}
+	for _, k := range []string{"a:1", "a:4", "a:7", "b:2", "b:4", "b:9", "c:3", "z:0"} {
+		w.Sets = append(w.Sets, KV{Key: []byte(k), Value: []byte("v" + k)})
+	}
+	waitApplied(t, p.Submit(w))
+	ranges := []Range{{Prefix: []byte("a:")}, {Prefix: []byte("b:"), Start: []byte("b:3"), End: []byte("b:9")}, {Prefix: []byte("c:")}, {Prefix: []byte("d:")}}
+	var got []string
+	err := db.ScanMerged(context.Background(), ranges, func(i int, k, v []byte) (bool, error) {
+		if string(v) != "v"+string(k) || string(k[:2]) != string(ranges[i].Prefix) {
+			t.Fatalf("range %d: %s=%s", i, k, v)
+		}
+		got = append(got, string(k))
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "[a:1 c:3 a:4 b:4 a:7]"; fmt.Sprint(got) != want {
+		t.Fatalf("got %v, want %s", got, want)
+	}
+	got = got[:0]
+	_ = db.ScanMerged(context.Background(), ranges, func(i int, k, v []byte) (bool, error) {
+		got = append(got, string(k))
+		return len(got) < 2, nil
+	})
+	if fmt.Sprint(got) != "[a:1 c:3]" {
+		t.Fatalf("stopped scan read %v", got)
+	}
+}
