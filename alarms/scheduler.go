@@ -244,7 +244,17 @@ func (s *Scheduler) takeInbox() {
 		s.refillAfter = time.Time{}
 	}
 	for _, it := range items {
-		if it.force || it.d.At <= s.horizon {
+		switch {
+		case it.force:
+			heap.Push(&s.heap, it.d)
+		case it.d.At > s.horizon:
+			// On disk; loaded when the horizon gets there.
+		case len(s.heap) >= s.cfg.MaxResident:
+			// Full: pull the horizon in front of it instead, so the next load
+			// reads it from disk. Entries resident beyond the new horizon may be
+			// loaded twice; the object ignores the second wake-up.
+			s.horizon = it.d.At - 1
+		default:
 			heap.Push(&s.heap, it.d)
 		}
 	}

@@ -348,3 +348,56 @@ func TestScheduler_OnlyItsPartitionsAndReset(t *testing.T) {
 		t.Fatalf("after the reset fired %+v", rec.got[1])
 	}
 }
+
+// Notifications respect MaxResident too: many alarms set for the near future
+// are not all held in memory, and every one still fires.
+func TestScheduler_NotificationsStayWithinMaxResident(t *testing.T) {
+	e := newEnv(t, t.TempDir())
+	base := time.UnixMilli(1_800_000_000_000)
+	clock := &fakeClock{t: base}
+	rec := &recorder{clock: clock.Now}
+	s := start(t, Config{DB: e.db, WaitApplied: e.pipe.WaitApplied, Fire: rec.fire, MaxResident: 20, Window: time.Hour, now: clock.Now})
+	<-s.Ready()
+	var ds []Due
+	for i := range 500 {
+		ds = append(ds, due(i, base.UnixMilli()+int64(1000+i*10)))
+	}
+	e.put(t, ds...)
+	for _, d := range ds {
+		s.Notify(d)
+	}
+	maxResident := int64(0)
+	fired := map[string]bool{}
+	for step := time.Second; step <= 7*time.Second; step += 100 * time.Millisecond {
+		clock.Set(base.Add(step))
+		s.Kick()
+		want := 0
+		for _, d := range ds {
+			if d.At <= clock.Now().UnixMilli() {
+				want++
+			}
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			rec.mu.Lock()
+			for _, d := range rec.got {
+				fired[d.Name] = true
+			}
+			rec.mu.Unlock()
+			if len(fired) >= want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("at +%v: %d fired, want %d", step, len(fired), want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		maxResident = max(maxResident, s.Stats().Resident)
+	}
+	if len(fired) != len(ds) {
+		t.Fatalf("%d of %d fired", len(fired), len(ds))
+	}
+	if maxResident > 40 { // MaxResident plus what one load may add before the next notification
+		t.Fatalf("%d resident, MaxResident 20", maxResident)
+	}
+}
