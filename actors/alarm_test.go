@@ -49,7 +49,8 @@ type (
 		Fail      bool
 		Panic     bool
 	}
-	readKey struct{ Key string }
+	readKey   struct{ Key string }
+	turnMixed struct{ At time.Time } // sets tick and tock, deletes tock, lists
 )
 
 func (a *alarmer) handler(c *Context, call AlarmCall) error {
@@ -92,6 +93,22 @@ func (a *alarmer) spec() TypeSpec {
 			case readKey:
 				_, found, err := c.Get(m.Key)
 				return found, err
+			case turnMixed:
+				for _, name := range []string{"tick", "tock"} {
+					if _, err := c.SetAlarm(name, m.At, nil); err != nil {
+						return nil, err
+					}
+				}
+				if ok, err := c.DeleteAlarm("tock"); err != nil || !ok {
+					return nil, fmt.Errorf("delete tock: %v %v", ok, err)
+				}
+				if ok, err := c.DeleteAlarm("never"); err != nil || ok {
+					return nil, fmt.Errorf("delete never: %v %v", ok, err)
+				}
+				if _, found, err := c.GetAlarm("tock"); err != nil || found {
+					return nil, fmt.Errorf("tock after delete: %v %v", found, err)
+				}
+				return c.ListAlarms()
 			}
 			return nil, fmt.Errorf("unknown message %T", msg)
 		}}
@@ -485,6 +502,32 @@ func TestAlarm_ScheduledInAFailedTurnDoesNotExist(t *testing.T) {
 	waitFor(t, "the alarm", func() bool { return n.a.count() == 1 })
 	if c := n.a.call(0); c.IdempotencyKey != alarms.IdempotencyKey(id, "tick", gen.(uint64)) {
 		t.Fatalf("call %+v", c)
+	}
+}
+
+// Inside a turn, the object's alarms as the turn left them are what it reads.
+func TestAlarm_ContextSeesItsOwnAlarms(t *testing.T) {
+	n := startAlarmNode(t, t.TempDir(), nil, nil, nil)
+	ctx := context.Background()
+	id := ObjectID{App: "app_t", Type: "alarmer", Key: "k"}
+	at := time.Now().Add(time.Hour)
+	if _, err := n.alarms("k").Set(ctx, "tock", at.Add(time.Minute), nil); err != nil {
+		t.Fatal(err)
+	}
+	v, err := n.host.Request(ctx, id, turnMixed{At: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTurn := v.([]AlarmInfo)
+	if len(inTurn) != 1 || inTurn[0].Name != "tick" || inTurn[0].At != at.UnixMilli() {
+		t.Fatalf("the turn listed %+v", inTurn)
+	}
+	after, err := n.alarms("k").List(ctx)
+	if err != nil || fmt.Sprint(after) != fmt.Sprint(inTurn) {
+		t.Fatalf("after the turn %+v (%v), the turn saw %+v", after, err, inTurn)
+	}
+	if n.indexEntries(t) != 1 {
+		t.Fatal("want one index entry: tick's")
 	}
 }
 
