@@ -216,6 +216,10 @@ func (o *object) dispatch(msg any) (val any, err error) {
 // activation submitted before it is durable, while the actor goes on with its
 // mailbox.
 func (o *object) respond(env *envelope, val any, err error) {
+	if ackBeforeDurable {
+		env.finish(val, err, nil) // the planted bug: see plantedbug_off.go
+		return
+	}
 	h := o.h
 	o.gate(func() { env.finish(val, err, nil) }, func(cerr error) {
 		// Route later requests to a fresh activation at once (before this reply

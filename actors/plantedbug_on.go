@@ -1,0 +1,6 @@
+//go:build plantedbug
+
+package actors
+
+// ackBeforeDurable: a deliberate bug for the torture tool's own test. Never ship.
+const ackBeforeDurable = true

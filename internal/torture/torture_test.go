@@ -1,0 +1,56 @@
+package torture
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func build(t *testing.T, tags string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "holdfast")
+	args := []string{"build", "-o", bin}
+	if tags != "" {
+		args = append(args, "-tags", tags)
+	}
+	out, err := exec.Command("go", append(args, "github.com/holdfast/holdfast/cmd/holdfast")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// A short torture run passes on the real server, and fails on one built with a
+// planted bug (replies leave before their writes are durable).
+func TestTorture_PassesAndCatchesAPlantedBug(t *testing.T) {
+	if os.Getenv("HOLDFAST_TORTURE") == "" {
+		// Not yet in the default suite: on this 2-core machine the
+		// linearizability check of an object with ~10,000 operations and a few
+		// dozen writes of unknown outcome can exceed its 60 s bound (issue 8).
+		t.Skip("set HOLDFAST_TORTURE=1 to run the torture self-test")
+	}
+	for _, c := range []struct {
+		tags   string
+		wantOK bool
+	}{{"", true}, {"plantedbug", false}} {
+		var progress strings.Builder
+		v, err := Run(context.Background(), Config{Binary: build(t, c.tags), Dir: t.TempDir(), Duration: 10 * time.Second,
+			Objects: 4, KillMin: 500 * time.Millisecond, KillMax: 2 * time.Second, Seed: 1, Progress: &progress})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Kills < 4 {
+			t.Fatalf("tags %q: only %d kills", c.tags, v.Kills)
+		}
+		if v.OK != c.wantOK {
+			t.Fatalf("tags %q: verdict OK=%v, want %v\n%s", c.tags, v.OK, c.wantOK, progress.String())
+		}
+		if !c.wantOK && len(v.Failures) == 0 {
+			t.Fatal("a failed verdict with no failure")
+		}
+	}
+}
