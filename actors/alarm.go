@@ -220,27 +220,32 @@ func (o *object) info(name string, r *alarmRec) AlarmInfo {
 		LastError: r.LastError, IdempotencyKey: alarms.IdempotencyKey(o.act.id, name, r.Gen), Generation: r.Gen}
 }
 
-func (o *object) alarmGet(m AlarmGet) (any, error) {
+// alarmNamed returns the object's alarms and name's occurrence, or not found.
+func (o *object) alarmNamed(name string) (*alarmState, *alarmRec, error) {
 	a, err := o.alarmLoad()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	r := a.recs[m.Name]
+	r := a.recs[name]
 	if r == nil {
-		return nil, notFoundf("no alarm %q", m.Name)
+		return nil, nil, notFoundf("no alarm %q", name)
+	}
+	return a, r, nil
+}
+
+func (o *object) alarmGet(m AlarmGet) (any, error) {
+	_, r, err := o.alarmNamed(m.Name)
+	if err != nil {
+		return nil, err
 	}
 	info := o.info(m.Name, r)
 	return &info, nil
 }
 
 func (o *object) alarmDelete(m AlarmDelete) (any, error) {
-	a, err := o.alarmLoad()
+	a, r, err := o.alarmNamed(m.Name)
 	if err != nil {
 		return nil, err
-	}
-	r := a.recs[m.Name]
-	if r == nil {
-		return nil, notFoundf("no alarm %q", m.Name)
 	}
 	w := &persistence.Write{}
 	o.alarmWrite(a, w, m.Name, r, nil)

@@ -420,21 +420,9 @@ func (r *run) kvOp(c int, rng *rand.Rand) {
 		out.LogID, out.N = num(rep.LogID), int64(num(rep.Value))
 	default:
 		in = kvInput{Op: "get"}
-		var rep struct {
-			State map[string]json.RawMessage `json:"state"`
-			LogID json.Number                `json:"log_id"`
-		}
+		var rep stateReply
 		outc, status = r.call("GET", base, nil, &rep)
-		out.LogID = num(rep.LogID)
-		if v, has := rep.State["a"]; has {
-			out.HasA = true
-			_ = json.Unmarshal(v, &out.A)
-		}
-		if v, has := rep.State["n"]; has {
-			var n json.Number
-			_ = json.Unmarshal(v, &n)
-			out.N = int64(num(n))
-		}
+		out = rep.output()
 	}
 	ret := r.now()
 	op := porcupine.Operation{ClientId: c, Input: in, Call: call, Output: out, Return: ret}
@@ -458,6 +446,36 @@ func (r *run) kvOp(c int, rng *rand.Rand) {
 		r.ops++
 	}
 	r.mu.Unlock()
+}
+
+// stateReply is GET /objects/...: the object's slots and log_id.
+type stateReply struct {
+	State map[string]json.RawMessage `json:"state"`
+	LogID json.Number                `json:"log_id"`
+}
+
+func (rep stateReply) output() kvOutput {
+	out := kvOutput{LogID: num(rep.LogID)}
+	if v, has := rep.State["a"]; has {
+		out.HasA = true
+		_ = json.Unmarshal(v, &out.A)
+	}
+	if v, has := rep.State["n"]; has {
+		var n json.Number
+		_ = json.Unmarshal(v, &n)
+		out.N = int64(num(n))
+	}
+	return out
+}
+
+// recordPage is GET /logs/.../records.
+type recordPage struct {
+	Records []struct {
+		Offset           uint64          `json:"offset"`
+		Body             json.RawMessage `json:"body"`
+		DeduplicationKey string          `json:"deduplicationKey"`
+	} `json:"records"`
+	NextOffset uint64 `json:"nextOffset"`
 }
 
 func num(n json.Number) uint64 {
@@ -515,13 +533,7 @@ func (r *run) readOp(l int, rng *rand.Rand) {
 	if top >= 0 {
 		from = uint64(rng.Int63n(top + 2))
 	}
-	var rep struct {
-		Records []struct {
-			Offset           uint64          `json:"offset"`
-			Body             json.RawMessage `json:"body"`
-			DeduplicationKey string          `json:"deduplicationKey"`
-		} `json:"records"`
-	}
+	var rep recordPage
 	outc, status := r.call("GET", fmt.Sprintf("%s/records?from=%d&limit=50", logPath(l), from), nil, &rep)
 	if outc == refused {
 		r.fail("log%d read from %d: refused with %d", l, from, status)
@@ -590,14 +602,7 @@ func (r *run) finalChecks() {
 	for l, lr := range r.logs {
 		var all []string // key by offset
 		for from := uint64(0); ; {
-			var rep struct {
-				Records []struct {
-					Offset           uint64          `json:"offset"`
-					Body             json.RawMessage `json:"body"`
-					DeduplicationKey string          `json:"deduplicationKey"`
-				} `json:"records"`
-				NextOffset uint64 `json:"nextOffset"`
-			}
+			var rep recordPage
 			if outc, status := r.call("GET", fmt.Sprintf("%s/records?from=%d&limit=100", logPath(l), from), nil, &rep); outc != ok {
 				r.fail("log%d final read from %d: %d", l, from, status)
 				break
@@ -652,26 +657,13 @@ func (r *run) finalChecks() {
 }
 
 func (r *run) kvFinalGet(obj int) {
-	var rep struct {
-		State map[string]json.RawMessage `json:"state"`
-		LogID json.Number                `json:"log_id"`
-	}
+	var rep stateReply
 	call := r.now()
 	outc, _ := r.call("GET", fmt.Sprintf("/api/v1/objects/%s/reg/kv%d", app, obj), nil, &rep)
 	if outc != ok {
 		return
 	}
-	out := kvOutput{LogID: num(rep.LogID)}
-	if v, has := rep.State["a"]; has {
-		out.HasA = true
-		_ = json.Unmarshal(v, &out.A)
-	}
-	if v, has := rep.State["n"]; has {
-		var n json.Number
-		_ = json.Unmarshal(v, &n)
-		out.N = int64(num(n))
-	}
-	r.kv[obj] = append(r.kv[obj], porcupine.Operation{ClientId: r.cfg.Clients, Input: kvInput{Op: "get"}, Call: call, Output: out, Return: r.now()})
+	r.kv[obj] = append(r.kv[obj], porcupine.Operation{ClientId: r.cfg.Clients, Input: kvInput{Op: "get"}, Call: call, Output: rep.output(), Return: r.now()})
 }
 
 // checkCursor: a commit's reply is at least what it asked for, never below a
