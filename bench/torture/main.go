@@ -29,6 +29,7 @@ func main() {
 		killMin  = flag.Duration("kill-min", time.Second, "shortest time between kills")
 		killMax  = flag.Duration("kill-max", 5*time.Second, "longest time between kills")
 		seed     = flag.Int64("seed", 0, "seed of the first run (0: the time)")
+		histDir  = flag.String("history-dir", "", "write each run's KV histories as JSON lines under this directory")
 	)
 	flag.Parse()
 	work, err := os.MkdirTemp("", "holdfast-torture-")
@@ -59,7 +60,11 @@ func main() {
 			s += int64(i)
 		}
 		fmt.Printf("== run %d of %d\n", i+1, *runs)
-		v, err := torture.Run(context.Background(), torture.Config{Binary: *bin, Dir: dir, Duration: *duration, Clients: *clients,
+		hist := ""
+		if *histDir != "" {
+			hist = filepath.Join(*histDir, fmt.Sprintf("run%d", i))
+		}
+		v, err := torture.Run(context.Background(), torture.Config{Binary: *bin, Dir: dir, Duration: *duration, Clients: *clients, HistoryDir: hist,
 			Objects: *objects, Logs: *logs, KillMin: *killMin, KillMax: *killMax, Seed: s, Progress: os.Stdout})
 		if err != nil {
 			fatal(err)

@@ -36,27 +36,40 @@ type kvOutput struct {
 	HasA    bool   // get
 }
 
-var kvModel = porcupine.Model{
-	Init: func() any { return kvState{} },
-	Step: func(state, input, output any) (bool, any) {
+// kvModel is nondeterministic in one way: a write of unknown outcome (cut off by
+// a kill) either took effect or never did. Its return time is the kill that
+// ended the server that had it (boundUnknown), so it cannot be parked after
+// every other operation; "never" has to be a state of its own.
+var kvModel = (&porcupine.NondeterministicModel{
+	Init: func() []any { return []any{kvState{}} },
+	Step: func(state, input, output any) []any {
 		s, in, out := state.(kvState), input.(kvInput), output.(kvOutput)
+		var next kvState
 		switch in.Op {
 		case "set":
-			next := kvState{A: in.Value, HasA: true, N: s.N, LogID: s.LogID + 1}
-			return out.Unknown || out.LogID == next.LogID, next
+			next = kvState{A: in.Value, HasA: true, N: s.N, LogID: s.LogID + 1}
 		case "incr":
-			next := kvState{A: s.A, HasA: s.HasA, N: s.N + in.By, LogID: s.LogID + 1}
-			return out.Unknown || (out.LogID == next.LogID && out.N == next.N), next
+			next = kvState{A: s.A, HasA: s.HasA, N: s.N + in.By, LogID: s.LogID + 1}
 		default:
-			return out.LogID == s.LogID && out.N == s.N && out.HasA == s.HasA && out.A == s.A, s
+			if out.LogID == s.LogID && out.N == s.N && out.HasA == s.HasA && out.A == s.A {
+				return []any{s}
+			}
+			return nil
 		}
+		switch {
+		case out.Unknown:
+			return []any{next, s}
+		case out.LogID == next.LogID && (in.Op == "set" || out.N == next.N):
+			return []any{next}
+		}
+		return nil
 	},
 	DescribeOperation: func(input, output any) string { return describe(input.(kvInput), output.(kvOutput)) },
 	DescribeState: func(state any) string {
 		s := state.(kvState)
 		return fmt.Sprintf("a=%q(%v) n=%d log_id=%d", s.A, s.HasA, s.N, s.LogID)
 	},
-}
+}).ToModel()
 
 func describe(in kvInput, out kvOutput) string {
 	var call string
@@ -79,23 +92,34 @@ func describe(in kvInput, out kvOutput) string {
 	return fmt.Sprintf("%s -> log_id=%d", call, out.LogID)
 }
 
-// unknownReturn is the return time of an operation whose outcome is unknown: it
-// may take effect at any point after its call, or never.
+// unknownReturn is the return time of an operation whose outcome is unknown and
+// that no later kill bounds: it may take effect at any point after its call, or
+// never. (Most are bounded by the next kill: see boundUnknown.)
 const unknownReturn = math.MaxInt64
 
-// checkKV checks one object's history; it returns the result and, when it is
-// not linearizable, the smallest failing history found (as text).
-func checkKV(history []porcupine.Operation, timeout time.Duration) (porcupine.CheckResult, string) {
-	res := porcupine.CheckOperationsTimeout(kvModel, history, timeout)
-	if res != porcupine.Illegal {
-		return res, ""
-	}
-	return res, formatHistory(minimize(history, 2*time.Second, 30*time.Second))
+// checkKV checks one object's history.
+func checkKV(history []porcupine.Operation, timeout time.Duration) porcupine.CheckResult {
+	return porcupine.CheckOperationsTimeout(kvModel, history, timeout)
 }
 
-// minimize shrinks an illegal history: first to its shortest illegal prefix in
-// call order, then by dropping single operations while it stays illegal, within
-// a bounded number of checks.
+// smallestFailing is the smallest failing history minimize finds, as text.
+func smallestFailing(history []porcupine.Operation) string {
+	return formatHistory(minimize(history, 2*time.Second, 20*time.Second))
+}
+
+// minimize shrinks an illegal history in two sound steps, within a bounded
+// number of checks and time:
+//
+//  1. The shortest illegal cut at a time T (binary search over call times): the
+//     operations called before T, where one still running at T loses its
+//     outcome (a write becomes unknown, a read is dropped). A legal history
+//     gives a legal cut at every T: whatever was linearized after T is either
+//     gone or no longer checked. Dropping every operation called after T
+//     without that loosening would not be sound: a write called before T but
+//     linearized after one called after T would then miss a log_id.
+//  2. Reads are dropped one at a time, last first, while the cut stays
+//     illegal (a read never explains anything for a later operation; writes
+//     stay, since dropping one leaves a gap in log_id that is illegal anyway).
 func minimize(history []porcupine.Operation, timeout, total time.Duration) []porcupine.Operation {
 	h := append([]porcupine.Operation(nil), history...)
 	sort.Slice(h, func(i, j int) bool { return h[i].Call < h[j].Call })
@@ -103,28 +127,54 @@ func minimize(history []porcupine.Operation, timeout, total time.Duration) []por
 	illegal := func(ops []porcupine.Operation) bool {
 		return porcupine.CheckOperationsTimeout(kvModel, ops, timeout) == porcupine.Illegal
 	}
-	// A prefix keeps its operations whole; operations that returned after the
-	// prefix's last call are still in it, which can only add constraints.
 	lo, hi := 1, len(h)
 	for lo < hi && time.Now().Before(end) {
 		mid := (lo + hi) / 2
-		if illegal(h[:mid]) {
+		if illegal(cutAt(h, mid)) {
 			hi = mid
 		} else {
 			lo = mid + 1
 		}
 	}
-	h = h[:hi]
-	budget := 2000
+	h = cutAt(h, hi)
+	budget := 4 * shownOps // the reads near the end, where the failure shows
 	for i := len(h) - 1; i >= 0 && budget > 0 && time.Now().Before(end); i-- {
+		if h[i].Input.(kvInput).Op != "get" {
+			continue
+		}
 		budget--
 		try := append(append([]porcupine.Operation(nil), h[:i]...), h[i+1:]...)
-		if len(try) > 0 && illegal(try) {
+		if illegal(try) {
 			h = try
 		}
 	}
 	return h
 }
+
+// cutAt is the cut of step 1 of minimize at the call time of h[n] (h sorted by
+// call time): h[:n], with the outcomes of the operations still running then
+// made unknown.
+func cutAt(h []porcupine.Operation, n int) []porcupine.Operation {
+	if n >= len(h) {
+		return h
+	}
+	t := h[n].Call
+	out := make([]porcupine.Operation, 0, n)
+	for _, op := range h[:n] {
+		if op.Return >= t {
+			if op.Input.(kvInput).Op == "get" {
+				continue
+			}
+			op.Output, op.Return = kvOutput{Unknown: true}, unknownReturn
+		}
+		out = append(out, op)
+	}
+	return out
+}
+
+// shownOps is how many operations of a failing history are printed: the last
+// ones, where the cut of minimize ends and so where the history went wrong.
+const shownOps = 80
 
 func formatHistory(h []porcupine.Operation) string {
 	var b strings.Builder
@@ -132,9 +182,16 @@ func formatHistory(h []porcupine.Operation) string {
 	for _, op := range h {
 		base = min(base, op.Call)
 	}
+	if len(h) > shownOps {
+		fmt.Fprintf(&b, "  (%d earlier operations not shown)\n", len(h)-shownOps)
+		h = h[len(h)-shownOps:]
+	}
 	for _, op := range h {
-		ret := "never (unknown)"
-		if op.Return != unknownReturn {
+		ret := "unknown, never bounded"
+		switch {
+		case op.Output.(kvOutput).Unknown && op.Return != unknownReturn:
+			ret = fmt.Sprintf("unknown, by the kill at %.3fms", float64(op.Return-base)/1e6)
+		case op.Return != unknownReturn:
 			ret = fmt.Sprintf("%.3fms", float64(op.Return-base)/1e6)
 		}
 		fmt.Fprintf(&b, "  client %2d  call %.3fms  return %s  %s\n", op.ClientId, float64(op.Call-base)/1e6, ret,

@@ -45,6 +45,9 @@ type Config struct {
 	Seed int64
 	// CheckTimeout bounds the linearizability check of one object; zero means 60s.
 	CheckTimeout time.Duration
+	// HistoryDir, when set, receives each KV object's history as JSON lines
+	// (kv<i>.jsonl) before it is checked.
+	HistoryDir string
 	// Progress receives a line per kill and the verdict; nil means io.Discard.
 	Progress io.Writer
 }
@@ -92,6 +95,7 @@ type run struct {
 	http  *http.Client
 
 	mu       sync.Mutex
+	killedAt []int64                 // r.now() once each killed server had exited
 	kv       [][]porcupine.Operation // per object
 	logs     []*logRecord
 	failures []string
@@ -189,7 +193,7 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 		case <-time.After(wait):
 		}
 		r.down.Store(true)
-		srv.kill()
+		r.kill(srv)
 		kills++
 		fmt.Fprintf(cfg.Progress, "kill %d at %.1fs\n", kills, time.Since(r.start).Seconds())
 		time.Sleep(time.Duration(rng.Intn(200)) * time.Millisecond)
@@ -204,29 +208,84 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 	close(stop)
 	wg.Wait()
 	// A last kill and restart, then the final reads.
-	srv.kill()
+	r.kill(srv)
 	kills++
 	if srv, err = r.startServer(ctx, dataDir, cfgFile); err != nil {
 		return nil, err
 	}
 	r.finalChecks()
 	v := &Verdict{Seed: cfg.Seed, Kills: kills, Ops: r.ops, Unknown: r.unknown}
+	checkStart := time.Now()
 	for i, h := range r.kv {
-		res, failing := checkKV(h, cfg.CheckTimeout)
-		switch res {
+		boundUnknown(h, r.killedAt)
+		if cfg.HistoryDir != "" {
+			if err := dumpHistory(filepath.Join(cfg.HistoryDir, fmt.Sprintf("kv%d.jsonl", i)), h); err != nil {
+				return nil, err
+			}
+		}
+		switch checkKV(h, cfg.CheckTimeout) {
 		case porcupine.Illegal:
 			r.fail("object kv%d: its %d operations are not linearizable", i, len(h))
 			if v.FailingHistory == "" {
-				v.FailingHistory = failing
+				v.FailingHistory = fmt.Sprintf("object kv%d:\n%s", i, smallestFailing(h))
 			}
 		case porcupine.Unknown:
 			r.fail("object kv%d: the linearizability check of %d operations timed out", i, len(h))
 		}
 	}
+	fmt.Fprintf(cfg.Progress, "checked %d objects' histories in %.1fs\n", len(r.kv), time.Since(checkStart).Seconds())
 	v.Failures = r.failures
 	v.OK = len(v.Failures) == 0
 	fmt.Fprint(cfg.Progress, v.String())
 	return v, nil
+}
+
+// kill SIGKILLs the server and notes when it had exited: no request it
+// received can take effect after that.
+func (r *run) kill(srv *server) {
+	srv.kill()
+	r.mu.Lock()
+	r.killedAt = append(r.killedAt, r.now())
+	r.mu.Unlock()
+}
+
+// boundUnknown gives each operation of unknown outcome its latest possible
+// effect: the first kill that ended after the client saw the error. The server
+// that received the request may still have been running it (a client time-out)
+// but not beyond its own death, and a request that saw its connection reset
+// was on a server that was dead by then or died at the kill noted just after
+// (the kill is noted a moment after the process exits, so the bound may be one
+// kill late, which is loose but never wrong). Without the bound an unknown
+// write overlaps every later operation and the check's search explodes.
+func boundUnknown(h []porcupine.Operation, killedAt []int64) {
+	for i := range h {
+		if !h[i].Output.(kvOutput).Unknown {
+			continue
+		}
+		seen := h[i].Return
+		j := sort.Search(len(killedAt), func(j int) bool { return killedAt[j] > seen })
+		if j == len(killedAt) {
+			h[i].Return = unknownReturn
+		} else {
+			h[i].Return = killedAt[j]
+		}
+	}
+}
+
+// dumpHistory writes h as JSON lines (times in ns from the run's start), for a
+// look at a failure by other means.
+func dumpHistory(path string, h []porcupine.Operation) error {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	for _, op := range h {
+		if err := enc.Encode(map[string]any{"client": op.ClientId, "call": op.Call, "return": op.Return, "in": op.Input, "out": op.Output}); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, b.Bytes(), 0o644)
 }
 
 func orDefault(v, d int) int {
@@ -436,7 +495,9 @@ func (r *run) kvOp(c int, rng *rand.Rand) {
 		if in.Op == "get" {
 			return // a read with no reply changed nothing
 		}
-		op.Output, op.Return = kvOutput{Unknown: true}, unknownReturn
+		// Return stays the time the client saw the error; boundUnknown moves it
+		// to the kill that ended that server before the check.
+		op.Output = kvOutput{Unknown: true}
 	}
 	r.mu.Lock()
 	r.kv[obj] = append(r.kv[obj], op)
