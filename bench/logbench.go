@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/bench/peers"
 )
 
 // recordBody is a 256-byte JSON record body.
@@ -41,6 +42,7 @@ func logAppends(dir string, d time.Duration, logs, producers, batch int) (result
 	var failed atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	m := startMeter()
 	start := time.Now()
 	for p := 0; p < producers; p++ {
 		wg.Add(1)
@@ -73,10 +75,12 @@ func logAppends(dir string, d time.Duration, logs, producers, batch int) (result
 		return result{}, err
 	}
 	after := rt.Node().Stats().Pipeline
-	return result{
+	r := result{
 		OpsPerSec:     float64(records.Load()) / elapsed.Seconds(),
 		SyncsPerWrite: float64(after.Commits-before.Commits) / float64(after.Writes-before.Writes),
-	}, nil
+	}
+	m.stop(&r, records.Load())
+	return r, nil
 }
 
 func defaultTypeOptions() holdfast.TypeOptions {
@@ -166,7 +170,7 @@ func logLarge(dir string, n int) (result, error) {
 func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger(), TypeOptions: func(string) holdfast.TypeOptions {
 		o := defaultTypeOptions()
-		o.Log.MaxBatchSize = 100 // appends of 100; leases ask for 10
+		o.Log.MaxBatchSize = 100 // a producer's appends of 100; leases ask for 10
 		o.Log.Leases = &holdfast.LeaseOptions{MaxParallelism: pollers, LeaseDuration: 30 * time.Second}
 		return o
 	}})
@@ -180,8 +184,8 @@ func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 	for i := range in {
 		in[i].Body = recordBody
 	}
-	// Enough records for the run: 10 per cycle, up to 100,000 cycles.
-	for i := 0; i < 10000; i++ {
+	// As many records as the peers' lease case puts in its log.
+	for n := 0; n < peers.LeaseRecords; n += len(in) {
 		if _, err := l.Append(ctx, in...); err != nil {
 			return result{}, err
 		}
@@ -190,6 +194,7 @@ func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 	var failed atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	m := startMeter()
 	start := time.Now()
 	for p := 0; p < pollers; p++ {
 		wg.Add(1)
@@ -224,7 +229,10 @@ func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 	if err, _ := failed.Load().(error); err != nil {
 		return result{}, err
 	}
-	return result{OpsPerSec: float64(cycles.Load()) / time.Since(start).Seconds()}, nil
+	r := result{OpsPerSec: float64(cycles.Load()) / time.Since(start).Seconds()}
+	m.stop(&r, cycles.Load())
+	r.PayloadBytes = 0 // a cycle writes no payload
+	return r, nil
 }
 
 // redeliveryDelay leases ranges of 100 ms and lets them expire while a poller

@@ -9,11 +9,11 @@ import (
 	"log/slog"
 	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
-	"sort"
+	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast"
+	"github.com/holdfast/holdfast/bench/peers"
 )
 
 // result is what one case prints, as one JSON line, from its own process.
@@ -40,25 +41,14 @@ type result struct {
 	// Redelivery case only.
 	RedeliveryP50Ms float64 `json:"redeliveryP50Ms,omitempty"`
 	RedeliveryP99Ms float64 `json:"redeliveryP99Ms,omitempty"`
-}
-
-type caseSpec struct {
-	name   string
-	target float64 // minimum ratio to the probe; 0: none
-	run    func(dir string, d time.Duration) (result, error)
-}
-
-var cases = []caseSpec{
-	{"one-object-serial", 0.8, func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 1) }},
-	{"1000-objects-1-in-flight", 30, func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 1000) }},
-	{"one-object-64-callers", 8, func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 64) }},
-	// Records per second (not appends) against the probe's syncs per second.
-	{"log-batches-of-100", 40, func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1, 1, 100) }},
-	{"log-batches-of-100-4-logs", 40, func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 4, 4, 100) }},
-	{"log-1000-logs-single-records", 30, func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1000, 1000, 1) }},
-	// Lease+ack cycles (10 records each) per second on one consumer.
-	{"log-lease-ack-1-poller", 0, func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 1) }},
-	{"log-lease-ack-64-pollers", 0, func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 64) }},
+	// Costs over the measured interval: operations, bytes written to disk by
+	// the server process (/proc/<pid>/io write_bytes), CPU seconds of this
+	// process, and the payload bytes written (0 where it means nothing).
+	Ops          int64   `json:"ops,omitempty"`
+	DiskBytes    uint64  `json:"diskBytes,omitempty"`
+	CPUSeconds   float64 `json:"cpuSeconds,omitempty"`
+	PayloadBytes float64 `json:"payloadBytes,omitempty"`
+	Note         string  `json:"note,omitempty"`
 }
 
 func main() {
@@ -67,12 +57,15 @@ func main() {
 		duration = flag.Duration("duration", 3*time.Second, "measured time per case")
 		warmup   = flag.Duration("warmup", 500*time.Millisecond, "unmeasured time before each case")
 		memObjs  = flag.Int("memory-objects", 100000, "objects for the memory case (0 skips it)")
-		logRecs  = flag.Int("log-records", 1000000, "records of the large-log case: reads and start-up (0 skips it)")
+		logRecs  = flag.Int("log-records", 1000000, "records of the restart case on every system, and of Holdfast's large-log reads (0 skips them)")
 		jsonOut  = flag.String("json", "", "also write the summary as JSON to this file")
+		mdOut    = flag.String("md", "", "also write the Markdown report to this file")
 		dirFlag  = flag.String("dir", "", "directory for data and the probe file (default: a temporary directory)")
-		only     = flag.String("case", "", "internal: run one case in this process")
+		only     = flag.String("case", "", "internal: run one case (system/workload, or probe, memory...) in this process")
 		check    = flag.Bool("check", false, "exit 1 when a median ratio is below half its target")
-		filter   = flag.String("cases", "", "comma-separated case names to run (default: all)")
+		smoke    = flag.Bool("smoke", false, "the CI profile: 2 short rounds, small restart case, no memory case; exit 1 only when a ratio is below a tenth of its target")
+		filter   = flag.String("cases", "", "comma-separated workload names to run (default: all)")
+		sysFlag  = flag.String("systems", strings.Join(systems, ","), "comma-separated systems to run: holdfast, redis, jetstream")
 		fanout   = flag.Bool("fanout", false, "run the websocket fan-out benchmark instead of the write cases")
 		fSockets = flag.Int("fanout-sockets", 1000, "fan-out: websockets")
 		fObjects = flag.Int("fanout-objects", 100, "fan-out: objects the sockets subscribe to")
@@ -98,18 +91,32 @@ func main() {
 	if *only != "" {
 		os.Exit(runChild(*only, *dirFlag, *duration, *warmup, *memObjs, *logRecs))
 	}
+	cfg := driveConfig{rounds: *rounds, d: *duration, warmup: *warmup, memObjs: *memObjs, logRecs: *logRecs,
+		jsonOut: *jsonOut, mdOut: *mdOut, floor: 0}
+	if *check {
+		cfg.floor = 0.5
+	}
+	if *smoke {
+		cfg.rounds, cfg.d, cfg.warmup, cfg.memObjs, cfg.logRecs, cfg.floor = 2, time.Second, 200*time.Millisecond, 0, 100000, 0.1
+	}
+	cfg.workloads = workloads
 	if *filter != "" {
 		keep := map[string]bool{}
 		for _, n := range strings.Split(*filter, ",") {
 			keep[n] = true
 		}
-		var sel []caseSpec
-		for _, c := range cases {
-			if keep[c.name] {
-				sel = append(sel, c)
+		cfg.workloads = nil
+		for _, w := range workloads {
+			if keep[w.name] {
+				cfg.workloads = append(cfg.workloads, w)
 			}
 		}
-		cases = sel
+	}
+	for _, s := range strings.Split(*sysFlag, ",") {
+		if !slices.Contains(systems, s) {
+			fatal(fmt.Errorf("unknown system %q (want %s)", s, strings.Join(systems, ", ")))
+		}
+		cfg.systems = append(cfg.systems, s)
 	}
 	base := *dirFlag
 	if base == "" {
@@ -128,7 +135,12 @@ func main() {
 	if *fanout {
 		os.Exit(runFanout(base, fanoutConfig{sockets: *fSockets, objects: *fObjects, rate: *fRate, duration: *duration, rounds: *rounds}, *jsonOut))
 	}
-	os.Exit(drive(base, *rounds, *duration, *warmup, *memObjs, *logRecs, *jsonOut, *check))
+	if slices.Contains(cfg.systems, sysRedis) {
+		if err := ensureRedis(); err != nil {
+			fatal(err)
+		}
+	}
+	os.Exit(drive(base, cfg))
 }
 
 func fatal(err error) {
@@ -140,30 +152,39 @@ func fatal(err error) {
 func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) int {
 	var r result
 	var err error
+	peers.Warmup = warmup
+	peers.LeaseRecords = leaseRecordsFor(d, warmup)
 	switch name {
 	case "probe":
 		r, err = probe(dir, d)
 	case "memory":
 		r, err = memory(dir, memObjs)
-	case "log-large":
-		r, err = logLarge(dir, logRecs)
 	case "redelivery":
 		r, err = redeliveryDelay(dir, 200)
 	default:
-		found := false
-		for _, c := range cases {
-			if c.name == name {
-				found = true
-				if warmup > 0 {
-					if _, err = c.run(filepath.Join(dir, "warmup"), warmup); err != nil {
-						break
-					}
-				}
-				r, err = c.run(filepath.Join(dir, "data"), d)
-			}
-		}
-		if !found {
+		system, wname, _ := strings.Cut(name, "/")
+		w, found := findWorkload(wname)
+		switch {
+		case !found || !slices.Contains(systems, system):
 			err = fmt.Errorf("unknown case %q", name)
+		case system != sysHoldfast:
+			r, err = runPeerCase(system, w, dir, d, logRecs)
+		case w.name == restartCase:
+			r, err = logLarge(dir, logRecs)
+		default:
+			if warmup > 0 {
+				peers.LeaseRecords = leaseRecordsFor(warmup, 0)
+				if _, err = w.holdfast(filepath.Join(dir, "warmup"), warmup); err != nil {
+					break
+				}
+				peers.LeaseRecords = leaseRecordsFor(d, warmup)
+			}
+			stopProfile := profileCPU()
+			r, err = w.holdfast(filepath.Join(dir, "data"), d)
+			stopProfile()
+			if !w.payload {
+				r.PayloadBytes = 0
+			}
 		}
 	}
 	if err != nil {
@@ -173,6 +194,45 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 	r.Case = name
 	_ = json.NewEncoder(os.Stdout).Encode(r)
 	return 0
+}
+
+// profileCPU starts a CPU profile into $HOLDFAST_BENCH_CPUPROFILE, when set;
+// it returns the function that stops it.
+func profileCPU() func() {
+	path := os.Getenv("HOLDFAST_BENCH_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fatal(err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }
+}
+
+// meter measures the costs of a measured interval in this process.
+type meter struct {
+	disk uint64
+	cpu  time.Duration
+}
+
+func startMeter() meter {
+	disk, _ := peers.DiskWriteBytes(os.Getpid())
+	return meter{disk: disk, cpu: peers.ProcessCPU()}
+}
+
+// stop fills r's costs: ops operations, each with one 256-byte payload.
+func (m meter) stop(r *result, ops int64) {
+	disk, _ := peers.DiskWriteBytes(os.Getpid())
+	if disk >= m.disk {
+		r.DiskBytes = disk - m.disk
+	}
+	r.CPUSeconds = (peers.ProcessCPU() - m.cpu).Seconds()
+	r.Ops = ops
+	r.PayloadBytes = float64(ops) * peers.PayloadSize
 }
 
 // probe overwrites 4 KiB at the start of a pre-written file and fdatasyncs it, as
@@ -227,16 +287,17 @@ func throughput(dir string, d time.Duration, objects, callers int) (result, erro
 	objs := make([]*holdfast.Object, objects)
 	for i := range objs {
 		objs[i] = rt.Object("app_bench", "bench", fmt.Sprintf("obj-%d", i))
-		if _, err := objs[i].Set(ctx, "v", 0); err != nil { // activate before measuring
-			return result{}, err
-		}
+	}
+	if err := activate(objs); err != nil {
+		return result{}, err
 	}
 	before := rt.Node().Stats().Pipeline
 	var ops atomic.Int64
 	var failed atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	value := strings.Repeat("x", 200) // a 256-byte-ish record with the JSON and slot name
+	value := string(peers.Payload()) // the peers' 256-byte value
+	m := startMeter()
 	start := time.Now()
 	for c := 0; c < callers; c++ {
 		wg.Add(1)
@@ -266,10 +327,33 @@ func throughput(dir string, d time.Duration, objects, callers int) (result, erro
 	}
 	after := rt.Node().Stats().Pipeline
 	writes := after.Writes - before.Writes
-	return result{
+	r := result{
 		OpsPerSec:     float64(ops.Load()) / elapsed.Seconds(),
 		SyncsPerWrite: float64(after.Commits-before.Commits) / float64(writes),
-	}, nil
+	}
+	m.stop(&r, ops.Load())
+	return r, nil
+}
+
+// activate writes each object once, 256 at a time, before the measured interval.
+func activate(objs []*holdfast.Object) error {
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	sem := make(chan struct{}, 256)
+	for _, o := range objs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if _, err := o.Set(context.Background(), "v", 0); err != nil {
+				failed.Store(err)
+			}
+		}()
+	}
+	wg.Wait()
+	err, _ := failed.Load().(error)
+	return err
 }
 
 // memory activates n objects and measures the Go heap per active object once they
@@ -349,126 +433,4 @@ func memory(dir string, n int) (result, error) {
 	}
 	perIdle := (heap() - afterFirst) / float64(n)
 	return result{BytesPerActive: perActive, BytesPerIdle: perIdle, HighWaterPerPeak: (afterFirst - base) / float64(n)}, nil
-}
-
-// drive runs the rounds, each case in a child process, and reports.
-func drive(base string, rounds int, d, warmup time.Duration, memObjs, logRecs int, jsonOut string, check bool) int {
-	self, err := os.Executable()
-	if err != nil {
-		fatal(err)
-	}
-	probes := make([][]float64, rounds)
-	byCase := map[string][]result{}
-	ratios := map[string][]float64{}
-	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
-	run := func(round int, name string) result {
-		dir := filepath.Join(base, fmt.Sprintf("r%d-%s", round, name))
-		defer os.RemoveAll(dir)
-		cmd := exec.Command(self, "-case", name, "-dir", dir, "-duration", d.String(), "-warmup", warmup.String(), fmt.Sprintf("-memory-objects=%d", memObjs), fmt.Sprintf("-log-records=%d", logRecs))
-		cmd.Stderr = os.Stderr
-		out, err := cmd.Output()
-		if err != nil {
-			fatal(fmt.Errorf("case %s: %w", name, err))
-		}
-		var r result
-		if err := json.Unmarshal(out, &r); err != nil {
-			fatal(fmt.Errorf("case %s printed %q", name, out))
-		}
-		return r
-	}
-	for round := 0; round < rounds; round++ {
-		order := rng.Perm(len(cases))
-		p1 := run(round, "probe").OpsPerSec
-		var got []result
-		for _, i := range order {
-			got = append(got, run(round, cases[i].name))
-		}
-		p2 := run(round, "probe").OpsPerSec
-		probes[round] = []float64{p1, p2}
-		mean := (p1 + p2) / 2
-		for _, r := range got {
-			byCase[r.Case] = append(byCase[r.Case], r)
-			ratios[r.Case] = append(ratios[r.Case], r.OpsPerSec/mean)
-		}
-		fmt.Fprintf(os.Stderr, "round %d: probe %.0f/%.0f per s\n", round+1, p1, p2)
-	}
-	var mem *result
-	if memObjs > 0 {
-		r := run(0, "memory")
-		mem = &r
-	}
-	var large *result
-	if logRecs > 0 {
-		r := run(0, "log-large")
-		red := run(0, "redelivery")
-		r.RedeliveryP50Ms, r.RedeliveryP99Ms = red.RedeliveryP50Ms, red.RedeliveryP99Ms
-		large = &r
-	}
-	return report(probes, byCase, ratios, mem, memObjs, large, d, jsonOut, check)
-}
-
-type stat struct {
-	Median float64 `json:"median"`
-	Min    float64 `json:"min"`
-	Max    float64 `json:"max"`
-}
-
-func summarize(xs []float64) stat {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	m := s[len(s)/2]
-	if len(s)%2 == 0 {
-		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return stat{Median: m, Min: s[0], Max: s[len(s)-1]}
-}
-
-func report(probes [][]float64, byCase map[string][]result, ratios map[string][]float64, mem *result, memObjs int, large *result, d time.Duration, jsonOut string, check bool) int {
-	var all []float64
-	for _, p := range probes {
-		all = append(all, p...)
-	}
-	ps := summarize(all)
-	summary := map[string]any{"rounds": len(probes), "duration": d.String(), "probe": ps, "cases": map[string]any{}}
-	fmt.Printf("| case | ops/s median (min-max) | ratio to probe median (min-max) | target | syncs per write |\n|---|---|---|---|---|\n")
-	fmt.Printf("| fsync probe (4 KiB overwrite + fdatasync) | %.0f (%.0f-%.0f) | 1 | | 1 |\n", ps.Median, ps.Min, ps.Max)
-	failed := 0
-	for _, c := range cases {
-		var ops, syncs []float64
-		for _, r := range byCase[c.name] {
-			ops = append(ops, r.OpsPerSec)
-			syncs = append(syncs, r.SyncsPerWrite)
-		}
-		os, rs, ss := summarize(ops), summarize(ratios[c.name]), summarize(syncs)
-		mark := ""
-		if rs.Median < c.target {
-			mark = " (below target)"
-			if check && rs.Median < c.target/2 {
-				failed++
-			}
-		}
-		fmt.Printf("| %s | %.0f (%.0f-%.0f) | %.2fx (%.2f-%.2f)%s | %.1fx | %.4f |\n", c.name, os.Median, os.Min, os.Max, rs.Median, rs.Min, rs.Max, mark, c.target, ss.Median)
-		summary["cases"].(map[string]any)[c.name] = map[string]any{"opsPerSec": os, "ratio": rs, "target": c.target, "syncsPerWrite": ss}
-	}
-	if mem != nil {
-		fmt.Printf("\n| memory, %d objects | Go heap bytes |\n|---|---|\n| per active object (quiet) | %.0f |\n| per idle (passivated) object: growth over a second round of %d other objects | %.0f |\n| routing tables' high-water mark, per object of the peak | %.0f |\n", memObjs, mem.BytesPerActive, memObjs, mem.BytesPerIdle, mem.HighWaterPerPeak)
-		summary["memory"] = mem
-	}
-	if large != nil {
-		fmt.Printf("\n| one log of %d records (256-byte bodies) | value |\n|---|---|\n| filled at (batches of 1,000) | %.0f records/s |\n| sequential read, pages of 1,000 (median of 3) | %.0f records/s |\n| start to ready: open the data directory, first read of the log (median of 5) | %.3f s (target under 1 s) |\n",
-			large.LogRecords, large.FillRecordsPerSec, large.ReadRecordsPerSec, large.StartSeconds)
-		fmt.Printf("\n| lease redelivery after expiry (leases of 100 ms, a poller asking every 1 ms, 200 expiries) | p50 %.0f ms, p99 %.0f ms |\n|---|---|\n", large.RedeliveryP50Ms, large.RedeliveryP99Ms)
-		summary["largeLog"] = large
-	}
-	if jsonOut != "" {
-		b, _ := json.MarshalIndent(summary, "", "  ")
-		if err := os.MkdirAll(filepath.Dir(jsonOut), 0o755); err == nil {
-			_ = os.WriteFile(jsonOut, b, 0o644)
-		}
-	}
-	if failed > 0 {
-		fmt.Fprintf(os.Stderr, "bench: %d cases below half their target\n", failed)
-		return 1
-	}
-	return 0
 }

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/holdfast/holdfast/bench/peers"
+)
+
+// The systems a workload runs on. Holdfast runs embedded (its Go API, no
+// network), as JetStream does (embedded server, its client over 127.0.0.1);
+// Redis is a redis-server child process with its client over 127.0.0.1.
+const (
+	sysHoldfast  = "holdfast"
+	sysRedis     = "redis"
+	sysJetStream = "jetstream"
+)
+
+var systems = []string{sysHoldfast, sysRedis, sysJetStream}
+
+// workload is one row of the table: the same work on every system that has
+// it, with Holdfast's targets.
+type workload struct {
+	name  string
+	title string
+	unit  string // what OpsPerSec counts
+	// target is Holdfast's minimum median ratio to the probe; 0: none.
+	target float64
+	// vsRedis and vsJetStream are Holdfast's minimum median ratios to the
+	// peer's figure; 0: none.
+	vsRedis, vsJetStream float64
+	// payload says that every operation carries one 256-byte payload, so disk
+	// bytes per payload byte make sense.
+	payload  bool
+	holdfast func(dir string, d time.Duration) (result, error)
+	// peer runs the workload on a started peer; nil: Holdfast only.
+	peer func(p peers.Peer, d time.Duration) (peers.Result, error)
+}
+
+func writes(objects, callers int) func(peers.Peer, time.Duration) (peers.Result, error) {
+	return func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.Writes(objects, callers, d) }
+}
+
+var workloads = []workload{
+	{name: "one-writer", title: "one writer, one write at a time", unit: "writes/s", target: 0.9, payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 1) }, peer: writes(1, 1)},
+	{name: "1000-objects", title: "1,000 objects, one write in flight each", unit: "writes/s", target: 40, vsRedis: 2.5, vsJetStream: 10, payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 1000) }, peer: writes(1000, 1000)},
+	{name: "10000-objects", title: "10,000 objects, one write in flight each", unit: "writes/s", payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 10000, 10000) }, peer: writes(10000, 10000)},
+	{name: "hot-object-64-callers", title: "one hot object, 64 callers", unit: "writes/s", target: 8, payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 64) }, peer: writes(1, 64)},
+	{name: "kv-writes", title: "KV writes: 64 callers over 1,000 keys", unit: "writes/s", payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 64) },
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.KVWrites(64, 1000, d) }},
+	{name: "batches-of-100", title: "batches of 100 records, one producer", unit: "records/s", target: 40, payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1, 1, 100) },
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.Batches(100, d) }},
+	{name: "lease-cycles-1", title: "lease cycles (take 10, ack), 1 consumer", unit: "cycles/s", vsRedis: 1,
+		holdfast: func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 1) },
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(1, d) }},
+	{name: "lease-cycles-64", title: "lease cycles (take 10, ack), 64 consumers", unit: "cycles/s", vsRedis: 2,
+		holdfast: func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 64) },
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(64, d) }},
+	// Holdfast only: how group commit behaves across several logs.
+	{name: "batches-of-100-4-logs", title: "batches of 100 records, 4 producers on 4 logs", unit: "records/s", target: 40, payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 4, 4, 100) }},
+	{name: "1000-logs-single-records", title: "single records, 1,000 logs, one in flight each", unit: "records/s", target: 30, payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1000, 1000, 1) }},
+}
+
+// caseName names one process of the driver: a system and a workload.
+func caseName(system, workload string) string { return system + "/" + workload }
+
+// restartCase is the one-off case "restart with N records", per system.
+const restartCase = "restart"
+
+// runPeerCase starts the peer in dir, runs the workload (peers.Warmup first),
+// and stops the peer.
+func runPeerCase(system string, w workload, dir string, d time.Duration, restartRecords int) (result, error) {
+	p, err := peers.Start(system, dir)
+	if err != nil {
+		return result{}, err
+	}
+	defer p.Close()
+	if w.name == restartCase {
+		s, err := p.FillAndRestart(restartRecords)
+		return result{LogRecords: restartRecords, StartSeconds: s}, err
+	}
+	r, err := w.peer(p, d)
+	if err != nil {
+		return result{}, err
+	}
+	out := result{OpsPerSec: r.OpsPerSec, Ops: r.Ops, DiskBytes: r.DiskBytes, CPUSeconds: r.ClientCPU.Seconds(), Note: r.Note}
+	if w.payload {
+		out.PayloadBytes = float64(r.Ops) * peers.PayloadSize
+	}
+	return out, nil
+}
+
+// ensureRedis installs Debian's redis-server when it is missing and the driver
+// may (root, apt-get present); the driver starts its own servers.
+func ensureRedis() error {
+	if _, err := exec.LookPath("redis-server"); err == nil {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("redis-server is not installed; install Debian's redis-server (apt-get install redis-server) or run the driver as root")
+	}
+	if _, err := exec.LookPath("apt-get"); err != nil {
+		return errors.New("redis-server is not installed and there is no apt-get to install it")
+	}
+	fmt.Fprintln(os.Stderr, "bench: installing redis-server (apt-get)")
+	for _, args := range [][]string{{"update", "-qq"}, {"install", "-y", "-qq", "redis-server"}} {
+		cmd := exec.Command("apt-get", args...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("apt-get %v: %w", args, err)
+		}
+	}
+	_, err := exec.LookPath("redis-server")
+	return err
+}
+
+// leaseRecordsFor is how many records a lease case puts in its log first:
+// enough for the fastest consumer seen here (about 165,000 records a second)
+// over the warm-up and the measured interval, with room to spare.
+func leaseRecordsFor(d, warmup time.Duration) int {
+	return max(100_000, int(300_000*(d+warmup).Seconds()))
+}
+
+func findWorkload(name string) (workload, bool) {
+	if name == restartCase {
+		return workload{name: restartCase}, true
+	}
+	for _, w := range workloads {
+		if w.name == name {
+			return w, true
+		}
+	}
+	return workload{}, false
+}
+
+// childDir is a case's fresh data directory.
+func childDir(base string, round int, name string) string {
+	return filepath.Join(base, fmt.Sprintf("r%d-%s", round, filepath.Base(name)+"-"+filepath.Dir(name)))
+}
