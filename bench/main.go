@@ -47,6 +47,7 @@ type result struct {
 	Ops          int64   `json:"ops,omitempty"`
 	DiskBytes    uint64  `json:"diskBytes,omitempty"`
 	CPUSeconds   float64 `json:"cpuSeconds,omitempty"`
+	ServerCPU    float64 `json:"serverCPUSeconds,omitempty"` // a separate server process's (Redis)
 	PayloadBytes float64 `json:"payloadBytes,omitempty"`
 	Note         string  `json:"note,omitempty"`
 }

@@ -96,6 +96,9 @@ func runPeerCase(system string, w workload, dir string, d time.Duration, restart
 		return result{}, err
 	}
 	out := result{OpsPerSec: r.OpsPerSec, Ops: r.Ops, DiskBytes: r.DiskBytes, CPUSeconds: r.ClientCPU.Seconds(), Note: r.Note}
+	if p.PID() != os.Getpid() {
+		out.ServerCPU = r.ServerCPU.Seconds()
+	}
 	if w.payload {
 		out.PayloadBytes = float64(r.Ops) * peers.PayloadSize
 	}

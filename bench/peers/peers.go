@@ -63,6 +63,9 @@ type Result struct {
 	// interval. For Redis that is the client only; for embedded JetStream it
 	// includes the server.
 	ClientCPU time.Duration `json:"clientCPU"`
+	// ServerCPU is the user+system CPU time of the server process over the
+	// measured interval (for embedded JetStream, this process: ClientCPU).
+	ServerCPU time.Duration `json:"serverCPU"`
 	// Elapsed is the length of the measured interval.
 	Elapsed time.Duration `json:"elapsed"`
 	// Note says what the figures mean beyond their names, when it matters.
@@ -151,6 +154,31 @@ func ProcessCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// PIDCPU returns the user plus system CPU time of process pid, from
+// /proc/<pid>/stat, or 0 if it cannot be read.
+func PIDCPU(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces; the fields after it do not.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
+	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	const ticks = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / ticks
 }
 
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.

@@ -328,3 +328,23 @@ func TestDiskWriteBytesAndCPU(t *testing.T) {
 		t.Errorf("payload of %d bytes", len(Payload()))
 	}
 }
+
+// PIDCPU reads a process's CPU time from /proc: this process's, after burning
+// some, is close to what getrusage says.
+func TestPIDCPU(t *testing.T) {
+	start := ProcessCPU()
+	x := 0
+	for ProcessCPU()-start < 200*time.Millisecond {
+		for i := range 1_000_000 {
+			x += i
+		}
+	}
+	_ = x
+	self, proc := ProcessCPU(), PIDCPU(os.Getpid())
+	if proc < 150*time.Millisecond || proc > self+50*time.Millisecond {
+		t.Fatalf("PIDCPU %v, getrusage %v", proc, self)
+	}
+	if PIDCPU(-1) != 0 {
+		t.Fatal("PIDCPU of no process should be 0")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -148,7 +149,7 @@ func run(workers int, d time.Duration, pid int, fn op) (measured, error) {
 	var m measured
 	var notes []string
 	disk0, diskErr := DiskWriteBytes(pid)
-	cpu0 := ProcessCPU()
+	cpu0, srv0 := ProcessCPU(), PIDCPU(pid)
 	ops0 := ops.Load()
 	t0 := time.Now()
 	var t1 time.Time
@@ -164,7 +165,7 @@ func run(workers int, d time.Duration, pid int, fn op) (measured, error) {
 		t1 = time.Now()
 	}
 	ops1 := ops.Load()
-	cpu1 := ProcessCPU()
+	cpu1, srv1 := ProcessCPU(), PIDCPU(pid)
 	disk1, err := DiskWriteBytes(pid)
 	if diskErr == nil {
 		diskErr = err
@@ -184,6 +185,10 @@ func run(workers int, d time.Duration, pid int, fn op) (measured, error) {
 		m.OpsPerSec = float64(m.Ops) / m.Elapsed.Seconds()
 	}
 	m.ClientCPU = cpu1 - cpu0
+	m.ServerCPU = srv1 - srv0
+	if pid == os.Getpid() {
+		m.ServerCPU = m.ClientCPU
+	}
 	if diskErr != nil {
 		notes = append(notes, "disk bytes unavailable: "+diskErr.Error())
 	} else if disk1 >= disk0 {
