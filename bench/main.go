@@ -80,6 +80,7 @@ func main() {
 		aWindow  = flag.Duration("alarm-window", 30*time.Second, "alarms: how long firing is measured")
 		aLead    = flag.Duration("alarm-lead", 90*time.Second, "alarms: the first alarm is due this long after the set phase starts")
 		aT0      = flag.Int64("alarm-t0", 0, "internal: unix ms of the first alarm")
+		leasePar = flag.Int("lease-parallelism", 64, "internal: the http-server child's maxParallelism of leases")
 	)
 	flag.Parse()
 	acfg := alarmConfig{objects: *aObjects, count: *aCount, rate: *aRate, window: *aWindow, lead: *aLead}
@@ -88,6 +89,9 @@ func main() {
 	}
 	if *only == "fanout-server" {
 		os.Exit(fanoutServer(*dirFlag))
+	}
+	if *only == "http-server" {
+		os.Exit(httpServer(*dirFlag, *leasePar))
 	}
 	if *only != "" {
 		os.Exit(runChild(*only, *dirFlag, *duration, *warmup, *memObjs, *logRecs))
@@ -168,6 +172,8 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 		switch {
 		case !found || !slices.Contains(systems, system):
 			err = fmt.Errorf("unknown case %q", name)
+		case system == sysHoldfastHTTP && w.name != restartCase:
+			r, err = httpCase(w, dir, d, warmup)
 		case system != sysHoldfast:
 			r, err = runPeerCase(system, w, dir, d, logRecs)
 		case w.name == restartCase:

@@ -68,7 +68,7 @@ func drive(base string, cfg driveConfig) int {
 	}
 	for _, w := range cfg.workloads {
 		for _, s := range cfg.systems {
-			if s == sysHoldfast || w.peer != nil {
+			if w.has(s) {
 				cfg.caseNames = append(cfg.caseNames, caseName(s, w.name))
 			}
 		}
@@ -102,6 +102,9 @@ func drive(base string, cfg driveConfig) int {
 			for _, peer := range []string{sysRedis, sysJetStream} {
 				if p, ok := got[caseName(peer, w.name)]; ok && p.OpsPerSec > 0 {
 					rep.vs[caseName(peer, w.name)] = append(rep.vs[caseName(peer, w.name)], h.OpsPerSec/p.OpsPerSec)
+					if hh, ok := got[caseName(sysHoldfastHTTP, w.name)]; ok {
+						rep.vs[caseName(peer, w.name)+"/http"] = append(rep.vs[caseName(peer, w.name)+"/http"], hh.OpsPerSec/p.OpsPerSec)
+					}
 				}
 			}
 		}
@@ -110,6 +113,9 @@ func drive(base string, cfg driveConfig) int {
 	if cfg.logRecs > 0 {
 		rep.restart = map[string]result{}
 		for _, s := range cfg.systems {
+			if s == sysHoldfastHTTP {
+				continue // the same start as embedded
+			}
 			if r, ok := run(0, caseName(s, restartCase)); ok {
 				rep.restart[s] = r
 			}
@@ -186,18 +192,20 @@ type systemFigures struct {
 	// RatioToProbe is OpsPerSec over the mean of the round's two probes.
 	RatioToProbe stat `json:"ratioToProbe"`
 	// CPUMicrosPerOp is the CPU time of the process that ran the case (for
-	// Redis the client only) per operation.
+	// Redis and Holdfast over HTTP the client only) per operation.
 	CPUMicrosPerOp stat `json:"cpuMicrosPerOp"`
 	// ServerCPUMicrosPerOp is a separate server process's CPU time per
-	// operation (Redis only).
+	// operation (Redis, Holdfast over HTTP).
 	ServerCPUMicrosPerOp *stat `json:"serverCpuMicrosPerOp,omitempty"`
 	// DiskBytesPerPayloadByte is what the server process wrote to disk per
 	// byte of payload (write cases only).
 	DiskBytesPerPayloadByte *stat `json:"diskBytesPerPayloadByte,omitempty"`
-	// HoldfastOver is Holdfast's figure over this peer's, round by round.
-	HoldfastOver *stat    `json:"holdfastOver,omitempty"`
-	SyncsPerOp   *stat    `json:"syncsPerOp,omitempty"`
-	Notes        []string `json:"notes,omitempty"`
+	// HoldfastOver is Holdfast's figure over this peer's, round by round;
+	// HoldfastHTTPOver the same for Holdfast over HTTP.
+	HoldfastOver     *stat    `json:"holdfastOver,omitempty"`
+	HoldfastHTTPOver *stat    `json:"holdfastHttpOver,omitempty"`
+	SyncsPerOp       *stat    `json:"syncsPerOp,omitempty"`
+	Notes            []string `json:"notes,omitempty"`
 }
 
 func (r *report) figures(w workload, system string) (systemFigures, bool) {
@@ -215,7 +223,7 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 			return c.CPUSeconds * 1e6 / float64(c.Ops)
 		}),
 	}
-	if system == sysRedis {
+	if system == sysRedis || system == sysHoldfastHTTP {
 		s := r.field(name, func(c result) float64 {
 			if c.Ops == 0 {
 				return 0
@@ -236,9 +244,14 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 	if system == sysHoldfast {
 		s := r.field(name, func(c result) float64 { return c.SyncsPerWrite })
 		f.SyncsPerOp = &s
-	} else if vs := r.vs[name]; len(vs) > 0 {
+	}
+	if vs := r.vs[name]; len(vs) > 0 {
 		s := summarize(vs)
 		f.HoldfastOver = &s
+	}
+	if vs := r.vs[name+"/http"]; len(vs) > 0 {
+		s := summarize(vs)
+		f.HoldfastHTTPOver = &s
 	}
 	for _, c := range r.cases[name] {
 		for _, n := range strings.Split(c.Note, "; ") {
@@ -252,7 +265,7 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 	return f, true
 }
 
-var systemTitle = map[string]string{sysHoldfast: "Holdfast", sysRedis: "Redis", sysJetStream: "JetStream"}
+var systemTitle = map[string]string{sysHoldfast: "Holdfast", sysHoldfastHTTP: "Holdfast over HTTP", sysRedis: "Redis", sysJetStream: "JetStream"}
 
 // write prints the Markdown report, writes the JSON and Markdown files, and
 // returns the exit code.
@@ -264,8 +277,8 @@ func (r *report) write() int {
 	fmt.Fprintf(&md, "%d rounds in shuffled order, %v measured per case after a %v warm-up, each case in its own process with a fresh data directory. "+
 		"Figures are medians over the rounds (min–max in brackets); ratios are to the mean of the fsync probe run before and after the round's cases, "+
 		"and Holdfast's ratio to a peer is taken round by round.\n\n", r.cfg.rounds, r.cfg.d, r.cfg.warmup)
-	fmt.Fprintf(&md, "| case | unit | Holdfast | Holdfast ÷ probe | target | Redis | Holdfast ÷ Redis | JetStream | Holdfast ÷ JetStream |\n|---|---|---|---|---|---|---|---|---|\n")
-	fmt.Fprintf(&md, "| fsync probe (4 KiB overwrite + fdatasync) | syncs/s | %s | 1 | | | | | |\n", fmtStat(ps, "%.0f"))
+	fmt.Fprintf(&md, "| case | unit | Holdfast | Holdfast ÷ probe | target | Holdfast over HTTP | Redis | Holdfast ÷ Redis (HTTP ÷ Redis) | JetStream | Holdfast ÷ JetStream |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&md, "| fsync probe (4 KiB overwrite + fdatasync) | syncs/s | %s | 1 | | | | | | |\n", fmtStat(ps, "%.0f"))
 	summary := map[string]any{"machine": mach, "rounds": r.cfg.rounds, "duration": r.cfg.d.String(), "warmup": r.cfg.warmup.String(),
 		"probe": ps, "workloads": map[string]any{}}
 	var below []string
@@ -299,6 +312,9 @@ func (r *report) write() int {
 			if f.HoldfastOver != nil {
 				over = fmtStat(*f.HoldfastOver, "%.2fx")
 			}
+			if f.HoldfastHTTPOver != nil {
+				over += " (" + fmtStat(*f.HoldfastHTTPOver, "%.2fx") + ")"
+			}
 			return fmtStat(f.OpsPerSec, "%.0f"), over
 		}
 		rOps, rOver := cell(sysRedis)
@@ -321,24 +337,28 @@ func (r *report) write() int {
 		if hok {
 			hOps, hRatio = fmtStat(h.OpsPerSec, "%.0f"), fmtStat(h.RatioToProbe, "%.2fx")
 		}
-		fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.title, w.unit, hOps, hRatio, target, rOps, rOver, jOps, jOver)
+		httpOps, _ := cell(sysHoldfastHTTP)
+		if f, ok := figs[sysHoldfastHTTP]; ok {
+			httpOps += fmt.Sprintf(" [%.2fx probe]", f.RatioToProbe.Median)
+		}
+		fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.title, w.unit, hOps, hRatio, target, httpOps, rOps, rOver, jOps, jOver)
 		summary["workloads"].(map[string]any)[w.name] = entry
 	}
 
 	// Costs.
 	fmt.Fprintf(&md, "\nCosts over the measured interval. CPU is the process that ran the case: Holdfast and JetStream run embedded, so theirs includes the server; "+
-		"Redis's client and server are separate processes, given apart. Disk bytes are what the server process wrote (`write_bytes` of `/proc/<pid>/io`) per byte of 256-byte payload.\n\n")
-	fmt.Fprintf(&md, "| case | CPU µs per op: Holdfast | Redis client | Redis server | JetStream | disk bytes per payload byte: Holdfast | Redis | JetStream | Holdfast syncs per op |\n|---|---|---|---|---|---|---|---|---|\n")
+		"Redis's and Holdfast-over-HTTP's clients and servers are separate processes, given apart. Disk bytes are what the server process wrote (`write_bytes` of `/proc/<pid>/io`) per byte of 256-byte payload.\n\n")
+	fmt.Fprintf(&md, "| case | CPU µs per op: Holdfast | HTTP client | HTTP server | Redis client | Redis server | JetStream | disk bytes per payload byte: Holdfast | Redis | JetStream | Holdfast syncs per op |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, w := range r.cfg.workloads {
 		cpu := map[string]string{}
 		disk := map[string]string{}
-		redisServer := "—"
+		server := map[string]string{}
 		for _, s := range systems {
-			cpu[s], disk[s] = "—", "—"
+			cpu[s], disk[s], server[s] = "—", "—", "—"
 			if f, ok := r.figures(w, s); ok {
 				cpu[s] = fmtStat(f.CPUMicrosPerOp, "%.1f")
 				if f.ServerCPUMicrosPerOp != nil {
-					redisServer = fmtStat(*f.ServerCPUMicrosPerOp, "%.1f")
+					server[s] = fmtStat(*f.ServerCPUMicrosPerOp, "%.1f")
 				}
 				if f.DiskBytesPerPayloadByte != nil {
 					disk[s] = fmtStat(*f.DiskBytesPerPayloadByte, "%.2f")
@@ -349,8 +369,8 @@ func (r *report) write() int {
 		if f, ok := r.figures(w, sysHoldfast); ok && f.SyncsPerOp != nil {
 			syncs = fmtStat(*f.SyncsPerOp, "%.4f")
 		}
-		fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.title, cpu[sysHoldfast], cpu[sysRedis], redisServer, cpu[sysJetStream],
-			disk[sysHoldfast], disk[sysRedis], disk[sysJetStream], syncs)
+		fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.title, cpu[sysHoldfast], cpu[sysHoldfastHTTP], server[sysHoldfastHTTP],
+			cpu[sysRedis], server[sysRedis], cpu[sysJetStream], disk[sysHoldfast], disk[sysRedis], disk[sysJetStream], syncs)
 	}
 
 	if len(r.restart) > 0 {

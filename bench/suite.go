@@ -20,7 +20,7 @@ const (
 	sysJetStream = "jetstream"
 )
 
-var systems = []string{sysHoldfast, sysRedis, sysJetStream}
+var systems = []string{sysHoldfast, sysHoldfastHTTP, sysRedis, sysJetStream}
 
 // workload is one row of the table: the same work on every system that has
 // it, with Holdfast's targets.
@@ -39,6 +39,8 @@ type workload struct {
 	holdfast func(dir string, d time.Duration) (result, error)
 	// peer runs the workload on a started peer; nil: Holdfast only.
 	peer func(p peers.Peer, d time.Duration) (peers.Result, error)
+	// http is the workload over Holdfast's REST API; nil: embedded only.
+	http *httpSpec
 }
 
 func writes(objects, callers int) func(peers.Peer, time.Duration) (peers.Result, error) {
@@ -47,25 +49,25 @@ func writes(objects, callers int) func(peers.Peer, time.Duration) (peers.Result,
 
 var workloads = []workload{
 	{name: "one-writer", title: "one writer, one write at a time", unit: "writes/s", target: 0.9, payload: true,
-		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 1) }, peer: writes(1, 1)},
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 1) }, peer: writes(1, 1), http: httpWrites(1, 1)},
 	{name: "1000-objects", title: "1,000 objects, one write in flight each", unit: "writes/s", target: 40, vsRedis: 2.5, vsJetStream: 10, payload: true,
-		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 1000) }, peer: writes(1000, 1000)},
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 1000) }, peer: writes(1000, 1000), http: httpWrites(1000, 1000)},
 	{name: "10000-objects", title: "10,000 objects, one write in flight each", unit: "writes/s", payload: true,
-		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 10000, 10000) }, peer: writes(10000, 10000)},
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 10000, 10000) }, peer: writes(10000, 10000), http: httpWrites(10000, 10000)},
 	{name: "hot-object-64-callers", title: "one hot object, 64 callers", unit: "writes/s", target: 8, payload: true,
-		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 64) }, peer: writes(1, 64)},
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 64) }, peer: writes(1, 64), http: httpWrites(1, 64)},
 	{name: "kv-writes", title: "KV writes: 64 callers over 1,000 keys", unit: "writes/s", payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 64) },
-		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.KVWrites(64, 1000, d) }},
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.KVWrites(64, 1000, d) }, http: httpWrites(1000, 64)},
 	{name: "batches-of-100", title: "batches of 100 records, one producer", unit: "records/s", target: 40, payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1, 1, 100) },
-		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.Batches(100, d) }},
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.Batches(100, d) }, http: httpBatches(100)},
 	{name: "lease-cycles-1", title: "lease cycles (take 10, ack), 1 consumer", unit: "cycles/s", vsRedis: 1,
 		holdfast: func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 1) },
-		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(1, d) }},
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(1, d) }, http: httpLeases(1)},
 	{name: "lease-cycles-64", title: "lease cycles (take 10, ack), 64 consumers", unit: "cycles/s", vsRedis: 2,
 		holdfast: func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 64) },
-		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(64, d) }},
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(64, d) }, http: httpLeases(64)},
 	// Holdfast only: how group commit behaves across several logs.
 	{name: "batches-of-100-4-logs", title: "batches of 100 records, 4 producers on 4 logs", unit: "records/s", target: 40, payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 4, 4, 100) }},
@@ -78,6 +80,17 @@ func caseName(system, workload string) string { return system + "/" + workload }
 
 // restartCase is the one-off case "restart with N records", per system.
 const restartCase = "restart"
+
+// has says whether the workload runs on system s.
+func (w workload) has(s string) bool {
+	switch s {
+	case sysHoldfast:
+		return true
+	case sysHoldfastHTTP:
+		return w.http != nil
+	}
+	return w.peer != nil
+}
 
 // runPeerCase starts the peer in dir, runs the workload (peers.Warmup first),
 // and stops the peer.

@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/bench/peers"
+	"github.com/holdfast/holdfast/cluster"
+	"github.com/holdfast/holdfast/gateway"
+)
+
+// The system "holdfast-http": a Holdfast node and its REST gateway in a child
+// process (as redis-server is), its clients in the case's process over
+// 127.0.0.1, with keep-alive connections (one per caller).
+
+const sysHoldfastHTTP = "holdfast-http"
+
+// httpServer is the child process of a holdfast-http case: a node with the
+// benchmark's type options and the gateway, serving until stdin closes.
+func httpServer(dir string, leaseParallelism int) int {
+	node, err := cluster.Start(cluster.Config{DataDir: dir, Logger: quietLogger(), TypeOptions: func(typ string) actors.TypeOptions {
+		o := defaultTypeOptions()
+		if typ == "jobs" {
+			o.Log.Leases = &actors.LeaseOptions{MaxParallelism: leaseParallelism, LeaseDuration: 30 * time.Second}
+		}
+		return o
+	}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	app := gateway.App{ID: "app_bench", Key: "pk_bench", Secret: "sk_bench"}
+	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps([]gateway.App{app}), Logger: quietLogger()})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	srv := &http.Server{Handler: gw.Handler()}
+	go srv.Serve(ln)
+	_ = json.NewEncoder(os.Stdout).Encode(serverInfo{URL: "http://" + ln.Addr().String(), AppID: app.ID, Key: app.Key, Secret: app.Secret})
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // until the case closes stdin
+	_ = srv.Close()
+	gw.Close()
+	_ = node.Close(context.Background())
+	return 0
+}
+
+// httpClient is a case's view of its server child.
+type httpClient struct {
+	info  serverInfo
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	c     *http.Client
+}
+
+func startHTTPServer(dir string, callers, leaseParallelism int) (*httpClient, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, "-case", "http-server", "-dir", dir, fmt.Sprintf("-lease-parallelism=%d", leaseParallelism))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	h := &httpClient{cmd: cmd, stdin: stdin}
+	if err := json.NewDecoder(stdout).Decode(&h.info); err != nil {
+		h.close()
+		return nil, fmt.Errorf("the server child did not start: %w", err)
+	}
+	h.c = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: callers + 8, MaxConnsPerHost: callers + 8}}
+	return h, nil
+}
+
+func (h *httpClient) close() {
+	_ = h.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = h.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = h.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// do sends a request and decodes a 2xx reply into out (if not nil).
+func (h *httpClient) do(method, path string, body []byte, out any) error {
+	req, err := http.NewRequest(method, h.info.URL+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("X-App-Key", h.info.Key)
+	req.Header.Set("X-App-Secret", h.info.Secret)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, b)
+	}
+	if out != nil && len(b) > 0 { // 204: nothing
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// httpLoop runs workers goroutines repeating op (which returns the operations
+// it completed) for warmup, then measures d: throughput, and the server
+// process's disk bytes and CPU; this process's CPU is the client's.
+func httpLoop(h *httpClient, workers int, warmup, d time.Duration, op func(w int) (int64, error)) (result, error) {
+	var ops atomic.Int64
+	var failed atomic.Value
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				n, err := op(w)
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				ops.Add(n)
+			}
+		}()
+	}
+	time.Sleep(warmup)
+	pid := h.cmd.Process.Pid
+	disk0, _ := peers.DiskWriteBytes(pid)
+	srv0, cpu0, ops0, t0 := peers.PIDCPU(pid), peers.ProcessCPU(), ops.Load(), time.Now()
+	time.Sleep(d)
+	disk1, _ := peers.DiskWriteBytes(pid)
+	srv1, cpu1, ops1, elapsed := peers.PIDCPU(pid), peers.ProcessCPU(), ops.Load(), time.Since(t0)
+	stop.Store(true)
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		return result{}, err
+	}
+	r := result{OpsPerSec: float64(ops1-ops0) / elapsed.Seconds(), Ops: ops1 - ops0, CPUSeconds: (cpu1 - cpu0).Seconds(), ServerCPU: (srv1 - srv0).Seconds(),
+		PayloadBytes: float64(ops1-ops0) * peers.PayloadSize}
+	if disk1 >= disk0 {
+		r.DiskBytes = disk1 - disk0
+	}
+	return r, nil
+}
+
+// httpCase runs workload w over HTTP.
+func httpCase(w workload, dir string, d, warmup time.Duration) (result, error) {
+	if w.http == nil {
+		return result{}, fmt.Errorf("%s has no HTTP form", w.name)
+	}
+	spec := w.http
+	h, err := startHTTPServer(filepath.Join(dir, "data"), spec.workers, spec.workers)
+	if err != nil {
+		return result{}, err
+	}
+	defer h.close()
+	op, err := spec.setup(h)
+	if err != nil {
+		return result{}, err
+	}
+	r, err := httpLoop(h, spec.workers, warmup, d, op)
+	if err != nil {
+		return result{}, err
+	}
+	if !w.payload {
+		r.PayloadBytes = 0
+	}
+	r.Note = "Holdfast's REST API: the server in a child process, its clients in the case's process over 127.0.0.1 (keep-alive, one connection per caller)"
+	return r, nil
+}
+
+// httpSpec is a workload's HTTP form.
+type httpSpec struct {
+	workers int
+	// setup prepares the server (objects activated, a log filled) and returns
+	// the operation of worker w.
+	setup func(h *httpClient) (func(w int) (int64, error), error)
+}
+
+var setBody = func() []byte {
+	b, _ := json.Marshal(map[string]string{"value": string(peers.Payload())})
+	return b
+}()
+
+// httpWrites: worker w sets slot v of object w mod objects.
+func httpWrites(objects, callers int) *httpSpec {
+	return &httpSpec{workers: callers, setup: func(h *httpClient) (func(int) (int64, error), error) {
+		paths := make([]string, objects)
+		for i := range paths {
+			paths[i] = fmt.Sprintf("/api/v1/objects/%s/bench/obj-%d/v", h.info.AppID, i)
+		}
+		sem := make(chan struct{}, 64)
+		var wg sync.WaitGroup
+		var failed atomic.Value
+		for _, p := range paths { // activate every object before measuring
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if err := h.do("PUT", p, []byte(`{"value":0}`), nil); err != nil {
+					failed.Store(err)
+				}
+			}()
+		}
+		wg.Wait()
+		if err, _ := failed.Load().(error); err != nil {
+			return nil, err
+		}
+		return func(w int) (int64, error) { return 1, h.do("PUT", paths[w%objects], setBody, nil) }, nil
+	}}
+}
+
+// httpBatches: one producer appending batches of batch records to one log.
+func httpBatches(batch int) *httpSpec {
+	return &httpSpec{workers: 1, setup: func(h *httpClient) (func(int) (int64, error), error) {
+		recs := make([]map[string]json.RawMessage, batch)
+		for i := range recs {
+			recs[i] = map[string]json.RawMessage{"body": recordBody}
+		}
+		body, _ := json.Marshal(map[string]any{"records": recs})
+		path := fmt.Sprintf("/api/v1/logs/%s/stream/log-0/append", h.info.AppID)
+		return func(int) (int64, error) { return int64(batch), h.do("POST", path, body, nil) }, nil
+	}}
+}
+
+// httpLeases: consumers leasing up to 10 records and acking them, on one
+// consumer of a log filled first (appends of 100).
+func httpLeases(consumers int) *httpSpec {
+	return &httpSpec{workers: consumers, setup: func(h *httpClient) (func(int) (int64, error), error) {
+		base := fmt.Sprintf("/api/v1/logs/%s/jobs/q", h.info.AppID)
+		recs := make([]map[string]json.RawMessage, 100)
+		for i := range recs {
+			recs[i] = map[string]json.RawMessage{"body": recordBody}
+		}
+		body, _ := json.Marshal(map[string]any{"records": recs})
+		for n := 0; n < peers.LeaseRecords; n += len(recs) {
+			if err := h.do("POST", base+"/append", body, nil); err != nil {
+				return nil, err
+			}
+		}
+		return func(int) (int64, error) {
+			var lease struct {
+				BatchID string `json:"batchId"`
+			}
+			if err := h.do("POST", base+"/consumers/workers/lease", []byte(`{"limit":10}`), &lease); err != nil {
+				return 0, err
+			}
+			if lease.BatchID == "" {
+				return 0, fmt.Errorf("no lease available")
+			}
+			ack, _ := json.Marshal(map[string]string{"batchId": lease.BatchID})
+			return 1, h.do("POST", base+"/consumers/workers/ack", ack, nil)
+		}, nil
+	}}
+}
