@@ -1,12 +1,26 @@
-// Command bench measures Holdfast against a raw fsync probe, side by side in one
-// run, on the embedded runtime (no network).
+// Command bench measures Holdfast against a raw fsync probe and against its
+// peers, Redis and NATS JetStream, side by side in one run.
 //
-//	go run ./bench                  # 5 rounds, 3s per case
-//	go run ./bench -rounds 7 -duration 5s -json bench/results/run.json
+//	go run ./bench                  # 5 rounds, 3s per case, every system
+//	go run ./bench -smoke           # the CI profile: 2 rounds of 1s, fails only far below a target
+//	go run ./bench -cases 1000-objects -systems holdfast,redis -rounds 7
+//	go run ./bench -json bench/results/run.json -md bench/results/run.md
 //
-// Each round runs the probe and every case in a shuffled order, each case in its
-// own process with a fresh data directory. The probe is a 4 KiB overwrite plus
-// fdatasync in a pre-written file, run before and after the cases of a round; a
-// case's ratio is its throughput over the mean of its round's two probes. The
-// report gives the median and spread of each figure over the rounds.
+// The systems: Holdfast embedded (its Go API), Holdfast over HTTP (a node and
+// its gateway in a child process), Redis (Debian's redis-server, appendonly
+// yes, appendfsync always; see bench/peers) and JetStream (embedded, file
+// store, SyncAlways). Every record is 256 bytes and every write is synced
+// before it is acknowledged.
+//
+// Each round runs the probe, then every (system, workload) case in a shuffled
+// order, then the probe again; each case runs in its own process with a fresh
+// data directory, an unmeasured warm-up first. The probe is a 4 KiB overwrite
+// plus fdatasync in a pre-written file; a case's ratio is its throughput over
+// the mean of its round's two probes, and Holdfast's ratio to a peer is taken
+// within each round. The report gives the median and the spread (min-max) of
+// each figure over the rounds, the costs per operation (CPU, disk bytes per
+// payload byte), restart with -log-records records, and Holdfast's memory per
+// object.
+//
+// Other modes: -fanout (websocket fan-out), -cold (cold storage), -alarms.
 package main
