@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,12 +143,18 @@ func httpLoop(h *httpClient, workers int, warmup, d time.Duration, op func(w int
 	var failed atomic.Value
 	var stop atomic.Bool
 	var wg sync.WaitGroup
+	dry := make(chan struct{})
+	var dryOnce sync.Once
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for !stop.Load() {
 				n, err := op(w)
+				if errors.Is(err, errDry) {
+					dryOnce.Do(func() { close(dry) })
+					return
+				}
 				if err != nil {
 					failed.Store(err)
 					return
@@ -155,11 +163,20 @@ func httpLoop(h *httpClient, workers int, warmup, d time.Duration, op func(w int
 			}
 		}()
 	}
-	time.Sleep(warmup)
+	select {
+	case <-time.After(warmup):
+	case <-dry:
+		return result{}, errors.New("ran out of records during the warm-up")
+	}
 	pid := h.cmd.Process.Pid
 	disk0, _ := peers.DiskWriteBytes(pid)
 	srv0, cpu0, ops0, t0 := peers.PIDCPU(pid), peers.ProcessCPU(), ops.Load(), time.Now()
-	time.Sleep(d)
+	note := ""
+	select {
+	case <-time.After(d):
+	case <-dry:
+		note = fmt.Sprintf("ran out of records after %v of %v: measured over that", time.Since(t0).Round(time.Millisecond), d)
+	}
 	disk1, _ := peers.DiskWriteBytes(pid)
 	srv1, cpu1, ops1, elapsed := peers.PIDCPU(pid), peers.ProcessCPU(), ops.Load(), time.Since(t0)
 	stop.Store(true)
@@ -168,7 +185,7 @@ func httpLoop(h *httpClient, workers int, warmup, d time.Duration, op func(w int
 		return result{}, err
 	}
 	r := result{OpsPerSec: float64(ops1-ops0) / elapsed.Seconds(), Ops: ops1 - ops0, CPUSeconds: (cpu1 - cpu0).Seconds(), ServerCPU: (srv1 - srv0).Seconds(),
-		PayloadBytes: float64(ops1-ops0) * peers.PayloadSize}
+		PayloadBytes: float64(ops1-ops0) * peers.PayloadSize, Note: note}
 	if disk1 >= disk0 {
 		r.DiskBytes = disk1 - disk0
 	}
@@ -197,9 +214,12 @@ func httpCase(w workload, dir string, d, warmup time.Duration) (result, error) {
 	if !w.payload {
 		r.PayloadBytes = 0
 	}
-	r.Note = "Holdfast's REST API: the server in a child process, its clients in the case's process over 127.0.0.1 (keep-alive, one connection per caller)"
+	r.Note = strings.TrimPrefix(r.Note+"; Holdfast's REST API: the server in a child process, its clients in the case's process over 127.0.0.1 (keep-alive, one connection per caller)", "; ")
 	return r, nil
 }
+
+// errDry tells httpLoop that a worker found nothing left to consume.
+var errDry = errors.New("nothing left to consume")
 
 // httpSpec is a workload's HTTP form.
 type httpSpec struct {
@@ -279,7 +299,7 @@ func httpLeases(consumers int) *httpSpec {
 				return 0, err
 			}
 			if lease.BatchID == "" {
-				return 0, fmt.Errorf("no lease available")
+				return 0, errDry // as in the embedded case: nothing left to lease
 			}
 			ack, _ := json.Marshal(map[string]string{"batchId": lease.BatchID})
 			return 1, h.do("POST", base+"/consumers/workers/ack", ack, nil)

@@ -158,7 +158,6 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 	var r result
 	var err error
 	peers.Warmup = warmup
-	peers.LeaseRecords = leaseRecordsFor(d, warmup)
 	switch name {
 	case "probe":
 		r, err = probe(dir, d)
@@ -169,6 +168,7 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 	default:
 		system, wname, _ := strings.Cut(name, "/")
 		w, found := findWorkload(wname)
+		peers.LeaseRecords = leaseRecordsFor(d, warmup, w.consumers)
 		switch {
 		case !found || !slices.Contains(systems, system):
 			err = fmt.Errorf("unknown case %q", name)
@@ -180,11 +180,11 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 			r, err = logLarge(dir, logRecs)
 		default:
 			if warmup > 0 {
-				peers.LeaseRecords = leaseRecordsFor(warmup, 0)
+				peers.LeaseRecords = leaseRecordsFor(warmup, 0, w.consumers)
 				if _, err = w.holdfast(filepath.Join(dir, "warmup"), warmup); err != nil {
 					break
 				}
-				peers.LeaseRecords = leaseRecordsFor(d, warmup)
+				peers.LeaseRecords = leaseRecordsFor(d, warmup, w.consumers)
 			}
 			stopProfile := profileCPU()
 			r, err = w.holdfast(filepath.Join(dir, "data"), d)

@@ -407,10 +407,10 @@ func (r *report) write() int {
 	}
 
 	// Where a peer promises less, and what else the figures mean.
-	fmt.Fprintf(&md, "\nNotes from the peers' runs:\n\n")
+	fmt.Fprintf(&md, "\nNotes from the runs:\n\n")
 	seen := map[string]bool{}
 	for _, w := range r.cfg.workloads {
-		for _, s := range []string{sysRedis, sysJetStream} {
+		for _, s := range systems {
 			if f, ok := r.figures(w, s); ok {
 				for _, n := range f.Notes {
 					if !seen[n] {

@@ -41,6 +41,8 @@ type workload struct {
 	peer func(p peers.Peer, d time.Duration) (peers.Result, error)
 	// http is the workload over Holdfast's REST API; nil: embedded only.
 	http *httpSpec
+	// consumers, for the lease cases, sizes the log they fill first.
+	consumers int
 }
 
 func writes(objects, callers int) func(peers.Peer, time.Duration) (peers.Result, error) {
@@ -62,10 +64,10 @@ var workloads = []workload{
 	{name: "batches-of-100", title: "batches of 100 records, one producer", unit: "records/s", target: 40, payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1, 1, 100) },
 		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.Batches(100, d) }, http: httpBatches(100)},
-	{name: "lease-cycles-1", title: "lease cycles (take 10, ack), 1 consumer", unit: "cycles/s", vsRedis: 1,
+	{name: "lease-cycles-1", title: "lease cycles (take 10, ack), 1 consumer", unit: "cycles/s", vsRedis: 1, consumers: 1,
 		holdfast: func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 1) },
 		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(1, d) }, http: httpLeases(1)},
-	{name: "lease-cycles-64", title: "lease cycles (take 10, ack), 64 consumers", unit: "cycles/s", vsRedis: 2,
+	{name: "lease-cycles-64", title: "lease cycles (take 10, ack), 64 consumers", unit: "cycles/s", vsRedis: 2, consumers: 64,
 		holdfast: func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 64) },
 		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(64, d) }, http: httpLeases(64)},
 	// Holdfast only: how group commit behaves across several logs.
@@ -143,11 +145,17 @@ func ensureRedis() error {
 	return err
 }
 
-// leaseRecordsFor is how many records a lease case puts in its log first:
-// enough for the fastest consumer seen here (about 165,000 records a second)
-// over the warm-up and the measured interval, with room to spare.
-func leaseRecordsFor(d, warmup time.Duration) int {
-	return max(100_000, int(300_000*(d+warmup).Seconds()))
+// leaseRecordsFor is how many records a lease case with consumers consumers
+// puts in its log first: enough for the fastest seen here (about 300,000
+// records a second with 64 consumers, 30,000 with one) over the warm-up and
+// the measured interval, with room to spare. A case that runs dry anyway is
+// measured up to that moment and says so in its note.
+func leaseRecordsFor(d, warmup time.Duration, consumers int) int {
+	perSec := 60_000.0
+	if consumers > 1 {
+		perSec = 500_000
+	}
+	return max(50_000, int(perSec*(d+warmup).Seconds()))
 }
 
 func findWorkload(name string) (workload, bool) {
