@@ -193,6 +193,7 @@ func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 	var cycles atomic.Int64
 	var failed atomic.Value
 	stop := make(chan struct{})
+	commits0 := rt.Node().Stats().Pipeline.Commits
 	dry := make(chan struct{}) // closed when a poller finds every record leased
 	var dryOnce sync.Once
 	var wg sync.WaitGroup
@@ -235,6 +236,9 @@ func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 	}
 	n, elapsed := cycles.Load(), time.Since(start)
 	r := result{OpsPerSec: float64(n) / elapsed.Seconds(), Note: note}
+	if n > 0 {
+		r.SyncsPerWrite = float64(rt.Node().Stats().Pipeline.Commits-commits0) / float64(n)
+	}
 	m.stop(&r, n)
 	r.PayloadBytes = 0 // a cycle writes no payload
 	close(stop)

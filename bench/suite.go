@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/holdfast/holdfast/bench/peers"
@@ -172,5 +173,5 @@ func findWorkload(name string) (workload, bool) {
 
 // childDir is a case's fresh data directory.
 func childDir(base string, round int, name string) string {
-	return filepath.Join(base, fmt.Sprintf("r%d-%s", round, filepath.Base(name)+"-"+filepath.Dir(name)))
+	return filepath.Join(base, fmt.Sprintf("r%d-%s", round, strings.ReplaceAll(name, "/", "-")))
 }
