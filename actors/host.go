@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,8 @@ type TypeOptions struct {
 	Log LogOptions
 	// Alarms are the options of the type's alarms.
 	Alarms AlarmOptions
+	// Queue are the options of the type's write-ahead queues.
+	Queue QueueOptions
 }
 
 // DefaultTypeOptions returns the options of a type nobody configured.
@@ -81,6 +84,8 @@ type Host struct {
 	sched   *alarms.Scheduler
 
 	now func() time.Time // clock; a test may replace it before Start
+	// jitter returns a number in [0, 1) for backoff jitter; a test may replace it.
+	jitter func() float64
 }
 
 type hostShard struct {
@@ -136,7 +141,7 @@ func NewHost(db *persistence.DB, pipe *persistence.Pipeline, cfg Config) *Host {
 	if cfg.ColdTimeout <= 0 {
 		cfg.ColdTimeout = 10 * time.Second
 	}
-	h := &Host{db: db, pipe: pipe, cfg: cfg, log: cfg.Logger, types: map[string]*TypeSpec{}, now: time.Now}
+	h := &Host{db: db, pipe: pipe, cfg: cfg, log: cfg.Logger, types: map[string]*TypeSpec{}, now: time.Now, jitter: mrand.Float64}
 	for i := range h.shards {
 		h.shards[i].m = make(map[ObjectID]*activation)
 	}

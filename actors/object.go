@@ -65,6 +65,7 @@ type object struct {
 	kv       *kvState    // loaded on the first KV message
 	log      *logState   // loaded on the first log message
 	alarms   *alarmState // loaded on the first alarm message
+	queue    *queueState // loaded on the first queue message
 	cur      *envelope   // the message being handled
 	deferred bool        // its handler replies later (deferReply)
 	flush    *flushState
@@ -195,6 +196,20 @@ func (o *object) dispatch(msg any) (val any, err error) {
 		return o.logLeases(m)
 	case LogDeadLettersGet:
 		return o.logDeadLetters(m)
+	case QueueEnqueue:
+		return o.queueEnqueue(m)
+	case QueueReceive:
+		return o.queueReceive(m)
+	case QueueAck:
+		return o.queueAck(m)
+	case QueueNack:
+		return o.queueNack(m)
+	case QueueDead:
+		return o.queueDead(m)
+	case QueueMessageGet:
+		return o.queueMessageGet(m)
+	case QueueStatsGet:
+		return o.queueStats()
 	case AlarmSet:
 		return o.alarmSet(m)
 	case AlarmGet:

@@ -22,6 +22,7 @@ const (
 	BehaviourUser  byte = 'u' // storage of user-defined object types
 	BehaviourLog   byte = 'l' // the retained log: records, deduplication index, cursors
 	BehaviourAlarm byte = 'a' // named alarms: one record per name, the generation counter
+	BehaviourQueue byte = 'q' // the write-ahead queue: messages, pairs, their indexes
 )
 
 // Partition indexes: node-level indexes of one partition (the alarm index), kept

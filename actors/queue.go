@@ -1,0 +1,609 @@
+package actors
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// The write-ahead queue (shared/spec/queue.md), a behaviour of the object
+// actor. Keys, under the object's queue keyspace:
+//
+//	'M'                                   meta: the enqueue sequence and the counts by state
+//	'm' | id                              a message: topic, payload, enqueuedAt, seq
+//	'p' | target 0x00 | id                a (message, target) pair: state, attempts, ...
+//	'i' | target 0x00 | class | due | seq -> topic 0x00 id: the pair is pending, due at due
+//	'v' | target 0x00 | deadline | seq    -> id: the pair is processing until deadline
+//
+// class 0 holds first attempts, class 1 retries: a receive takes the due first
+// attempts in (due, seq) order, then the due retries. A first attempt is due at
+// its enqueue time, or at its deliverAt when delayed, so undelayed messages go
+// out in enqueue order and a delayed one joins that order at its time.
+//
+// Every change of a turn is one durable commit; the reply waits for it (the
+// output gate), so an acknowledged enqueue is on disk.
+
+const (
+	queueMeta    = 'M'
+	queueMessage = 'm'
+	queuePair    = 'p'
+	queueReady   = 'i'
+	queueVisible = 'v'
+
+	classFirst = 0
+	classRetry = 1
+
+	maxQueueIDBytes      = 128
+	maxQueuePayloadBytes = 1 << 20
+	// expireBatch bounds the processing pairs a receive expires in one turn.
+	expireBatch = 1000
+)
+
+// Pair states.
+const (
+	StatePending    = "pending"
+	StateProcessing = "processing"
+	StateComplete   = "complete"
+	StateFailed     = "failed"
+)
+
+type queueState struct {
+	ks   persistence.Keyspace
+	opts QueueOptions
+	meta queueMetaRec
+}
+
+type queueMetaRec struct {
+	Seq        uint64 `json:"seq"`
+	Pending    int    `json:"pending"`
+	Processing int    `json:"processing"`
+	Complete   int    `json:"complete"`
+	Failed     int    `json:"failed"`
+}
+
+type queueMsgRec struct {
+	Topic      string          `json:"topic"`
+	Payload    json.RawMessage `json:"payload"`
+	EnqueuedAt int64           `json:"enqueuedAt"`
+	Seq        uint64          `json:"seq"`
+}
+
+type queuePairRec struct {
+	State     string `json:"state"`
+	Topic     string `json:"topic"`
+	Seq       uint64 `json:"seq"`
+	Attempts  int    `json:"attempts"`
+	Class     byte   `json:"class"`
+	Due       int64  `json:"due"`                // pending: when it is due
+	Deadline  int64  `json:"deadline,omitempty"` // processing: the visibility deadline
+	Receipt   string `json:"receipt,omitempty"`  // processing: the current receipt
+	LastError string `json:"lastError,omitempty"`
+	Reason    string `json:"reason,omitempty"` // failed: exhausted or rejected
+	SettledAt int64  `json:"settledAt,omitempty"`
+}
+
+func (o *object) queueLoad() (*queueState, error) {
+	if o.queue != nil {
+		return o.queue, nil
+	}
+	q := &queueState{ks: persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourQueue), opts: o.opts.Queue.withDefaults()}
+	v, found, err := o.st.get(o.bg(), q.ks.Key(queueMeta, nil))
+	if err != nil {
+		return nil, unavailable("cannot load the queue", err)
+	}
+	if found {
+		if err := json.Unmarshal(v, &q.meta); err != nil {
+			return nil, unavailable("cannot load the queue", err)
+		}
+	}
+	o.queue = q
+	return q, nil
+}
+
+// queueTxn gathers one turn's changes of the queue. A turn that fails after
+// changing the counts puts them back (rollback) and writes nothing.
+type queueTxn struct {
+	q     *queueState
+	w     persistence.Write
+	saved queueMetaRec
+}
+
+func newQueueTxn(q *queueState) *queueTxn { return &queueTxn{q: q, saved: q.meta} }
+
+func (t *queueTxn) rollback() { t.q.meta = t.saved }
+
+func (t *queueTxn) set(key []byte, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // our own records always marshal
+	}
+	t.w.Sets = append(t.w.Sets, persistence.KV{Key: key, Value: b})
+}
+
+func (t *queueTxn) del(key []byte) { t.w.Deletes = append(t.w.Deletes, key) }
+
+func (o *object) queueCommit(t *queueTxn) {
+	if len(t.w.Sets) == 0 && len(t.w.Deletes) == 0 {
+		return
+	}
+	t.set(t.q.ks.Key(queueMeta, nil), t.q.meta)
+	o.submit(&t.w, nil)
+}
+
+func targetKey(ks persistence.Keyspace, sub byte, target string, rest ...[]byte) []byte {
+	k := ks.KeyString(sub, target)
+	k = append(k, 0)
+	for _, r := range rest {
+		k = append(k, r...)
+	}
+	return k
+}
+
+func u64(n int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(max(n, 0))) }
+
+func pairKey(q *queueState, target, id string) []byte {
+	return targetKey(q.ks, queuePair, target, []byte(id))
+}
+
+func readyKey(q *queueState, target string, p *queuePairRec) []byte {
+	return targetKey(q.ks, queueReady, target, []byte{p.Class}, u64(p.Due), binary.BigEndian.AppendUint64(nil, p.Seq))
+}
+
+func visibleKey(q *queueState, target string, p *queuePairRec) []byte {
+	return targetKey(q.ks, queueVisible, target, u64(p.Deadline), binary.BigEndian.AppendUint64(nil, p.Seq))
+}
+
+func checkQueueID(id string) *Error {
+	switch {
+	case len(id) < 1 || len(id) > maxQueueIDBytes:
+		return badRequestf("a message id is 1 to %d bytes", maxQueueIDBytes)
+	case !utf8.ValidString(id) || strings.ContainsFunc(id, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return badRequestf("a message id is UTF-8 without control characters")
+	}
+	return nil
+}
+
+func (q *queueState) hasTarget(t string) bool { return slices.Contains(q.opts.Targets, t) }
+
+func (o *object) queueEnqueue(m QueueEnqueue) (any, error) {
+	if len(m.Messages) == 0 {
+		return nil, badRequestf("no messages to enqueue")
+	}
+	q, err := o.queueLoad()
+	if err != nil {
+		return nil, err
+	}
+	now := o.h.now().UnixMilli()
+	ids := make([]string, len(m.Messages))
+	for i, in := range m.Messages {
+		if in.ID != "" {
+			if e := checkQueueID(in.ID); e != nil {
+				return nil, e
+			}
+		}
+		if len(in.Payload) == 0 || !json.Valid(in.Payload) {
+			return nil, badRequestf("message %d: the payload must be a JSON value", i)
+		}
+		if len(in.Payload) > maxQueuePayloadBytes {
+			return nil, tooLargef("message %d: the payload is %d bytes, at most %d", i, len(in.Payload), maxQueuePayloadBytes)
+		}
+		if in.DeliverAt < 0 || in.Delay < 0 {
+			return nil, badRequestf("message %d: deliverAt and delayMs cannot be negative", i)
+		}
+		ids[i] = in.ID
+	}
+	// Deduplicate against the queue and within the batch; only new messages
+	// are written.
+	fresh := make([]bool, len(ids))
+	seen := map[string]bool{}
+	newPairs := 0
+	for i, id := range ids {
+		if id == "" || seen[id] {
+			fresh[i] = id == ""
+		} else {
+			_, found, err := o.st.get(o.bg(), q.ks.KeyString(queueMessage, id))
+			if err != nil {
+				return nil, unavailable("cannot read the queue", err)
+			}
+			fresh[i] = !found
+		}
+		if id != "" {
+			seen[id] = true
+		}
+		if fresh[i] {
+			newPairs += len(q.opts.Targets)
+		}
+	}
+	if newPairs > 0 && q.meta.Pending+newPairs > q.opts.MaxPending {
+		return nil, &Error{Kind: KindOverloaded, Msg: fmt.Sprintf("the queue holds %d pending messages, at most %d", q.meta.Pending, q.opts.MaxPending),
+			RetryAfter: time.Second}
+	}
+	t := newQueueTxn(q)
+	for i, in := range m.Messages {
+		if !fresh[i] {
+			continue
+		}
+		if ids[i] == "" {
+			var b [16]byte
+			_, _ = rand.Read(b[:])
+			ids[i] = hex.EncodeToString(b[:])
+		}
+		topic := in.Topic
+		if topic == "" {
+			topic = "default"
+		}
+		q.meta.Seq++
+		due := now
+		if in.DeliverAt > 0 {
+			due = max(due, in.DeliverAt)
+		}
+		if in.Delay > 0 {
+			due = max(due, now+in.Delay.Milliseconds())
+		}
+		t.set(q.ks.KeyString(queueMessage, ids[i]), queueMsgRec{Topic: topic, Payload: in.Payload, EnqueuedAt: now, Seq: q.meta.Seq})
+		for _, target := range q.opts.Targets {
+			p := &queuePairRec{State: StatePending, Topic: topic, Seq: q.meta.Seq, Class: classFirst, Due: due}
+			t.set(pairKey(q, target, ids[i]), p)
+			t.w.Sets = append(t.w.Sets, persistence.KV{Key: readyKey(q, target, p), Value: []byte(topic + "\x00" + ids[i])})
+			q.meta.Pending++
+		}
+	}
+	o.queueCommit(t)
+	return &QueueEnqueued{IDs: ids}, nil
+}
+
+func (o *object) queueTarget(q *queueState, target string) (string, *Error) {
+	if target == "" {
+		return q.opts.Targets[0], nil
+	}
+	if !q.hasTarget(target) {
+		return "", notFoundf("the type has no queue target %q", target)
+	}
+	return target, nil
+}
+
+func (o *object) queueReceive(m QueueReceive) (any, error) {
+	q, err := o.queueLoad()
+	if err != nil {
+		return nil, err
+	}
+	target, e := o.queueTarget(q, m.Target)
+	if e != nil {
+		return nil, e
+	}
+	limit := m.Max
+	switch {
+	case limit < 0:
+		return nil, badRequestf("max must be at least 1")
+	case limit == 0:
+		limit = 1
+	case limit > 1000:
+		limit = 1000
+	}
+	vis := q.opts.VisibilityTimeout
+	if m.Visibility > 0 {
+		vis = m.Visibility
+	}
+	now := o.h.now().UnixMilli()
+	t := newQueueTxn(q)
+	if err := o.queueExpire(t, target, now); err != nil {
+		t.rollback()
+		return nil, err
+	}
+	type hit struct {
+		key []byte
+		id  string
+	}
+	var hits []hit
+	for _, class := range []byte{classFirst, classRetry} {
+		if len(hits) >= limit {
+			break
+		}
+		prefix := targetKey(q.ks, queueReady, target, []byte{class})
+		end := append(bytes.Clone(prefix), u64(now+1)...)
+		err := o.st.scan(o.bg(), prefix, nil, end, func(key, value []byte) (bool, error) {
+			topic, id, ok := strings.Cut(string(value), "\x00")
+			if !ok {
+				return false, fmt.Errorf("queue index entry %q", value)
+			}
+			if m.Topic == "" || m.Topic == topic {
+				hits = append(hits, hit{key: bytes.Clone(key), id: id})
+			}
+			return len(hits) < limit, nil
+		})
+		if err != nil {
+			t.rollback()
+			return nil, unavailable("cannot read the queue", err)
+		}
+	}
+	out := &QueueReceived{Messages: []QueueDelivery{}}
+	for _, h := range hits {
+		p, msg, err := o.queueRead(q, target, h.id)
+		if err != nil {
+			t.rollback()
+			return nil, err
+		}
+		t.del(h.key)
+		p.State, p.Attempts, p.Deadline = StateProcessing, p.Attempts+1, now+vis.Milliseconds()
+		p.Receipt = newReceipt(target, h.id)
+		t.set(pairKey(q, target, h.id), p)
+		t.w.Sets = append(t.w.Sets, persistence.KV{Key: visibleKey(q, target, p), Value: []byte(h.id)})
+		q.meta.Pending--
+		q.meta.Processing++
+		out.Messages = append(out.Messages, QueueDelivery{ID: h.id, Topic: msg.Topic, Payload: msg.Payload, Attempt: p.Attempts,
+			EnqueuedAt: msg.EnqueuedAt, Receipt: p.Receipt})
+	}
+	o.queueCommit(t)
+	return out, nil
+}
+
+// queueExpire fails the deliveries of target whose visibility deadline passed.
+func (o *object) queueExpire(t *queueTxn, target string, now int64) error {
+	q := t.q
+	prefix := targetKey(q.ks, queueVisible, target)
+	end := append(bytes.Clone(prefix), u64(now+1)...)
+	var ids []string
+	err := o.st.scan(o.bg(), prefix, nil, end, func(key, value []byte) (bool, error) {
+		ids = append(ids, string(value))
+		return len(ids) < expireBatch, nil
+	})
+	if err != nil {
+		return unavailable("cannot read the queue", err)
+	}
+	for _, id := range ids {
+		p, _, err := o.queueRead(q, target, id)
+		if err != nil {
+			return err
+		}
+		if p.State == StateProcessing && p.Deadline <= now {
+			o.queueFail(t, target, id, p, 0, "visibility timeout passed", now)
+		}
+	}
+	return nil
+}
+
+// queueFail settles a failed delivery of a processing pair: back to pending
+// after the backoff (at least delay), or to the dead letters when its attempts
+// are spent.
+func (o *object) queueFail(t *queueTxn, target, id string, p *queuePairRec, delay time.Duration, lastErr string, now int64) {
+	q := t.q
+	t.del(visibleKey(q, target, p))
+	q.meta.Processing--
+	p.Receipt, p.Deadline, p.LastError = "", 0, lastErr
+	if p.Attempts >= q.opts.MaxAttempts {
+		p.State, p.Reason, p.SettledAt = StateFailed, "exhausted", now
+		q.meta.Failed++
+		t.set(pairKey(q, target, id), p)
+		return
+	}
+	wait := max(delay, q.opts.backoff(p.Attempts, o.h.jitter()))
+	p.State, p.Class, p.Due = StatePending, classRetry, now+wait.Milliseconds()
+	q.meta.Pending++
+	t.set(pairKey(q, target, id), p)
+	t.w.Sets = append(t.w.Sets, persistence.KV{Key: readyKey(q, target, p), Value: []byte(p.Topic + "\x00" + id)})
+}
+
+// backoff is the wait after the n-th failed attempt: Initial·Multiplier^(n-1),
+// at most Max, minus up to a fifth of it (jitter in [0, 1]).
+func (q QueueOptions) backoff(n int, jitter float64) time.Duration {
+	base := float64(q.Backoff.Initial) * math.Pow(q.Backoff.Multiplier, float64(max(n, 1)-1))
+	base = math.Min(base, float64(q.Backoff.Max))
+	return time.Duration(base - base*0.2*math.Min(math.Max(jitter, 0), 1))
+}
+
+func (o *object) queueRead(q *queueState, target, id string) (*queuePairRec, *queueMsgRec, error) {
+	pv, found, err := o.st.get(o.bg(), pairKey(q, target, id))
+	if err != nil || !found {
+		return nil, nil, unavailable("cannot read the queue", fmt.Errorf("pair %s/%s: found %v: %v", target, id, found, err))
+	}
+	var p queuePairRec
+	if err := json.Unmarshal(pv, &p); err != nil {
+		return nil, nil, unavailable("cannot read the queue", err)
+	}
+	mv, found, err := o.st.get(o.bg(), q.ks.KeyString(queueMessage, id))
+	if err != nil || !found {
+		return nil, nil, unavailable("cannot read the queue", fmt.Errorf("message %s: found %v: %v", id, found, err))
+	}
+	var msg queueMsgRec
+	if err := json.Unmarshal(mv, &msg); err != nil {
+		return nil, nil, unavailable("cannot read the queue", err)
+	}
+	return &p, &msg, nil
+}
+
+// A receipt names its pair and one delivery of it: random | target | id.
+func newReceipt(target, id string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	enc := base64.RawURLEncoding
+	return hex.EncodeToString(b[:]) + "." + enc.EncodeToString([]byte(target)) + "." + enc.EncodeToString([]byte(id))
+}
+
+func parseReceipt(r string) (target, id string, ok bool) {
+	parts := strings.Split(r, ".")
+	if len(parts) != 3 {
+		return "", "", false
+	}
+	t, err1 := base64.RawURLEncoding.DecodeString(parts[1])
+	i, err2 := base64.RawURLEncoding.DecodeString(parts[2])
+	if err1 != nil || err2 != nil || len(i) == 0 {
+		return "", "", false
+	}
+	return string(t), string(i), true
+}
+
+// queueHeld returns the processing pair that receipt currently holds, or nil.
+func (o *object) queueHeld(q *queueState, receipt string, now int64) (string, string, *queuePairRec, error) {
+	target, id, ok := parseReceipt(receipt)
+	if !ok || !q.hasTarget(target) {
+		return "", "", nil, nil
+	}
+	pv, found, err := o.st.get(o.bg(), pairKey(q, target, id))
+	if err != nil {
+		return "", "", nil, unavailable("cannot read the queue", err)
+	}
+	if !found {
+		return "", "", nil, nil
+	}
+	var p queuePairRec
+	if err := json.Unmarshal(pv, &p); err != nil {
+		return "", "", nil, unavailable("cannot read the queue", err)
+	}
+	// A passed deadline no longer holds, though no receive has expired it yet.
+	if p.State != StateProcessing || p.Receipt != receipt || p.Deadline <= now {
+		return "", "", nil, nil
+	}
+	return target, id, &p, nil
+}
+
+// ErrReceiptNotHeld answers a settlement whose receipt is no longer current.
+var ErrReceiptNotHeld = &Error{Kind: KindConflict, Code: "lease_not_held", Msg: "the receipt is not held: the delivery expired or was settled"}
+
+func (o *object) queueAck(m QueueAck) (any, error) {
+	if len(m.Receipts) == 0 {
+		return nil, badRequestf("no receipts to ack")
+	}
+	q, err := o.queueLoad()
+	if err != nil {
+		return nil, err
+	}
+	now := o.h.now().UnixMilli()
+	t := newQueueTxn(q)
+	out := &QueueAcked{}
+	done := map[string]bool{}
+	for _, r := range m.Receipts {
+		target, id, p, err := o.queueHeld(q, r, now)
+		if err != nil {
+			t.rollback()
+			return nil, err
+		}
+		if p == nil || done[r] {
+			out.NotHeld++
+			continue
+		}
+		done[r] = true
+		t.del(visibleKey(q, target, p))
+		p.State, p.Receipt, p.Deadline, p.SettledAt = StateComplete, "", 0, now
+		t.set(pairKey(q, target, id), p)
+		q.meta.Processing--
+		q.meta.Complete++
+		out.Acked++
+	}
+	o.queueCommit(t)
+	return out, nil
+}
+
+func (o *object) queueNack(m QueueNack) (any, error) {
+	if m.Delay < 0 {
+		return nil, badRequestf("delayMs cannot be negative")
+	}
+	q, err := o.queueLoad()
+	if err != nil {
+		return nil, err
+	}
+	now := o.h.now().UnixMilli()
+	target, id, p, err := o.queueHeld(q, m.Receipt, now)
+	if err != nil {
+		return nil, err
+	}
+	if p == nil {
+		return nil, ErrReceiptNotHeld
+	}
+	t := newQueueTxn(q)
+	lastErr := m.Error
+	if lastErr == "" {
+		lastErr = "nacked"
+	}
+	o.queueFail(t, target, id, p, m.Delay, lastErr, now)
+	o.queueCommit(t)
+	return &QueueSettled{State: p.State}, nil
+}
+
+func (o *object) queueDead(m QueueDead) (any, error) {
+	q, err := o.queueLoad()
+	if err != nil {
+		return nil, err
+	}
+	now := o.h.now().UnixMilli()
+	target, id, p, err := o.queueHeld(q, m.Receipt, now)
+	if err != nil {
+		return nil, err
+	}
+	if p == nil {
+		return nil, ErrReceiptNotHeld
+	}
+	t := newQueueTxn(q)
+	t.del(visibleKey(q, target, p))
+	p.State, p.Reason, p.Receipt, p.Deadline, p.SettledAt = StateFailed, "rejected", "", 0, now
+	if m.Reason != "" {
+		p.LastError = m.Reason
+	}
+	t.set(pairKey(q, target, id), p)
+	q.meta.Processing--
+	q.meta.Failed++
+	o.queueCommit(t)
+	return &QueueSettled{State: p.State}, nil
+}
+
+func (o *object) queueMessageGet(m QueueMessageGet) (any, error) {
+	if e := checkQueueID(m.ID); e != nil {
+		return nil, e
+	}
+	q, err := o.queueLoad()
+	if err != nil {
+		return nil, err
+	}
+	if _, found, err := o.st.get(o.bg(), q.ks.KeyString(queueMessage, m.ID)); err != nil {
+		return nil, unavailable("cannot read the queue", err)
+	} else if !found {
+		return nil, notFoundf("no message %q", m.ID)
+	}
+	out := &QueueMessage{ID: m.ID, Targets: map[string]QueuePair{}}
+	for _, target := range q.opts.Targets {
+		p, msg, err := o.queueRead(q, target, m.ID)
+		if err != nil {
+			return nil, err
+		}
+		out.Topic, out.Payload, out.EnqueuedAt = msg.Topic, msg.Payload, msg.EnqueuedAt
+		qp := QueuePair{State: p.State, Attempts: p.Attempts, LastError: p.LastError, Reason: p.Reason}
+		if p.State == StatePending {
+			qp.NextAttemptAt = p.Due
+		}
+		out.Targets[target] = qp
+	}
+	return out, nil
+}
+
+func (o *object) queueStats() (any, error) {
+	q, err := o.queueLoad()
+	if err != nil {
+		return nil, err
+	}
+	now := o.h.now().UnixMilli()
+	delayed := 0
+	for _, target := range q.opts.Targets {
+		for _, class := range []byte{classFirst, classRetry} {
+			prefix := targetKey(q.ks, queueReady, target, []byte{class})
+			err := o.st.scan(o.bg(), prefix, append(bytes.Clone(prefix), u64(now+1)...), nil, func(_, _ []byte) (bool, error) {
+				delayed++
+				return true, nil
+			})
+			if err != nil {
+				return nil, unavailable("cannot read the queue", err)
+			}
+		}
+	}
+	m := q.meta
+	return &QueueStats{Pending: m.Pending - delayed, Delayed: delayed, Processing: m.Processing, Complete: m.Complete, Failed: m.Failed}, nil
+}

@@ -1,0 +1,376 @@
+package actors
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+type queueNode struct {
+	*testNode
+	q     *Queue
+	clock atomic.Int64 // unix ms the host sees
+}
+
+func startQueueNode(t *testing.T, dir string, opts QueueOptions) *queueNode {
+	t.Helper()
+	qn := &queueNode{}
+	qn.clock.Store(time.Unix(1_800_000_000, 0).UnixMilli())
+	n := startNode(t, dir, nodeOpts{
+		cfg: Config{TypeOptions: func(string) TypeOptions { o := DefaultTypeOptions(); o.Queue = opts; return o }},
+		now: func() time.Time { return time.UnixMilli(qn.clock.Load()) },
+	})
+	n.host.jitter = func() float64 { return 0 } // backoffs are exact
+	qn.testNode = n
+	qn.q = NewQueue(n.host, ObjectID{App: "app_t", Type: "jobs", Key: "q"})
+	return qn
+}
+
+func (n *queueNode) advance(d time.Duration) { n.clock.Add(d.Milliseconds()) }
+
+func (n *queueNode) enqueue(t *testing.T, msgs ...QueueMessageIn) []string {
+	t.Helper()
+	ids, err := n.q.Enqueue(context.Background(), msgs...)
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	return ids
+}
+
+func (n *queueNode) receive(t *testing.T, m QueueReceive) []QueueDelivery {
+	t.Helper()
+	got, err := n.q.Receive(context.Background(), m)
+	if err != nil {
+		t.Fatalf("receive: %v", err)
+	}
+	return got
+}
+
+func (n *queueNode) stats(t *testing.T) QueueStats {
+	t.Helper()
+	s, err := n.q.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *s
+}
+
+func msg(id string, n int) QueueMessageIn {
+	return QueueMessageIn{ID: id, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, n))}
+}
+
+func ids(ds []QueueDelivery) string {
+	s := ""
+	for i, d := range ds {
+		if i > 0 {
+			s += ","
+		}
+		s += fmt.Sprintf("%s#%d", d.ID, d.Attempt)
+	}
+	return s
+}
+
+func TestQueue_EnqueueReceiveAck(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{})
+	got := n.enqueue(t, msg("a", 1), QueueMessageIn{Topic: "orders", Payload: json.RawMessage(`"x"`)})
+	if got[0] != "a" || len(got[1]) != 32 {
+		t.Fatalf("ids %q: want the client's and a generated one", got)
+	}
+	if s := n.stats(t); s != (QueueStats{Pending: 2}) {
+		t.Fatalf("stats %+v", s)
+	}
+	ds := n.receive(t, QueueReceive{Max: 10})
+	if len(ds) != 2 || ds[0].ID != "a" || string(ds[0].Payload) != `{"n":1}` || ds[0].Topic != "default" || ds[1].Topic != "orders" || ds[0].Attempt != 1 || ds[0].Receipt == "" {
+		t.Fatalf("received %+v", ds)
+	}
+	if s := n.stats(t); s != (QueueStats{Processing: 2}) {
+		t.Fatalf("stats %+v", s)
+	}
+	acked, err := n.q.Ack(context.Background(), ds[0].Receipt, ds[1].Receipt, ds[0].Receipt, "garbage")
+	if err != nil || acked.Acked != 2 || acked.NotHeld != 2 {
+		t.Fatalf("ack %+v %v: want 2 acked, the repeated and the unknown receipt not held", acked, err)
+	}
+	if s := n.stats(t); s != (QueueStats{Complete: 2}) {
+		t.Fatalf("stats %+v", s)
+	}
+	m, err := n.q.Message(context.Background(), "a")
+	if err != nil || m.Targets["default"].State != StateComplete || m.Targets["default"].Attempts != 1 {
+		t.Fatalf("message %+v %v", m, err)
+	}
+	if len(n.receive(t, QueueReceive{Max: 10})) != 0 {
+		t.Fatal("a completed message was delivered again")
+	}
+}
+
+func TestQueue_DedupOnRetry(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{})
+	n.enqueue(t, msg("a", 1))
+	// A retry after a lost reply, a duplicate inside one batch, and a new id.
+	if got := n.enqueue(t, msg("a", 2), msg("b", 3), msg("b", 4)); fmt.Sprint(got) != "[a b b]" {
+		t.Fatalf("ids %v", got)
+	}
+	if s := n.stats(t); s.Pending != 2 {
+		t.Fatalf("stats %+v: the duplicates were written", s)
+	}
+	ds := n.receive(t, QueueReceive{Max: 10})
+	if len(ds) != 2 || string(ds[0].Payload) != `{"n":1}` || string(ds[1].Payload) != `{"n":3}` {
+		t.Fatalf("received %+v: want the first payload of each id", ds)
+	}
+	// Still deduplicated once complete.
+	if _, err := n.q.Ack(context.Background(), ds[0].Receipt); err != nil {
+		t.Fatal(err)
+	}
+	n.enqueue(t, msg("a", 5))
+	if s := n.stats(t); s.Pending != 0 || s.Complete != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestQueue_DelayedDeliveryNeverEarly(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{})
+	now := n.clock.Load()
+	n.enqueue(t, QueueMessageIn{ID: "at", Payload: json.RawMessage(`1`), DeliverAt: now + 5000},
+		QueueMessageIn{ID: "delay", Payload: json.RawMessage(`2`), Delay: 3 * time.Second})
+	if s := n.stats(t); s != (QueueStats{Delayed: 2}) {
+		t.Fatalf("stats %+v", s)
+	}
+	for _, step := range []struct {
+		by   time.Duration
+		want string
+	}{{2999 * time.Millisecond, ""}, {time.Millisecond, "delay#1"}, {1999 * time.Millisecond, ""}, {time.Millisecond, "at#1"}} {
+		n.advance(step.by)
+		if got := ids(n.receive(t, QueueReceive{Max: 10})); got != step.want {
+			t.Fatalf("at +%dms: received %q, want %q", n.clock.Load()-now, got, step.want)
+		}
+	}
+}
+
+func TestQueue_FirstAttemptsInOrderBeforeRetries(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{Backoff: Backoff{Initial: time.Second}})
+	n.enqueue(t, msg("r", 0))
+	r := n.receive(t, QueueReceive{})
+	if _, err := n.q.Nack(context.Background(), QueueNack{Receipt: r[0].Receipt}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		n.enqueue(t, msg(fmt.Sprintf("m%d", i), i))
+		n.advance(time.Millisecond)
+	}
+	n.advance(2 * time.Second) // the retry is due too
+	if got := ids(n.receive(t, QueueReceive{Max: 10})); got != "m1#1,m2#1,m3#1,r#2" {
+		t.Fatalf("received %q", got)
+	}
+}
+
+func TestQueue_TargetsSettleIndependently(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{Targets: []string{"email", "audit"}, MaxAttempts: 1})
+	n.enqueue(t, msg("a", 1))
+	e := n.receive(t, QueueReceive{Target: "email"})
+	a := n.receive(t, QueueReceive{Target: "audit"})
+	if len(e) != 1 || len(a) != 1 {
+		t.Fatalf("email %v audit %v", e, a)
+	}
+	if _, err := n.q.Ack(context.Background(), e[0].Receipt); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := n.q.Nack(context.Background(), QueueNack{Receipt: a[0].Receipt, Error: "smtp down"}); err != nil || s.State != StateFailed {
+		t.Fatalf("nack %+v %v", s, err)
+	}
+	m, err := n.q.Message(context.Background(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Targets["email"].State != StateComplete || m.Targets["audit"] != (QueuePair{State: StateFailed, Attempts: 1, LastError: "smtp down", Reason: "exhausted"}) {
+		t.Fatalf("pairs %+v", m.Targets)
+	}
+	if s := n.stats(t); s != (QueueStats{Complete: 1, Failed: 1}) {
+		t.Fatalf("stats %+v", s)
+	}
+	if _, err := n.q.Receive(context.Background(), QueueReceive{Target: "sms"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown target: %v", err)
+	}
+}
+
+func TestQueue_VisibilityExpiryCountsAnAttemptAndFencesTheOldReceipt(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{VisibilityTimeout: 10 * time.Second, Backoff: Backoff{Initial: time.Second}})
+	n.enqueue(t, msg("a", 1))
+	first := n.receive(t, QueueReceive{})
+	n.advance(10 * time.Second)
+	// Past its deadline the receipt no longer holds, even before a receive
+	// notices the expiry.
+	if _, err := n.q.Nack(context.Background(), QueueNack{Receipt: first[0].Receipt}); !errors.Is(err, ErrReceiptNotHeld) {
+		t.Fatalf("nack after the deadline: %v", err)
+	}
+	if got := n.receive(t, QueueReceive{}); len(got) != 0 {
+		t.Fatalf("redelivered before the backoff: %v", ids(got))
+	}
+	m, _ := n.q.Message(context.Background(), "a")
+	if p := m.Targets["default"]; p.State != StatePending || p.Attempts != 1 || p.LastError != "visibility timeout passed" || p.NextAttemptAt != n.clock.Load()+1000 {
+		t.Fatalf("after expiry %+v", p)
+	}
+	n.advance(time.Second)
+	second := n.receive(t, QueueReceive{})
+	if ids(second) != "a#2" || second[0].Receipt == first[0].Receipt {
+		t.Fatalf("redelivery %+v", second)
+	}
+	for _, settle := range []func() error{
+		func() error { a, err := n.q.Ack(context.Background(), first[0].Receipt); _ = a; return err },
+		func() error { _, err := n.q.Dead(context.Background(), QueueDead{Receipt: first[0].Receipt}); return err },
+	} {
+		if err := settle(); err != nil && !errors.Is(err, ErrReceiptNotHeld) {
+			t.Fatal(err)
+		}
+	}
+	if a, _ := n.q.Ack(context.Background(), first[0].Receipt); a.Acked != 0 {
+		t.Fatal("the stale receipt acked")
+	}
+	if a, _ := n.q.Ack(context.Background(), second[0].Receipt); a.Acked != 1 {
+		t.Fatal("the current receipt did not ack")
+	}
+}
+
+func TestQueue_BackoffGrowsToMaxAttemptsThenDeadLetters(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{MaxAttempts: 4, Backoff: Backoff{Initial: time.Second, Multiplier: 3, Max: 5 * time.Second}})
+	n.enqueue(t, msg("a", 1))
+	for attempt, wait := range []time.Duration{time.Second, 3 * time.Second, 5 * time.Second} {
+		d := n.receive(t, QueueReceive{})
+		if ids(d) != fmt.Sprintf("a#%d", attempt+1) {
+			t.Fatalf("attempt %d: %v", attempt+1, ids(d))
+		}
+		s, err := n.q.Nack(context.Background(), QueueNack{Receipt: d[0].Receipt, Error: fmt.Sprint("boom ", attempt+1)})
+		if err != nil || s.State != StatePending {
+			t.Fatalf("nack %+v %v", s, err)
+		}
+		n.advance(wait - time.Millisecond)
+		if got := n.receive(t, QueueReceive{}); len(got) != 0 {
+			t.Fatalf("after attempt %d: redelivered %v before %v", attempt+1, ids(got), wait)
+		}
+		n.advance(time.Millisecond)
+	}
+	d := n.receive(t, QueueReceive{})
+	// A nack asking for more than the backoff waits that long.
+	s, err := n.q.Nack(context.Background(), QueueNack{Receipt: d[0].Receipt, Error: "boom 4", Delay: time.Hour})
+	if err != nil || s.State != StateFailed {
+		t.Fatalf("the last attempt: %+v %v", s, err)
+	}
+	m, _ := n.q.Message(context.Background(), "a")
+	if p := m.Targets["default"]; p != (QueuePair{State: StateFailed, Attempts: 4, LastError: "boom 4", Reason: "exhausted"}) {
+		t.Fatalf("dead letter %+v", p)
+	}
+}
+
+func TestQueue_NackDelayAndExplicitDeadLetter(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{})
+	n.enqueue(t, msg("a", 1), msg("b", 2))
+	d := n.receive(t, QueueReceive{Max: 2})
+	if _, err := n.q.Nack(context.Background(), QueueNack{Receipt: d[0].Receipt, Delay: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := n.q.Dead(context.Background(), QueueDead{Receipt: d[1].Receipt, Reason: "bad payload"}); err != nil || s.State != StateFailed {
+		t.Fatalf("dead %+v %v", s, err)
+	}
+	m, _ := n.q.Message(context.Background(), "b")
+	if p := m.Targets["default"]; p != (QueuePair{State: StateFailed, Attempts: 1, LastError: "bad payload", Reason: "rejected"}) {
+		t.Fatalf("rejected %+v", p)
+	}
+	m, _ = n.q.Message(context.Background(), "a")
+	if p := m.Targets["default"]; p.NextAttemptAt != n.clock.Load()+60_000 {
+		t.Fatalf("nack with a delay: %+v", p)
+	}
+	if s := n.stats(t); s != (QueueStats{Delayed: 1, Failed: 1}) {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestQueue_TopicFilter(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{})
+	n.enqueue(t, QueueMessageIn{ID: "o1", Topic: "orders", Payload: json.RawMessage(`1`)}, QueueMessageIn{ID: "p1", Topic: "payments", Payload: json.RawMessage(`2`)},
+		QueueMessageIn{ID: "o2", Topic: "orders", Payload: json.RawMessage(`3`)})
+	if got := ids(n.receive(t, QueueReceive{Topic: "payments", Max: 10})); got != "p1#1" {
+		t.Fatalf("payments: %q", got)
+	}
+	if got := ids(n.receive(t, QueueReceive{Max: 10})); got != "o1#1,o2#1" {
+		t.Fatalf("the rest: %q", got)
+	}
+}
+
+func TestQueue_MaxPendingRefusesAndWritesNothing(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{MaxPending: 3, Targets: []string{"x", "y"}})
+	n.enqueue(t, msg("a", 1)) // two pairs
+	_, err := n.q.Enqueue(context.Background(), msg("b", 2))
+	var e *Error
+	if !errors.As(err, &e) || e.Kind != KindOverloaded || e.RetryAfter <= 0 {
+		t.Fatalf("past maxPending: %v", err)
+	}
+	if _, err := n.q.Message(context.Background(), "b"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the refused message was written: %v", err)
+	}
+	// A retry of a message already held is not refused: it writes nothing.
+	if got := n.enqueue(t, msg("a", 3)); got[0] != "a" {
+		t.Fatal(got)
+	}
+	n.receive(t, QueueReceive{Target: "x"})
+	n.enqueue(t, msg("c", 4)) // 1 + 2 pending: at the bound
+}
+
+func TestQueue_BadInputs(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{})
+	ctx := context.Background()
+	for name, msgs := range map[string][]QueueMessageIn{
+		"no messages":      nil,
+		"no payload":       {{ID: "a"}},
+		"invalid JSON":     {{ID: "a", Payload: json.RawMessage(`{`)}},
+		"long id":          {{ID: string(make([]byte, 129)), Payload: json.RawMessage(`1`)}},
+		"control in id":    {{ID: "a\nb", Payload: json.RawMessage(`1`)}},
+		"negative delay":   {{ID: "a", Payload: json.RawMessage(`1`), Delay: -time.Second}},
+		"one bad in batch": {{ID: "ok", Payload: json.RawMessage(`1`)}, {ID: "a", Payload: json.RawMessage(`{`)}},
+	} {
+		if _, err := n.q.Enqueue(ctx, msgs...); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	big := QueueMessageIn{ID: "big", Payload: json.RawMessage(`"` + string(make([]byte, 1<<20)) + `"`)}
+	if _, err := n.q.Enqueue(ctx, big); !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrBadRequest) {
+		t.Errorf("a payload over 1 MiB: %v", err)
+	}
+	if s := n.stats(t); s != (QueueStats{}) {
+		t.Fatalf("a refused batch wrote something: %+v", s)
+	}
+	if _, err := n.q.Receive(ctx, QueueReceive{Max: -1}); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("max -1: %v", err)
+	}
+	if _, err := n.q.Ack(ctx); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("ack of nothing: %v", err)
+	}
+	if _, err := n.q.Message(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown message: %v", err)
+	}
+}
+
+// Messages, pairs and receipts survive a restart; an acked enqueue is durable.
+func TestQueue_SurvivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	n := startQueueNode(t, dir, QueueOptions{})
+	n.enqueue(t, msg("a", 1), msg("b", 2), msg("c", 3))
+	d := n.receive(t, QueueReceive{Max: 2})
+	if _, err := n.q.Ack(context.Background(), d[0].Receipt); err != nil {
+		t.Fatal(err)
+	}
+	clock := n.clock.Load()
+	n.stop()
+	n = startQueueNode(t, dir, QueueOptions{})
+	n.clock.Store(clock)
+	if s := n.stats(t); s != (QueueStats{Pending: 1, Processing: 1, Complete: 1}) {
+		t.Fatalf("stats after restart %+v", s)
+	}
+	if a, err := n.q.Ack(context.Background(), d[1].Receipt); err != nil || a.Acked != 1 {
+		t.Fatalf("a receipt from before the restart: %+v %v", a, err)
+	}
+	if got := ids(n.receive(t, QueueReceive{Max: 10})); got != "c#1" {
+		t.Fatalf("received %q", got)
+	}
+}
