@@ -219,7 +219,10 @@ func TestQueue_VisibilityExpiryCountsAnAttemptAndFencesTheOldReceipt(t *testing.
 	}
 	for _, settle := range []func() error{
 		func() error { a, err := n.q.Ack(context.Background(), first[0].Receipt); _ = a; return err },
-		func() error { _, err := n.q.Dead(context.Background(), QueueDead{Receipt: first[0].Receipt}); return err },
+		func() error {
+			_, err := n.q.Dead(context.Background(), QueueDead{Receipt: first[0].Receipt})
+			return err
+		},
 	} {
 		if err := settle(); err != nil && !errors.Is(err, ErrReceiptNotHeld) {
 			t.Fatal(err)
