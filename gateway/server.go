@@ -80,6 +80,7 @@ func (s *Server) routes() {
 	s.objectRoutes()
 	s.logRoutes()
 	s.alarmRoutes()
+	s.queueRoutes()
 	s.mux.HandleFunc("POST /api/v1/tokens/{app}", s.mintToken)
 	s.mux.HandleFunc("GET /socket/websocket", s.serveSocket)
 }

@@ -1,0 +1,248 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/holdfast/holdfast/actors"
+)
+
+// The write-ahead queue's routes (spec/queue.md, "HTTP").
+const queueBase = "/api/v1/queues/{app}/{type}/{key}"
+
+// maxWaitMs bounds a receive's long-poll.
+const maxWaitMs = 20_000
+
+func (s *Server) queueRoutes() {
+	s.mux.HandleFunc("POST "+queueBase+"/messages", s.object(s.queueEnqueue))
+	s.mux.HandleFunc("GET "+queueBase+"/messages/{id}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+		s.logSimple(actors.QueueMessageGet{ID: r.PathValue("id")})(w, r, id)
+	}))
+	s.mux.HandleFunc("POST "+queueBase+"/receive", s.object(s.queueReceive))
+	s.mux.HandleFunc("POST "+queueBase+"/ack", s.object(s.queueAck))
+	s.mux.HandleFunc("POST "+queueBase+"/nack", s.object(s.queueNack))
+	s.mux.HandleFunc("POST "+queueBase+"/dead", s.object(s.queueDead))
+	s.mux.HandleFunc("GET "+queueBase+"/stats", s.object(s.logSimple(actors.QueueStatsGet{})))
+}
+
+type enqueueMessage struct {
+	ID        *string         `json:"id"`
+	Topic     *string         `json:"topic"`
+	Payload   json.RawMessage `json:"payload"`
+	DeliverAt *int64          `json:"deliverAt"`
+	DelayMs   *int64          `json:"delayMs"`
+}
+
+func (s *Server) queueEnqueue(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		Messages *[]enqueueMessage `json:"messages"`
+	}
+	const shape = `the body must be {"messages": [{"id"?, "topic"?, "payload", "deliverAt"? or "delayMs"?}]}`
+	if err := strictJSON(body, &req); err != nil || req.Messages == nil {
+		badRequest(shape).write(w)
+		return
+	}
+	in := make([]actors.QueueMessageIn, len(*req.Messages))
+	for i, m := range *req.Messages {
+		if m.DeliverAt != nil && m.DelayMs != nil {
+			badRequest("a message has deliverAt or delayMs, not both").write(w)
+			return
+		}
+		if m.ID != nil {
+			in[i].ID = *m.ID
+			if *m.ID == "" {
+				badRequest("a message id is 1 to 128 bytes").write(w)
+				return
+			}
+		}
+		if m.Topic != nil {
+			in[i].Topic = *m.Topic
+			if *m.Topic == "" {
+				badRequest("a topic cannot be empty").write(w)
+				return
+			}
+		}
+		if len(m.Payload) == 0 {
+			badRequest("every message needs a payload").write(w)
+			return
+		}
+		in[i].Payload = m.Payload
+		if m.DeliverAt != nil {
+			in[i].DeliverAt = *m.DeliverAt
+			if *m.DeliverAt < 0 {
+				badRequest("deliverAt cannot be negative").write(w)
+				return
+			}
+		}
+		if m.DelayMs != nil {
+			if *m.DelayMs < 0 {
+				badRequest("delayMs cannot be negative").write(w)
+				return
+			}
+			in[i].Delay = time.Duration(*m.DelayMs) * time.Millisecond
+		}
+	}
+	if reply, ok := s.call(w, r, id, actors.QueueEnqueue{Messages: in}, newRoute); ok {
+		writeJSON(w, http.StatusOK, reply)
+	}
+}
+
+// queueReceive serves POST .../receive. A long-poll (waitMs) asks again, more
+// slowly each time, until something is due or the wait is over.
+func (s *Server) queueReceive(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		Target       *string `json:"target"`
+		Topic        *string `json:"topic"`
+		Max          *int    `json:"max"`
+		VisibilityMs *int64  `json:"visibilityMs"`
+		WaitMs       *int64  `json:"waitMs"`
+	}
+	if len(body) > 0 {
+		if err := strictJSON(body, &req); err != nil {
+			badRequest(`the body must be {"target"?, "topic"?, "max"?, "visibilityMs"?, "waitMs"?}`).write(w)
+			return
+		}
+	}
+	m := actors.QueueReceive{}
+	if req.Target != nil {
+		m.Target = *req.Target
+	}
+	if req.Topic != nil {
+		m.Topic = *req.Topic
+	}
+	if req.Max != nil {
+		if *req.Max < 1 {
+			badRequest("max must be at least 1").write(w)
+			return
+		}
+		m.Max = *req.Max
+	}
+	if req.VisibilityMs != nil {
+		if *req.VisibilityMs < 1 {
+			badRequest("visibilityMs must be at least 1").write(w)
+			return
+		}
+		m.Visibility = time.Duration(*req.VisibilityMs) * time.Millisecond
+	}
+	var wait time.Duration
+	if req.WaitMs != nil {
+		if *req.WaitMs < 0 || *req.WaitMs > maxWaitMs {
+			badRequest("waitMs is 0 to 20000").write(w)
+			return
+		}
+		wait = time.Duration(*req.WaitMs) * time.Millisecond
+	}
+	deadline := time.Now().Add(wait)
+	pause := 10 * time.Millisecond
+	for {
+		reply, ok := s.call(w, r, id, m, newRoute)
+		if !ok {
+			return
+		}
+		got, _ := reply.(*actors.QueueReceived)
+		left := time.Until(deadline)
+		if got == nil || len(got.Messages) > 0 || left <= 0 {
+			writeJSON(w, http.StatusOK, reply)
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(min(pause, left)):
+		}
+		pause = min(2*pause, 250*time.Millisecond)
+	}
+}
+
+func (s *Server) queueAck(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		Receipts *[]string `json:"receipts"`
+	}
+	if err := strictJSON(body, &req); err != nil || req.Receipts == nil || len(*req.Receipts) == 0 {
+		badRequest(`the body must be {"receipts": ["...", ...]} with at least one receipt`).write(w)
+		return
+	}
+	reply, ok := s.call(w, r, id, actors.QueueAck{Receipts: *req.Receipts}, newRoute)
+	if !ok {
+		return
+	}
+	acked := reply.(*actors.QueueAcked)
+	if acked.NotHeld > 0 {
+		// The others are acked all the same; the reply says how many.
+		e := errBody(actors.ErrReceiptNotHeld.Msg, actors.ErrReceiptNotHeld.Code)
+		e["acked"], e["notHeld"] = acked.Acked, acked.NotHeld
+		writeJSON(w, http.StatusConflict, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"acked": acked.Acked})
+}
+
+func (s *Server) queueNack(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		Receipt *string `json:"receipt"`
+		DelayMs *int64  `json:"delayMs"`
+		Error   *string `json:"error"`
+	}
+	if err := strictJSON(body, &req); err != nil || req.Receipt == nil {
+		badRequest(`the body must be {"receipt": "...", "delayMs"?, "error"?}`).write(w)
+		return
+	}
+	m := actors.QueueNack{Receipt: *req.Receipt}
+	if req.DelayMs != nil {
+		if *req.DelayMs < 0 {
+			badRequest("delayMs cannot be negative").write(w)
+			return
+		}
+		m.Delay = time.Duration(*req.DelayMs) * time.Millisecond
+	}
+	if req.Error != nil {
+		m.Error = *req.Error
+	}
+	if reply, ok := s.call(w, r, id, m, newRoute); ok {
+		writeJSON(w, http.StatusOK, reply)
+	}
+}
+
+func (s *Server) queueDead(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		Receipt *string `json:"receipt"`
+		Reason  *string `json:"reason"`
+	}
+	if err := strictJSON(body, &req); err != nil || req.Receipt == nil {
+		badRequest(`the body must be {"receipt": "...", "reason"?}`).write(w)
+		return
+	}
+	m := actors.QueueDead{Receipt: *req.Receipt}
+	if req.Reason != nil {
+		m.Reason = *req.Reason
+	}
+	if _, ok := s.call(w, r, id, m, newRoute); ok {
+		writeJSON(w, http.StatusOK, map[string]any{})
+	}
+}
