@@ -2,6 +2,8 @@ package actors
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -63,6 +65,13 @@ func DefaultTypeOptions() TypeOptions {
 	return TypeOptions{ChangeLogEntries: 10000, Log: LogOptions{MaxBatchSize: DefaultMaxBatchSize}}
 }
 
+// newBoot returns a fresh name for a run of the node.
+func newBoot() string {
+	var b [6]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
 // Host runs the object actors of one node: it activates an object on its first
 // message, routes every message to the object's one activation, and passivates it
 // when idle. Request may be called from any goroutine.
@@ -86,6 +95,10 @@ type Host struct {
 	now func() time.Time // clock; a test may replace it before Start
 	// jitter returns a number in [0, 1) for backoff jitter; a test may replace it.
 	jitter func() float64
+	// boot names this run of the node: queue receipts carry it, and replay puts
+	// back the deliveries of earlier runs (queuereplay.go).
+	boot   string
+	replay replayState
 }
 
 type hostShard struct {
@@ -141,7 +154,8 @@ func NewHost(db *persistence.DB, pipe *persistence.Pipeline, cfg Config) *Host {
 	if cfg.ColdTimeout <= 0 {
 		cfg.ColdTimeout = 10 * time.Second
 	}
-	h := &Host{db: db, pipe: pipe, cfg: cfg, log: cfg.Logger, types: map[string]*TypeSpec{}, now: time.Now, jitter: mrand.Float64}
+	h := &Host{db: db, pipe: pipe, cfg: cfg, log: cfg.Logger, types: map[string]*TypeSpec{}, now: time.Now, jitter: mrand.Float64,
+		boot: newBoot()}
 	for i := range h.shards {
 		h.shards[i].m = make(map[ObjectID]*activation)
 	}
@@ -190,6 +204,8 @@ func (h *Host) Start() {
 	h.sched = alarms.NewScheduler(sc)
 	h.sched.SetClock(h.now)
 	h.sched.Start()
+	h.swept.Add(1)
+	go h.replayQueues()
 }
 
 // Scheduler returns the node's alarm scheduler (after Start).

@@ -210,6 +210,14 @@ func (o *object) dispatch(msg any) (val any, err error) {
 		return o.queueMessageGet(m)
 	case QueueStatsGet:
 		return o.queueStats()
+	case QueueReplay:
+		return o.queueReplay(m)
+	case queueStartReplay:
+		q, err := o.queueLoad()
+		if err != nil {
+			return nil, err
+		}
+		return q.replayed, nil
 	case AlarmSet:
 		return o.alarmSet(m)
 	case AlarmGet:

@@ -62,6 +62,8 @@ type queueState struct {
 	ks   persistence.Keyspace
 	opts QueueOptions
 	meta queueMetaRec
+	// replayed is what the replay at this activation's load did.
+	replayed *ReplaySummary
 }
 
 type queueMetaRec struct {
@@ -108,6 +110,7 @@ func (o *object) queueLoad() (*queueState, error) {
 		}
 	}
 	o.queue = q
+	q.replayed = o.queueReplayLoad(q)
 	return q, nil
 }
 
@@ -138,6 +141,13 @@ func (o *object) queueCommit(t *queueTxn) {
 		return
 	}
 	t.set(t.q.ks.Key(queueMeta, nil), t.q.meta)
+	// The partition's index of queues with deliveries in flight (replay at start).
+	switch was, is := t.saved.Processing > 0, t.q.meta.Processing > 0; {
+	case !was && is:
+		t.w.Sets = append(t.w.Sets, persistence.KV{Key: queueIndexKey(o.part, o.act.id), Value: []byte{}})
+	case was && !is:
+		t.del(queueIndexKey(o.part, o.act.id))
+	}
 	o.submit(&t.w, nil)
 }
 
@@ -336,7 +346,7 @@ func (o *object) queueReceive(m QueueReceive) (any, error) {
 		}
 		t.del(h.key)
 		p.State, p.Attempts, p.Deadline = StateProcessing, p.Attempts+1, now+vis.Milliseconds()
-		p.Receipt = newReceipt(target, h.id)
+		p.Receipt = newReceipt(o.h.boot, target, h.id)
 		t.set(pairKey(q, target, h.id), p)
 		t.w.Sets = append(t.w.Sets, persistence.KV{Key: visibleKey(q, target, p), Value: []byte(h.id)})
 		q.meta.Pending--
@@ -422,21 +432,22 @@ func (o *object) queueRead(q *queueState, target, id string) (*queuePairRec, *qu
 	return &p, &msg, nil
 }
 
-// A receipt names its pair and one delivery of it: random | target | id.
-func newReceipt(target, id string) string {
+// A receipt names its pair and one delivery of it, and the node run (boot)
+// that handed it out: random . boot . target . id.
+func newReceipt(boot, target, id string) string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	enc := base64.RawURLEncoding
-	return hex.EncodeToString(b[:]) + "." + enc.EncodeToString([]byte(target)) + "." + enc.EncodeToString([]byte(id))
+	return hex.EncodeToString(b[:]) + "." + boot + "." + enc.EncodeToString([]byte(target)) + "." + enc.EncodeToString([]byte(id))
 }
 
 func parseReceipt(r string) (target, id string, ok bool) {
 	parts := strings.Split(r, ".")
-	if len(parts) != 3 {
+	if len(parts) != 4 {
 		return "", "", false
 	}
-	t, err1 := base64.RawURLEncoding.DecodeString(parts[1])
-	i, err2 := base64.RawURLEncoding.DecodeString(parts[2])
+	t, err1 := base64.RawURLEncoding.DecodeString(parts[2])
+	i, err2 := base64.RawURLEncoding.DecodeString(parts[3])
 	if err1 != nil || err2 != nil || len(i) == 0 {
 		return "", "", false
 	}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/holdfast/holdfast/persistence"
 )
 
 type queueNode struct {
@@ -355,29 +357,127 @@ func TestQueue_BadInputs(t *testing.T) {
 }
 
 // Messages and the states of their pairs survive a restart: an acked enqueue
-// and a settlement are durable. (What a delivery in flight becomes after a
-// restart is the replay's, spec/queue.md "Replay".)
-func TestQueue_SurvivesARestart(t *testing.T) {
+// and a settlement are durable. A delivery in flight at the stop is put back
+// when the node starts, without waiting for a consumer (spec/queue.md, Replay).
+func TestQueue_SurvivesARestartAndReplays(t *testing.T) {
 	dir := t.TempDir()
 	n := startQueueNode(t, dir, QueueOptions{})
-	n.enqueue(t, msg("a", 1), msg("b", 2), msg("c", 3))
+	n.enqueue(t, msg("a", 1), msg("b", 2), msg("c", 3), QueueMessageIn{ID: "later", Payload: json.RawMessage(`4`), Delay: time.Hour})
 	d := n.receive(t, QueueReceive{Max: 2})
 	if _, err := n.q.Ack(context.Background(), d[0].Receipt); err != nil {
 		t.Fatal(err)
+	}
+	if got := queueIndexEntries(t, n.testNode); got != 1 {
+		t.Fatalf("%d objects in the index of queues with deliveries in flight, want 1", got)
 	}
 	clock := n.clock.Load()
 	n.stop()
 	n = startQueueNode(t, dir, QueueOptions{})
 	n.clock.Store(clock)
+	sum := waitReplay(t, n.testNode)
+	if sum.Recovered != 2 || sum.Delayed != 1 || len(sum.Errors) != 0 {
+		t.Fatalf("replay summary %+v: want b (put back) and c due, later delayed", sum)
+	}
+	if got := queueIndexEntries(t, n.testNode); got != 0 {
+		t.Fatalf("%d objects in the index after the replay", got)
+	}
+	m, err := n.q.Message(context.Background(), "b")
+	if p := m.Targets["default"]; err != nil || p.State != StatePending || p.Attempts != 1 || p.LastError != "the node stopped during the delivery" {
+		t.Fatalf("b after restart: %+v %v", p, err)
+	}
 	if m, err := n.q.Message(context.Background(), "a"); err != nil || m.Targets["default"].State != StateComplete || string(m.Payload) != `{"n":1}` {
 		t.Fatalf("a after restart: %+v %v", m, err)
 	}
-	if got := ids(n.receive(t, QueueReceive{Max: 10})); got != "c#1" {
+	// The receipt from before the restart holds no more.
+	if a, err := n.q.Ack(context.Background(), d[1].Receipt); err != nil || a.NotHeld != 1 {
+		t.Fatalf("a receipt from before the restart: %+v %v", a, err)
+	}
+	if got := ids(n.receive(t, QueueReceive{Max: 10})); got != "c#1,b#2" {
 		t.Fatalf("received %q", got)
 	}
 	// Deduplication holds across the restart.
 	n.enqueue(t, msg("a", 9), msg("c", 9))
-	if s := n.stats(t); s.Complete != 1 || s.Pending != 0 {
+	if s := n.stats(t); s.Complete != 1 || s.Pending != 0 || s.Processing != 2 {
 		t.Fatalf("stats %+v", s)
 	}
+}
+
+// A delivery in flight at the stop whose attempts are spent goes to the dead
+// letters at the replay.
+func TestQueue_ReplayExhausts(t *testing.T) {
+	dir := t.TempDir()
+	n := startQueueNode(t, dir, QueueOptions{MaxAttempts: 1})
+	n.enqueue(t, msg("a", 1))
+	n.receive(t, QueueReceive{})
+	n.stop()
+	n = startQueueNode(t, dir, QueueOptions{MaxAttempts: 1})
+	waitReplay(t, n.testNode)
+	m, _ := n.q.Message(context.Background(), "a")
+	if p := m.Targets["default"]; p.State != StateFailed || p.Reason != "exhausted" {
+		t.Fatalf("after replay %+v", p)
+	}
+}
+
+// A node that stopped with nothing in flight replays nothing; an object the
+// node handed deliveries to in this run keeps them when it is passivated and
+// activated again.
+func TestQueue_ReplayKeepsThisRunsDeliveries(t *testing.T) {
+	n := startNode(t, t.TempDir(), nodeOpts{cfg: Config{IdleTimeout: 50 * time.Millisecond}})
+	if sum := waitReplay(t, n); sum.Recovered != 0 || sum.Delayed != 0 {
+		t.Fatalf("replay of an empty node %+v", sum)
+	}
+	q := NewQueue(n.host, ObjectID{App: "app_t", Type: "jobs", Key: "q"})
+	if _, err := q.Enqueue(context.Background(), msg("a", 1)); err != nil {
+		t.Fatal(err)
+	}
+	d, err := q.Receive(context.Background(), QueueReceive{})
+	if err != nil || len(d) != 1 {
+		t.Fatalf("receive %v %v", d, err)
+	}
+	waitFor(t, "the object to passivate", func() bool { return n.host.Active() == 0 })
+	if a, err := q.Ack(context.Background(), d[0].Receipt); err != nil || a.Acked != 1 {
+		t.Fatalf("ack after a reactivation: %+v %v", a, err)
+	}
+}
+
+func TestQueue_ReplayTopicsMakesBackoffsDue(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{})
+	n.enqueue(t, QueueMessageIn{ID: "o", Topic: "orders", Payload: json.RawMessage(`1`)}, QueueMessageIn{ID: "p", Topic: "pay", Payload: json.RawMessage(`2`)},
+		QueueMessageIn{ID: "late", Topic: "orders", Payload: json.RawMessage(`3`), Delay: time.Hour})
+	for _, d := range n.receive(t, QueueReceive{Max: 2}) {
+		if _, err := n.q.Nack(context.Background(), QueueNack{Receipt: d.Receipt, Delay: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum, err := request[*ReplaySummary](context.Background(), n.host, n.q.id, QueueReplay{Topics: []string{"orders"}})
+	if err != nil || sum.Recovered != 1 || sum.Delayed != 1 {
+		t.Fatalf("replay of orders: %+v %v: want o due, late (a first attempt) still delayed", sum, err)
+	}
+	if got := ids(n.receive(t, QueueReceive{Max: 10})); got != "o#2" {
+		t.Fatalf("received %q", got)
+	}
+}
+
+func queueIndexEntries(t *testing.T, n *testNode) int {
+	t.Helper()
+	count := 0
+	n.pipe.WaitApplied() // what is durable is in Badger
+	for p := range uint32(n.db.Partitions()) {
+		prefix := persistence.PartitionIndexPrefix(p, persistence.IndexQueues)
+		if err := n.db.Scan(context.Background(), prefix, nil, nil, func(_, _ []byte) (bool, error) { count++; return true, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return count
+}
+
+func waitReplay(t *testing.T, n *testNode) ReplaySummary {
+	t.Helper()
+	var sum ReplaySummary
+	waitFor(t, "the start replay", func() bool {
+		var done bool
+		sum, done = n.host.ReplaySummary()
+		return done
+	})
+	return sum
 }

@@ -136,6 +136,10 @@ func (n *Node) Stats() Stats {
 // from then on, alarms that fell due while the node was down are firing.
 func (n *Node) AlarmsReady() <-chan struct{} { return n.host.Scheduler().Ready() }
 
+// ReplaySummary returns the summary of the queue replay the node ran when it
+// started, and whether it has finished.
+func (n *Node) ReplaySummary() (actors.ReplaySummary, bool) { return n.host.ReplaySummary() }
+
 // Partitions returns the partition count of the node's data directory.
 func (n *Node) Partitions() int { return n.db.Partitions() }
 

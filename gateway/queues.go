@@ -24,6 +24,57 @@ func (s *Server) queueRoutes() {
 	s.mux.HandleFunc("POST "+queueBase+"/nack", s.object(s.queueNack))
 	s.mux.HandleFunc("POST "+queueBase+"/dead", s.object(s.queueDead))
 	s.mux.HandleFunc("GET "+queueBase+"/stats", s.object(s.logSimple(actors.QueueStatsGet{})))
+	s.mux.HandleFunc("POST "+queueBase+"/replay", s.object(s.queueReplay))
+	s.mux.HandleFunc("GET /api/v1/admin/replay", s.adminReplay)
+}
+
+// replayer is a node that replays queues when it starts (cluster.Node).
+type replayer interface {
+	ReplaySummary() (actors.ReplaySummary, bool)
+}
+
+// adminReplay serves GET /api/v1/admin/replay: the summary of the queue replay
+// the node ran at start, to any app's credentials; 503 until it has finished.
+func (s *Server) adminReplay(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.cfg.Apps.Authenticate(r.Header.Get("X-App-Key"), r.Header.Get("X-App-Secret")); !ok {
+		writeUnauthorized(w)
+		return
+	}
+	rp, ok := s.cfg.Node.(replayer)
+	if !ok {
+		writeJSON(w, http.StatusOK, actors.ReplaySummary{Errors: []string{}})
+		return
+	}
+	sum, done := rp.ReplaySummary()
+	if !done {
+		retryable(http.StatusServiceUnavailable, "the replay after start is still running", "unavailable", time.Second).write(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, sum)
+}
+
+func (s *Server) queueReplay(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		Topics *[]string `json:"topics"`
+	}
+	if len(body) > 0 {
+		if err := strictJSON(body, &req); err != nil {
+			badRequest(`the body must be empty or {"topics": ["...", ...]}`).write(w)
+			return
+		}
+	}
+	m := actors.QueueReplay{}
+	if req.Topics != nil {
+		m.Topics = *req.Topics
+	}
+	if reply, ok := s.call(w, r, id, m, newRoute); ok {
+		writeJSON(w, http.StatusOK, reply)
+	}
 }
 
 type enqueueMessage struct {

@@ -122,3 +122,25 @@ func TestQueues_Refusals(t *testing.T) {
 		t.Fatalf("429 without retryAfterMs: %s", r.body)
 	}
 }
+
+func TestQueues_ReplayRoutes(t *testing.T) {
+	ts := queueServer(t, actors.QueueOptions{})
+	ts.do("POST", queuePath+"/messages", `{"messages":[{"id":"a","topic":"orders","payload":1},{"id":"b","topic":"pay","payload":2}]}`, nil)
+	got := ts.receive(t, `{"max":2}`)
+	for _, m := range got.Messages {
+		ts.do("POST", queuePath+"/nack", `{"receipt":"`+m.Receipt+`","delayMs":3600000}`, nil)
+	}
+	wantJSON(t, ts.do("POST", queuePath+"/replay", `{"topics":["orders"]}`, nil), 200, `{"recovered":1,"delayed":0,"errors":[]}`)
+	wantJSON(t, ts.do("POST", queuePath+"/replay", ``, nil), 200, `{"recovered":2,"delayed":0,"errors":[]}`)
+	wantError(t, ts.do("POST", queuePath+"/replay", `{"topics":"orders"}`, nil), 400, "bad_request", nil)
+
+	var sum map[string]any
+	waitFor(t, "the start replay", func() bool {
+		r := ts.do("GET", "/api/v1/admin/replay", nil, nil)
+		return r.status == 200 && json.Unmarshal(r.body, &sum) == nil
+	})
+	if sum["recovered"] != float64(0) || sum["delayed"] != float64(0) {
+		t.Fatalf("the start replay of a new node: %v", sum)
+	}
+	wantUnauthorized(t, ts.do("GET", "/api/v1/admin/replay", nil, map[string]string{}))
+}

@@ -32,6 +32,7 @@ const (
 // 0xFFxx bytes long.
 const (
 	IndexAlarms byte = 't' // the partition's alarms by due time
+	IndexQueues byte = 'q' // the partition's objects whose queues have deliveries in flight
 )
 
 // PartitionIndexPrefix is the prefix of partition p's index kind.

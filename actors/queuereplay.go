@@ -1,0 +1,286 @@
+package actors
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// Replay (spec/queue.md, "Replay"). Every receipt names the node run
+// (Host.boot) that handed it out. When an object's queue is loaded, the pairs
+// still processing under an earlier run go back to pending, due at once (the
+// attempt counts; a pair whose attempts are spent goes to the dead letters).
+// So that this happens when the node starts and not only when a consumer
+// comes back, each partition keeps an index of the objects whose queues have
+// deliveries in flight (persistence.IndexQueues), written in the same commit
+// as the change that starts or ends them; at start the host wakes each one.
+
+// QueueReplay makes the pending pairs of Topics (every topic when empty) that
+// are backing off due now. Reply: *ReplaySummary.
+type QueueReplay struct{ Topics []string }
+
+// queueStartReplay is the host's wake-up of an object listed in the index at
+// start: the queue loads, which replays. Reply: *ReplaySummary.
+type queueStartReplay struct{}
+
+// ReplaySummary says what a replay did: Recovered pairs are pending and due
+// (put back from processing, made due, or already due), Delayed pairs wait for
+// their time, Errors name the pairs it could not read.
+type ReplaySummary struct {
+	Recovered int      `json:"recovered"`
+	Delayed   int      `json:"delayed"`
+	Errors    []string `json:"errors"`
+}
+
+func (s *ReplaySummary) add(o *ReplaySummary) {
+	s.Recovered += o.Recovered
+	s.Delayed += o.Delayed
+	s.Errors = append(s.Errors, o.Errors...)
+}
+
+// receiptBoot returns the node run that handed out a receipt.
+func receiptBoot(r string) string {
+	if parts := strings.Split(r, "."); len(parts) == 4 {
+		return parts[1]
+	}
+	return ""
+}
+
+func queueIndexKey(part uint32, id ObjectID) []byte {
+	return append(persistence.PartitionIndexPrefix(part, persistence.IndexQueues), persistence.ObjectPrefix(part, id)[3:]...)
+}
+
+// queueReplayLoad puts back the pairs processing under an earlier run; it runs
+// once per activation, from queueLoad.
+func (o *object) queueReplayLoad(q *queueState) *ReplaySummary {
+	sum := &ReplaySummary{Errors: []string{}}
+	if q.meta.Processing == 0 {
+		return sum
+	}
+	now := o.h.now().UnixMilli()
+	t := newQueueTxn(q)
+	returned := 0
+	for _, target := range q.opts.Targets {
+		prefix := targetKey(q.ks, queueVisible, target)
+		var found []string
+		err := o.st.scan(o.bg(), prefix, nil, nil, func(_, value []byte) (bool, error) {
+			found = append(found, string(value))
+			return true, nil
+		})
+		if err != nil {
+			sum.Errors = append(sum.Errors, fmt.Sprintf("target %s: %v", target, err))
+			continue
+		}
+		for _, id := range found {
+			p, _, err := o.queueRead(q, target, id)
+			if err != nil {
+				sum.Errors = append(sum.Errors, fmt.Sprintf("%s/%s: %v", target, id, err))
+				continue
+			}
+			if p.State != StateProcessing || receiptBoot(p.Receipt) == o.h.boot {
+				continue
+			}
+			t.del(visibleKey(q, target, p))
+			q.meta.Processing--
+			p.Receipt, p.Deadline, p.LastError = "", 0, "the node stopped during the delivery"
+			if p.Attempts >= q.opts.MaxAttempts {
+				p.State, p.Reason, p.SettledAt = StateFailed, "exhausted", now
+				q.meta.Failed++
+				t.set(pairKey(q, target, id), p)
+				continue
+			}
+			p.State, p.Class, p.Due = StatePending, classRetry, now
+			q.meta.Pending++
+			t.set(pairKey(q, target, id), p)
+			t.w.Sets = append(t.w.Sets, persistence.KV{Key: readyKey(q, target, p), Value: []byte(p.Topic + "\x00" + id)})
+			returned++
+		}
+	}
+	o.queueCommit(t)
+	if returned == 0 && len(sum.Errors) == 0 {
+		return sum
+	}
+	due, delayed, err := o.queueCountPending(q, now)
+	if err != nil {
+		sum.Errors = append(sum.Errors, err.Error())
+	}
+	sum.Recovered, sum.Delayed = due, delayed
+	return sum
+}
+
+// queueCountPending counts the pending pairs due at now and those due later.
+func (o *object) queueCountPending(q *queueState, now int64) (due, later int, err error) {
+	for _, target := range q.opts.Targets {
+		for _, class := range []byte{classFirst, classRetry} {
+			prefix := targetKey(q.ks, queueReady, target, []byte{class})
+			err := o.st.scan(o.bg(), prefix, nil, nil, func(key, _ []byte) (bool, error) {
+				if int64(binary.BigEndian.Uint64(key[len(prefix):])) <= now {
+					due++
+				} else {
+					later++
+				}
+				return true, nil
+			})
+			if err != nil {
+				return due, later, fmt.Errorf("count pending: %w", err)
+			}
+		}
+	}
+	return due, later, nil
+}
+
+// queueReplay serves QueueReplay.
+func (o *object) queueReplay(m QueueReplay) (any, error) {
+	q, err := o.queueLoad()
+	if err != nil {
+		return nil, err
+	}
+	topics := map[string]bool{}
+	for _, t := range m.Topics {
+		topics[t] = true
+	}
+	now := o.h.now().UnixMilli()
+	t := newQueueTxn(q)
+	sum := &ReplaySummary{Errors: []string{}}
+	for _, target := range q.opts.Targets {
+		prefix := targetKey(q.ks, queueReady, target, []byte{classRetry})
+		type entry struct {
+			key []byte
+			id  string
+		}
+		var backing []entry
+		err := o.st.scan(o.bg(), prefix, append(bytes.Clone(prefix), u64(now+1)...), nil, func(key, value []byte) (bool, error) {
+			topic, id, _ := strings.Cut(string(value), "\x00")
+			if len(topics) == 0 || topics[topic] {
+				backing = append(backing, entry{bytes.Clone(key), id})
+			}
+			return true, nil
+		})
+		if err != nil {
+			t.rollback()
+			return nil, unavailable("cannot read the queue", err)
+		}
+		for _, e := range backing {
+			p, _, err := o.queueRead(q, target, e.id)
+			if err != nil {
+				sum.Errors = append(sum.Errors, fmt.Sprintf("%s/%s: %v", target, e.id, err))
+				continue
+			}
+			t.del(e.key)
+			p.Due = now
+			t.set(pairKey(q, target, e.id), p)
+			t.w.Sets = append(t.w.Sets, persistence.KV{Key: readyKey(q, target, p), Value: []byte(p.Topic + "\x00" + e.id)})
+		}
+	}
+	o.queueCommit(t)
+	// Count what is due and delayed now, in the topics asked for.
+	for _, target := range q.opts.Targets {
+		for _, class := range []byte{classFirst, classRetry} {
+			prefix := targetKey(q.ks, queueReady, target, []byte{class})
+			err := o.st.scan(o.bg(), prefix, nil, nil, func(key, value []byte) (bool, error) {
+				topic, _, _ := strings.Cut(string(value), "\x00")
+				if len(topics) > 0 && !topics[topic] {
+					return true, nil
+				}
+				if int64(binary.BigEndian.Uint64(key[len(prefix):])) <= now {
+					sum.Recovered++
+				} else {
+					sum.Delayed++
+				}
+				return true, nil
+			})
+			if err != nil {
+				return nil, unavailable("cannot read the queue", err)
+			}
+		}
+	}
+	return sum, nil
+}
+
+// replayState is the node's summary of the replay it ran at start.
+type replayState struct {
+	mu   sync.Mutex
+	done bool
+	sum  ReplaySummary
+}
+
+// ReplaySummary returns the summary of the queue replay the node ran when it
+// started, and whether it has finished.
+func (h *Host) ReplaySummary() (ReplaySummary, bool) {
+	h.replay.mu.Lock()
+	defer h.replay.mu.Unlock()
+	s := h.replay.sum
+	s.Errors = append([]string{}, s.Errors...)
+	return s, h.replay.done
+}
+
+// replayQueues wakes every object of the node's partitions whose queue had
+// deliveries in flight when the node stopped, and logs one summary.
+func (h *Host) replayQueues() {
+	defer h.swept.Done()
+	start := time.Now()
+	total := ReplaySummary{Errors: []string{}}
+	objects := 0
+	for p := range uint32(h.db.Partitions()) {
+		prefix := persistence.PartitionIndexPrefix(p, persistence.IndexQueues)
+		var ids []ObjectID
+		err := h.db.Scan(context.Background(), prefix, nil, nil, func(key, _ []byte) (bool, error) {
+			id, ok := decodeObjectSuffix(key[len(prefix):])
+			if !ok {
+				return false, fmt.Errorf("malformed queue index key %x", key)
+			}
+			ids = append(ids, id)
+			return true, nil
+		})
+		if err != nil {
+			total.Errors = append(total.Errors, fmt.Sprintf("partition %d: %v", p, err))
+		}
+		for _, id := range ids {
+			select {
+			case <-h.stop:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			r, err := h.Request(ctx, id, queueStartReplay{})
+			cancel()
+			objects++
+			if err != nil {
+				total.Errors = append(total.Errors, fmt.Sprintf("%s: %v", id, err))
+				continue
+			}
+			total.add(r.(*ReplaySummary))
+		}
+	}
+	h.log.Info("queue replay", "objects", objects, "recovered", total.Recovered, "delayed", total.Delayed, "errors", len(total.Errors),
+		"took", time.Since(start).Round(time.Millisecond))
+	for _, e := range total.Errors {
+		h.log.Warn("queue replay error", "error", e)
+	}
+	h.replay.mu.Lock()
+	h.replay.sum, h.replay.done = total, true
+	h.replay.mu.Unlock()
+}
+
+// decodeObjectSuffix decodes the len16-prefixed app, type and key that follow
+// a partition in an object prefix.
+func decodeObjectSuffix(b []byte) (ObjectID, bool) {
+	var parts [3]string
+	for i := range parts {
+		if len(b) < 2 {
+			return ObjectID{}, false
+		}
+		n := int(binary.BigEndian.Uint16(b))
+		if len(b) < 2+n {
+			return ObjectID{}, false
+		}
+		parts[i], b = string(b[2:2+n]), b[2+n:]
+	}
+	return ObjectID{App: parts[0], Type: parts[1], Key: parts[2]}, len(b) == 0
+}
