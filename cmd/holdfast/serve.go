@@ -160,6 +160,13 @@ func typeOptions(t config.TypeConfig) actors.TypeOptions {
 			Leases:       leases,
 		},
 		Alarms: actors.AlarmOptions{MaxAttempts: t.Alarms.MaxAttempts},
+		Queue: actors.QueueOptions{
+			Targets:           t.Queue.Targets,
+			MaxAttempts:       t.Queue.MaxAttempts,
+			VisibilityTimeout: t.Queue.VisibilityTimeout,
+			Backoff:           actors.Backoff{Initial: t.Queue.Backoff.Initial, Multiplier: t.Queue.Backoff.Multiplier, Max: t.Queue.Backoff.Max},
+			MaxPending:        int(t.Queue.MaxPending),
+		},
 	}
 }
 

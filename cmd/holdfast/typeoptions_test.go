@@ -1,0 +1,42 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/config"
+)
+
+// The queue settings of a type reach the actors' options.
+func TestTypeOptions_Queue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "holdfast.yaml")
+	yaml := `types:
+  jobs:
+    queue:
+      targets: [email, audit]
+      maxAttempts: 7
+      visibilityTimeout: 45s
+      backoff: {initial: 2s, multiplier: 3, max: 1m}
+      maxPending: 500
+`
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := typeOptions(cfg.Type("jobs")).Queue
+	want := actors.QueueOptions{Targets: []string{"email", "audit"}, MaxAttempts: 7, VisibilityTimeout: 45 * time.Second,
+		Backoff: actors.Backoff{Initial: 2 * time.Second, Multiplier: 3, Max: time.Minute}, MaxPending: 500}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("queue options %+v, want %+v", got, want)
+	}
+	if d := typeOptions(cfg.Type("other")).Queue; !reflect.DeepEqual(d.Targets, []string{"default"}) || d.MaxAttempts != 5 || d.MaxPending != 1_000_000 {
+		t.Fatalf("defaults %+v", d)
+	}
+}
