@@ -212,6 +212,12 @@ func (o *object) dispatch(msg any) (val any, err error) {
 		return o.queueStats()
 	case QueueReplay:
 		return o.queueReplay(m)
+	case QueueDeadLettersGet:
+		return o.queueDeadLetters(m)
+	case QueueRedrive:
+		return o.queueRedrive(m)
+	case QueueDeadLetterDelete:
+		return o.queueDeadLetterDelete(m)
 	case queueStartReplay:
 		q, err := o.queueLoad()
 		if err != nil {

@@ -25,6 +25,7 @@ import (
 //	'p' | target 0x00 | id                a (message, target) pair: state, attempts, ...
 //	'i' | target 0x00 | class | due | seq -> topic 0x00 id: the pair is pending, due at due
 //	'v' | target 0x00 | deadline | seq    -> id: the pair is processing until deadline
+//	'f' | target 0x00 | failedAt | seq    -> topic 0x00 id: the pair is a dead letter
 //
 // class 0 holds first attempts, class 1 retries: a receive takes the due first
 // attempts in (due, seq) order, then the due retries. A first attempt is due at
@@ -40,6 +41,7 @@ const (
 	queuePair    = 'p'
 	queueReady   = 'i'
 	queueVisible = 'v'
+	queueDeadIdx = 'f'
 
 	classFirst = 0
 	classRetry = 1
@@ -168,6 +170,18 @@ func pairKey(q *queueState, target, id string) []byte {
 
 func readyKey(q *queueState, target string, p *queuePairRec) []byte {
 	return targetKey(q.ks, queueReady, target, []byte{p.Class}, u64(p.Due), binary.BigEndian.AppendUint64(nil, p.Seq))
+}
+
+func queueDeadKey(q *queueState, target string, p *queuePairRec) []byte {
+	return targetKey(q.ks, queueDeadIdx, target, u64(p.SettledAt), binary.BigEndian.AppendUint64(nil, p.Seq))
+}
+
+// deadLetter moves p, no longer pending nor processing, to the dead letters.
+func (t *queueTxn) deadLetter(target, id string, p *queuePairRec, reason string, now int64) {
+	p.State, p.Reason, p.SettledAt = StateFailed, reason, now
+	t.q.meta.Failed++
+	t.set(pairKey(t.q, target, id), p)
+	t.w.Sets = append(t.w.Sets, persistence.KV{Key: queueDeadKey(t.q, target, p), Value: []byte(p.Topic + "\x00" + id)})
 }
 
 func visibleKey(q *queueState, target string, p *queuePairRec) []byte {
@@ -392,9 +406,7 @@ func (o *object) queueFail(t *queueTxn, target, id string, p *queuePairRec, dela
 	q.meta.Processing--
 	p.Receipt, p.Deadline, p.LastError = "", 0, lastErr
 	if p.Attempts >= q.opts.MaxAttempts {
-		p.State, p.Reason, p.SettledAt = StateFailed, "exhausted", now
-		q.meta.Failed++
-		t.set(pairKey(q, target, id), p)
+		t.deadLetter(target, id, p, "exhausted", now)
 		return
 	}
 	wait := max(delay, q.opts.backoff(p.Attempts, o.h.jitter()))
@@ -556,13 +568,12 @@ func (o *object) queueDead(m QueueDead) (any, error) {
 	}
 	t := newQueueTxn(q)
 	t.del(visibleKey(q, target, p))
-	p.State, p.Reason, p.Receipt, p.Deadline, p.SettledAt = StateFailed, "rejected", "", 0, now
+	q.meta.Processing--
+	p.Receipt, p.Deadline = "", 0
 	if m.Reason != "" {
 		p.LastError = m.Reason
 	}
-	t.set(pairKey(q, target, id), p)
-	q.meta.Processing--
-	q.meta.Failed++
+	t.deadLetter(target, id, p, "rejected", now)
 	o.queueCommit(t)
 	return &QueueSettled{State: p.State}, nil
 }
@@ -582,6 +593,11 @@ func (o *object) queueMessageGet(m QueueMessageGet) (any, error) {
 	}
 	out := &QueueMessage{ID: m.ID, Targets: map[string]QueuePair{}}
 	for _, target := range q.opts.Targets {
+		if _, found, err := o.st.get(o.bg(), pairKey(q, target, m.ID)); err != nil {
+			return nil, unavailable("cannot read the queue", err)
+		} else if !found {
+			continue // its dead letter was deleted
+		}
 		p, msg, err := o.queueRead(q, target, m.ID)
 		if err != nil {
 			return nil, err

@@ -223,6 +223,65 @@ func TestQueue_RandomModel(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: dead: %v", where, err)
 			}
+		case op < 83: // redrive one id or everything
+			var rids []string
+			if rng.Intn(3) > 0 {
+				rids = []string{fmt.Sprintf("m%d", rng.Intn(pool(step)))}
+			}
+			want := 0
+			for _, ps := range m.pairs {
+				for id, p := range ps {
+					if p.state == StateFailed && (rids == nil || id == rids[0]) {
+						p.state, p.attempts, p.class, p.due, p.reason = StatePending, 0, classFirst, now, ""
+						m.pending++
+						want++
+					}
+				}
+			}
+			got, err := n.q.Redrive(ctx, rids...)
+			if err != nil || got != want {
+				t.Fatalf("%s: redrive %v: %d %v, model %d", where, rids, got, err, want)
+			}
+			if want > 0 {
+				seen["redriven"]++
+			}
+		case op < 85: // delete a message's dead letters
+			id := fmt.Sprintf("m%d", rng.Intn(pool(step)))
+			var failed []string
+			for _, ps := range m.pairs {
+				for fid, p := range ps {
+					if p.state == StateFailed {
+						failed = append(failed, fid)
+					}
+				}
+			}
+			if len(failed) > 0 && rng.Intn(3) > 0 {
+				sort.Strings(failed) // map order is random; the seed must decide
+				id = failed[rng.Intn(len(failed))]
+			}
+			deleted, left := 0, 0
+			for _, ps := range m.pairs {
+				if p := ps[id]; p != nil && p.state == StateFailed {
+					delete(ps, id)
+					deleted++
+				} else if p != nil {
+					left++
+				}
+			}
+			err := n.q.DeleteDeadLetter(ctx, id)
+			if deleted == 0 {
+				if !errors.Is(err, ErrNotFound) {
+					t.Fatalf("%s: delete of %s without dead letters: %v", where, id, err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: delete %s: %v", where, id, err)
+			}
+			if left == 0 {
+				delete(m.msgs, id)
+			}
+			seen["deleted"]++
 		case op < 92: // time passes
 			n.advance(time.Duration(rng.Intn(1500)) * time.Millisecond)
 		default: // compare a message and the stats
@@ -237,8 +296,14 @@ func TestQueue_RandomModel(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: message %s: %v", where, id, err)
 				}
+				if len(got.Targets) != countPairs(m, id) {
+					t.Fatalf("%s: message %s has pairs %v, model %d", where, id, got.Targets, countPairs(m, id))
+				}
 				for _, target := range opts.Targets {
 					p := m.pairs[target][id]
+					if p == nil {
+						continue
+					}
 					want := QueuePair{State: p.state, Attempts: p.attempts, LastError: p.lastError, Reason: p.reason}
 					if p.state == StatePending {
 						want.NextAttemptAt = p.due
@@ -275,11 +340,22 @@ func TestQueue_RandomModel(t *testing.T) {
 	}
 	t.Logf("seed %d: %v", seed, seen)
 	for _, what := range []string{"refused at maxPending", "deduplicated", "expired", "delivered (attempt 1)", "delivered (attempt 3)",
-		"acked", "nacked to pending", "nacked to failed", "dead-lettered", "compared"} {
+		"acked", "nacked to pending", "nacked to failed", "dead-lettered", "compared", "redriven", "deleted"} {
 		if seen[what] == 0 {
 			t.Errorf("seed %d: the run never saw %q", seed, what)
 		}
 	}
+}
+
+// countPairs counts the model's pairs of message id.
+func countPairs(m *queueModel, id string) int {
+	c := 0
+	for _, ps := range m.pairs {
+		if ps[id] != nil {
+			c++
+		}
+	}
+	return c
 }
 
 // pool is how many ids the enqueues of step draw from: new ones keep coming,

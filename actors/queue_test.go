@@ -481,3 +481,92 @@ func waitReplay(t *testing.T, n *testNode) ReplaySummary {
 	})
 	return sum
 }
+
+func TestQueue_DeadLettersListRedriveDelete(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{Targets: []string{"email", "audit"}, MaxAttempts: 1})
+	ctx := context.Background()
+	n.enqueue(t, QueueMessageIn{ID: "a", Topic: "x", Payload: json.RawMessage(`1`)}, QueueMessageIn{ID: "b", Topic: "y", Payload: json.RawMessage(`2`)})
+	for _, target := range []string{"email", "audit"} {
+		for _, d := range n.receive(t, QueueReceive{Target: target, Max: 2}) {
+			if target == "audit" && d.ID == "b" {
+				if _, err := n.q.Ack(ctx, d.Receipt); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			n.advance(time.Millisecond)
+			if _, err := n.q.Nack(ctx, QueueNack{Receipt: d.Receipt, Error: "down " + target}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	all, err := n.q.DeadLetters(ctx, QueueDeadLettersGet{})
+	if err != nil || len(all) != 3 {
+		t.Fatalf("dead letters %+v %v", all, err)
+	}
+	// Per target, oldest first.
+	if all[0].Target != "email" || all[0].ID != "a" || all[1].ID != "b" || all[2].Target != "audit" || all[2].ID != "a" ||
+		all[0].Reason != "exhausted" || all[0].LastError != "down email" || all[0].Attempts != 1 || string(all[0].Payload) != "1" || all[0].FailedAt == 0 {
+		t.Fatalf("dead letters %+v", all)
+	}
+	if got, _ := n.q.DeadLetters(ctx, QueueDeadLettersGet{Topic: "y"}); len(got) != 1 || got[0].ID != "b" {
+		t.Fatalf("topic y: %+v", got)
+	}
+	if got, _ := n.q.DeadLetters(ctx, QueueDeadLettersGet{Target: "audit", Limit: 5}); len(got) != 1 || got[0].ID != "a" {
+		t.Fatalf("target audit: %+v", got)
+	}
+	if got, _ := n.q.DeadLetters(ctx, QueueDeadLettersGet{Limit: 1}); len(got) != 1 {
+		t.Fatalf("limit 1: %+v", got)
+	}
+
+	// Redrive a: both its dead letters, with a fresh budget.
+	if r, err := n.q.Redrive(ctx, "a"); err != nil || r != 2 {
+		t.Fatalf("redrive a: %d %v", r, err)
+	}
+	if got := ids(n.receive(t, QueueReceive{Target: "audit"})); got != "a#1" {
+		t.Fatalf("the redriven message: %q", got)
+	}
+	if s := n.stats(t); s != (QueueStats{Pending: 1, Processing: 1, Complete: 1, Failed: 1}) {
+		t.Fatalf("stats %+v", s)
+	}
+
+	// Delete b's dead letter: audit had completed it, so the message stays.
+	if err := n.q.DeleteDeadLetter(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.q.DeleteDeadLetter(ctx, "b"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a second delete: %v", err)
+	}
+	m, err := n.q.Message(ctx, "b")
+	if err != nil || len(m.Targets) != 1 || m.Targets["audit"].State != StateComplete {
+		t.Fatalf("b after the delete: %+v %v", m, err)
+	}
+	if s := n.stats(t); s.Failed != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if _, err := n.q.DeadLetters(ctx, QueueDeadLettersGet{Target: "sms"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown target: %v", err)
+	}
+}
+
+// Deleting the only dead letter of a message deletes the message: its id can
+// be enqueued again.
+func TestQueue_DeletingTheLastDeadLetterForgetsTheID(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{MaxAttempts: 1})
+	ctx := context.Background()
+	n.enqueue(t, msg("a", 1))
+	d := n.receive(t, QueueReceive{})
+	if _, err := n.q.Dead(ctx, QueueDead{Receipt: d[0].Receipt}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.q.DeleteDeadLetter(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.q.Message(ctx, "a"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the message after its last dead letter went: %v", err)
+	}
+	n.enqueue(t, msg("a", 2))
+	if got := n.receive(t, QueueReceive{}); len(got) != 1 || string(got[0].Payload) != `{"n":2}` {
+		t.Fatalf("re-enqueued: %+v", got)
+	}
+}

@@ -222,3 +222,28 @@ func (q *Queue) Message(ctx context.Context, id string) (*QueueMessage, error) {
 func (q *Queue) Stats(ctx context.Context) (*QueueStats, error) {
 	return request[*QueueStats](ctx, q.r, q.id, QueueStatsGet{})
 }
+
+// DeadLetters lists dead letters, oldest first.
+func (q *Queue) DeadLetters(ctx context.Context, m QueueDeadLettersGet) ([]QueueDeadLetter, error) {
+	r, err := request[*QueueDeadLetters](ctx, q.r, q.id, m)
+	if err != nil {
+		return nil, err
+	}
+	return r.DeadLetters, nil
+}
+
+// Redrive puts dead letters back to pending with a fresh attempt budget (every
+// dead letter when no ids are given) and returns how many pairs it redrove.
+func (q *Queue) Redrive(ctx context.Context, ids ...string) (int, error) {
+	r, err := request[*QueueRedriven](ctx, q.r, q.id, QueueRedrive{IDs: ids})
+	if err != nil {
+		return 0, err
+	}
+	return r.Redriven, nil
+}
+
+// DeleteDeadLetter deletes one message's dead letters.
+func (q *Queue) DeleteDeadLetter(ctx context.Context, id string) error {
+	_, err := request[*QueueRedriven](ctx, q.r, q.id, QueueDeadLetterDelete{ID: id})
+	return err
+}

@@ -90,9 +90,7 @@ func (o *object) queueReplayLoad(q *queueState) *ReplaySummary {
 			q.meta.Processing--
 			p.Receipt, p.Deadline, p.LastError = "", 0, "the node stopped during the delivery"
 			if p.Attempts >= q.opts.MaxAttempts {
-				p.State, p.Reason, p.SettledAt = StateFailed, "exhausted", now
-				q.meta.Failed++
-				t.set(pairKey(q, target, id), p)
+				t.deadLetter(target, id, p, "exhausted", now)
 				continue
 			}
 			p.State, p.Class, p.Due = StatePending, classRetry, now

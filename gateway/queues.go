@@ -25,6 +25,13 @@ func (s *Server) queueRoutes() {
 	s.mux.HandleFunc("POST "+queueBase+"/dead", s.object(s.queueDead))
 	s.mux.HandleFunc("GET "+queueBase+"/stats", s.object(s.logSimple(actors.QueueStatsGet{})))
 	s.mux.HandleFunc("POST "+queueBase+"/replay", s.object(s.queueReplay))
+	s.mux.HandleFunc("GET "+queueBase+"/dead-letters", s.object(s.queueDeadLetters))
+	s.mux.HandleFunc("POST "+queueBase+"/dead-letters/redrive", s.object(s.queueRedrive))
+	s.mux.HandleFunc("DELETE "+queueBase+"/dead-letters/{id}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+		if _, ok := s.call(w, r, id, actors.QueueDeadLetterDelete{ID: r.PathValue("id")}, newRoute); ok {
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
 	s.mux.HandleFunc("GET /api/v1/admin/replay", s.adminReplay)
 }
 
@@ -295,5 +302,46 @@ func (s *Server) queueDead(w http.ResponseWriter, r *http.Request, id actors.Obj
 	}
 	if _, ok := s.call(w, r, id, m, newRoute); ok {
 		writeJSON(w, http.StatusOK, map[string]any{})
+	}
+}
+
+func (s *Server) queueDeadLetters(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	q := r.URL.Query()
+	limit, err := queryUint(q.Get("limit"), 100)
+	if err != nil || limit < 1 {
+		badRequest("limit must be a positive integer").write(w)
+		return
+	}
+	m := actors.QueueDeadLettersGet{Target: q.Get("target"), Topic: q.Get("topic"), Limit: int(min(limit, 1000))}
+	if reply, ok := s.call(w, r, id, m, newRoute); ok {
+		writeJSON(w, http.StatusOK, reply)
+	}
+}
+
+func (s *Server) queueRedrive(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req struct {
+		IDs *[]string `json:"ids"`
+	}
+	if len(body) > 0 {
+		if err := strictJSON(body, &req); err != nil {
+			badRequest(`the body must be empty or {"ids": ["...", ...]}`).write(w)
+			return
+		}
+	}
+	m := actors.QueueRedrive{}
+	if req.IDs != nil {
+		if len(*req.IDs) == 0 {
+			writeJSON(w, http.StatusOK, actors.QueueRedriven{})
+			return
+		}
+		m.IDs = *req.IDs
+	}
+	if reply, ok := s.call(w, r, id, m, newRoute); ok {
+		writeJSON(w, http.StatusOK, reply)
 	}
 }

@@ -144,3 +144,30 @@ func TestQueues_ReplayRoutes(t *testing.T) {
 	}
 	wantUnauthorized(t, ts.do("GET", "/api/v1/admin/replay", nil, map[string]string{}))
 }
+
+func TestQueues_DeadLetterRoutes(t *testing.T) {
+	ts := queueServer(t, actors.QueueOptions{MaxAttempts: 1})
+	ts.do("POST", queuePath+"/messages", `{"messages":[{"id":"a","topic":"x","payload":{"k":1}},{"id":"b","payload":2}]}`, nil)
+	for _, m := range ts.receive(t, `{"max":2}`).Messages {
+		ts.do("POST", queuePath+"/nack", `{"receipt":"`+m.Receipt+`","error":"no"}`, nil)
+	}
+	r := ts.do("GET", queuePath+"/dead-letters?topic=x", nil, nil)
+	var list struct{ DeadLetters []map[string]any }
+	if r.status != 200 || json.Unmarshal(r.body, &list) != nil || len(list.DeadLetters) != 1 {
+		t.Fatalf("dead letters: %d %s", r.status, r.body)
+	}
+	d := list.DeadLetters[0]
+	if d["id"] != "a" || d["target"] != "default" || d["reason"] != "exhausted" || d["lastError"] != "no" || d["attempts"] != float64(1) ||
+		d["payload"].(map[string]any)["k"] != float64(1) || d["failedAt"] == nil {
+		t.Fatalf("dead letter %v", d)
+	}
+	wantError(t, ts.do("GET", queuePath+"/dead-letters?limit=0", nil, nil), 400, "bad_request", nil)
+	wantJSON(t, ts.do("POST", queuePath+"/dead-letters/redrive", `{"ids":["a"]}`, nil), 200, `{"redriven":1}`)
+	wantJSON(t, ts.do("POST", queuePath+"/dead-letters/redrive", `{"ids":[]}`, nil), 200, `{"redriven":0}`)
+	if r := ts.do("DELETE", queuePath+"/dead-letters/b", nil, nil); r.status != 204 {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	wantError(t, ts.do("DELETE", queuePath+"/dead-letters/b", nil, nil), 404, "not_found", nil)
+	wantJSON(t, ts.do("POST", queuePath+"/dead-letters/redrive", ``, nil), 200, `{"redriven":0}`)
+	wantJSON(t, ts.do("GET", queuePath+"/stats", nil, nil), 200, `{"pending":1,"delayed":0,"processing":0,"complete":0,"failed":0}`)
+}
