@@ -294,6 +294,11 @@ func (o *object) alarmFire(m alarmFire) (any, error) {
 	if _, busy := a.running[name]; busy {
 		return nil, nil // its predecessor is running; it wakes this one when it ends
 	}
+	if name == QueueAlarm {
+		o.alarmSettle(a, name, r.Gen, nil, nil, 0)
+		o.queuePump() // re-arms for the next wake-up, if any
+		return nil, nil
+	}
 	call := AlarmCall{Name: name, ScheduledTime: time.UnixMilli(r.Scheduled), Attempt: r.Attempt,
 		IdempotencyKey: alarms.IdempotencyKey(o.act.id, name, r.Gen), Action: r.Action}
 	if r.Action != nil {

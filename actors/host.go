@@ -170,8 +170,13 @@ func (h *Host) RegisterType(spec TypeSpec) error {
 	if err := checkName("type", spec.Name, ":/"); err != nil {
 		return fmt.Errorf("actors: register type: %w", err)
 	}
-	if spec.Handle == nil {
-		return fmt.Errorf("actors: register type %q: no Handle", spec.Name)
+	if spec.Handle == nil && len(spec.Queue) == 0 && len(spec.Alarms) == 0 {
+		return fmt.Errorf("actors: register type %q: no Handle, no queue handler, no alarm handler", spec.Name)
+	}
+	for _, qh := range spec.Queue {
+		if qh.Handle == nil {
+			return fmt.Errorf("actors: register type %q: a queue handler without Handle", spec.Name)
+		}
 	}
 	if _, dup := h.types[spec.Name]; dup {
 		return fmt.Errorf("actors: type %q registered twice", spec.Name)

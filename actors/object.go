@@ -66,6 +66,7 @@ type object struct {
 	log      *logState   // loaded on the first log message
 	alarms   *alarmState // loaded on the first alarm message
 	queue    *queueState // loaded on the first queue message
+	push     pushState   // push handlers in flight
 	cur      *envelope   // the message being handled
 	deferred bool        // its handler replies later (deferReply)
 	flush    *flushState
@@ -223,7 +224,10 @@ func (o *object) dispatch(msg any) (val any, err error) {
 		if err != nil {
 			return nil, err
 		}
+		o.queuePump()
 		return q.replayed, nil
+	case queuePushDone:
+		return o.queuePushed(m)
 	case AlarmSet:
 		return o.alarmSet(m)
 	case AlarmGet:
@@ -315,7 +319,7 @@ func (o *object) idle(c actor.Context) {
 	o.ov.evict()
 	// Applied, not only durable: the next activation loads from Badger. An object
 	// with subscribers stays: its feed lives in this activation.
-	if len(o.subs) == 0 && (o.last == nil || o.last.Applied()) && o.h.release(o.act) {
+	if len(o.subs) == 0 && o.push.inflight == 0 && (o.last == nil || o.last.Applied()) && o.h.release(o.act) {
 		c.Stop(c.Self())
 	}
 }

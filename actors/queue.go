@@ -284,6 +284,7 @@ func (o *object) queueEnqueue(m QueueEnqueue) (any, error) {
 		}
 	}
 	o.queueCommit(t)
+	o.queuePump()
 	return &QueueEnqueued{IDs: ids}, nil
 }
 
@@ -325,6 +326,20 @@ func (o *object) queueReceive(m QueueReceive) (any, error) {
 		t.rollback()
 		return nil, err
 	}
+	ds, err := o.queueTake(t, target, m.Topic, limit, vis, now)
+	if err != nil {
+		t.rollback()
+		return nil, err
+	}
+	o.queueCommit(t)
+	o.queuePump() // a receive may have expired deliveries of pushed targets
+	return &QueueReceived{Messages: ds}, nil
+}
+
+// queueTake hands out up to limit due pairs of target (of topic, unless
+// empty) as processing, in t.
+func (o *object) queueTake(t *queueTxn, target, topic string, limit int, vis time.Duration, now int64) ([]QueueDelivery, error) {
+	q := t.q
 	type hit struct {
 		key []byte
 		id  string
@@ -337,25 +352,23 @@ func (o *object) queueReceive(m QueueReceive) (any, error) {
 		prefix := targetKey(q.ks, queueReady, target, []byte{class})
 		end := append(bytes.Clone(prefix), u64(now+1)...)
 		err := o.st.scan(o.bg(), prefix, nil, end, func(key, value []byte) (bool, error) {
-			topic, id, ok := strings.Cut(string(value), "\x00")
+			tp, id, ok := strings.Cut(string(value), "\x00")
 			if !ok {
 				return false, fmt.Errorf("queue index entry %q", value)
 			}
-			if m.Topic == "" || m.Topic == topic {
+			if topic == "" || topic == tp {
 				hits = append(hits, hit{key: bytes.Clone(key), id: id})
 			}
 			return len(hits) < limit, nil
 		})
 		if err != nil {
-			t.rollback()
 			return nil, unavailable("cannot read the queue", err)
 		}
 	}
-	out := &QueueReceived{Messages: []QueueDelivery{}}
+	out := []QueueDelivery{}
 	for _, h := range hits {
 		p, msg, err := o.queueRead(q, target, h.id)
 		if err != nil {
-			t.rollback()
 			return nil, err
 		}
 		t.del(h.key)
@@ -365,10 +378,9 @@ func (o *object) queueReceive(m QueueReceive) (any, error) {
 		t.w.Sets = append(t.w.Sets, persistence.KV{Key: visibleKey(q, target, p), Value: []byte(h.id)})
 		q.meta.Pending--
 		q.meta.Processing++
-		out.Messages = append(out.Messages, QueueDelivery{ID: h.id, Topic: msg.Topic, Payload: msg.Payload, Attempt: p.Attempts,
+		out = append(out, QueueDelivery{ID: h.id, Topic: msg.Topic, Payload: msg.Payload, Attempt: p.Attempts,
 			EnqueuedAt: msg.EnqueuedAt, Receipt: p.Receipt})
 	}
-	o.queueCommit(t)
 	return out, nil
 }
 

@@ -25,6 +25,9 @@ type QueueOptions struct {
 	// MaxPending bounds the pending pairs; enqueue past it is refused (429).
 	// Zero means 1,000,000.
 	MaxPending int
+	// Concurrency bounds the messages of one queue in its push handlers at
+	// once; zero means 1 (a topic is then processed in order).
+	Concurrency int
 }
 
 // Backoff is an exponential backoff.

@@ -167,6 +167,7 @@ func (o *object) queueRedrive(m QueueRedrive) (any, error) {
 		t.w.Sets = append(t.w.Sets, persistence.KV{Key: readyKey(q, e.target, p), Value: []byte(p.Topic + "\x00" + e.id)})
 	}
 	o.queueCommit(t)
+	o.queuePump()
 	return &QueueRedriven{Redriven: len(entries)}, nil
 }
 

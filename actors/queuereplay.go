@@ -177,6 +177,7 @@ func (o *object) queueReplay(m QueueReplay) (any, error) {
 		}
 	}
 	o.queueCommit(t)
+	o.queuePump()
 	// Count what is due and delayed now, in the topics asked for.
 	for _, target := range q.opts.Targets {
 		for _, class := range []byte{classFirst, classRetry} {

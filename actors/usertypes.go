@@ -21,6 +21,8 @@ type TypeSpec struct {
 	// Alarms are the type's alarm handlers by alarm name (spec/alarms.md): an
 	// alarm scheduled without an action runs the handler of its name.
 	Alarms map[string]AlarmHandler
+	// Queue are the type's push consumers of its queues (spec/queue.md).
+	Queue []QueueHandler
 }
 
 // userData is the sub-key of user storage in the BehaviourUser keyspace.
@@ -152,6 +154,9 @@ func (c *Context) List(prefix string, fn func(key string, value []byte) bool) er
 
 // runUser runs a user handler as one implicit transaction.
 func (o *object) runUser(msg any) (reply any, err error) {
+	if o.typ.Handle == nil {
+		return nil, notFoundf("object type %q has no handler for %T", o.act.id.Type, msg)
+	}
 	c := &Context{o: o, ks: persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourUser)}
 	reply, err = o.typ.Handle(c, msg)
 	if err != nil {
