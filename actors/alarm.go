@@ -178,9 +178,12 @@ func parseAlarmAction(action json.RawMessage) (string, error) {
 	case "trim":
 		return *a.Kind, nil
 	case "enqueue":
-		return "", invalidf("the enqueue action needs the object's queue, which this version does not have yet")
+		if _, err := parseEnqueueAction(action); err != nil {
+			return "", err
+		}
+		return *a.Kind, nil
 	}
-	return "", badRequestf("unknown alarm action kind %q (want \"trim\")", *a.Kind)
+	return "", badRequestf("unknown alarm action kind %q (want \"trim\" or \"enqueue\")", *a.Kind)
 }
 
 // compactAction returns a checked action without insignificant whitespace.
@@ -341,6 +344,9 @@ func (o *object) alarmAction(a *alarmState, name string, r *alarmRec, call Alarm
 		return nil, nil
 	}
 	switch kind {
+	case "enqueue":
+		o.alarmEnqueue(a, name, r, call)
+		return nil, nil
 	case "trim":
 		env := o.deferReply()
 		gen := r.Gen
@@ -368,10 +374,20 @@ func (o *object) alarmAction(a *alarmState, name string, r *alarmRec, call Alarm
 // replaced meanwhile (or rearm says to schedule the next one); on failure, a
 // retry after backoff, or the failed status after MaxAttempts.
 func (o *object) alarmSettle(a *alarmState, name string, gen uint64, c *Context, herr error, rearm time.Duration) {
+	o.alarmSettleWith(a, name, gen, c, herr, rearm, nil)
+}
+
+// alarmSettleWith is alarmSettle committing extra (an action's writes) in the
+// same commit when the attempt succeeded.
+func (o *object) alarmSettleWith(a *alarmState, name string, gen uint64, c *Context, herr error, rearm time.Duration, extra *persistence.Write) {
 	w := &persistence.Write{}
 	var notify []alarms.Due
 	if herr == nil && c != nil {
 		notify = c.stage(w)
+	}
+	if herr == nil && extra != nil {
+		w.Sets = append(w.Sets, extra.Sets...)
+		w.Deletes = append(w.Deletes, extra.Deletes...)
 	}
 	if cur := a.recs[name]; cur != nil && cur.Gen == gen {
 		now := o.h.now()

@@ -249,7 +249,9 @@ func TestAlarm_BadInputs(t *testing.T) {
 		{name: "x", at: at, action: json.RawMessage(`["trim"]`), want: ErrBadRequest},
 		{name: "x", at: at, action: json.RawMessage(`{"kind":`), want: ErrBadRequest},
 		{name: "x", at: at, action: json.RawMessage(`{"kind":"trim","pad":"` + strings.Repeat("p", MaxAlarmAction) + `"}`), want: ErrTooLarge},
-		{name: "x", at: at, action: json.RawMessage(`{"kind":"enqueue","topic":"t","payload":1}`), want: ErrInvalid},
+		{name: "x", at: at, action: json.RawMessage(`{"kind":"enqueue","topic":"t"}`), want: ErrBadRequest},
+		{name: "x", at: at, action: json.RawMessage(`{"kind":"enqueue","topic":"","payload":1}`), want: ErrBadRequest},
+		{name: "x", at: at, action: json.RawMessage(`{"kind":"enqueue","payload":1,"extra":2}`), want: ErrBadRequest},
 		{name: "nohandler", at: at, action: nil, want: ErrInvalid}, // no action and no Go handler
 		{id: ObjectID{App: "app_t", Type: "kvtype", Key: "k"}, name: "tick", at: at, action: nil, want: ErrInvalid},
 	} {

@@ -142,6 +142,12 @@ func (o *object) queueCommit(t *queueTxn) {
 	if len(t.w.Sets) == 0 && len(t.w.Deletes) == 0 {
 		return
 	}
+	o.queueFinish(t)
+	o.submit(&t.w, nil)
+}
+
+// queueFinish adds the meta and the partition index to t's write.
+func (o *object) queueFinish(t *queueTxn) {
 	t.set(t.q.ks.Key(queueMeta, nil), t.q.meta)
 	// The partition's index of queues with deliveries in flight (replay at start).
 	switch was, is := t.saved.Processing > 0, t.q.meta.Processing > 0; {
@@ -150,7 +156,6 @@ func (o *object) queueCommit(t *queueTxn) {
 	case was && !is:
 		t.del(queueIndexKey(o.part, o.act.id))
 	}
-	o.submit(&t.w, nil)
 }
 
 func targetKey(ks persistence.Keyspace, sub byte, target string, rest ...[]byte) []byte {
@@ -208,6 +213,21 @@ func (o *object) queueEnqueue(m QueueEnqueue) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	t := newQueueTxn(q)
+	ids, err := o.queueStageEnqueue(t, m.Messages)
+	if err != nil {
+		return nil, err
+	}
+	o.queueCommit(t)
+	o.queuePump()
+	return &QueueEnqueued{IDs: ids}, nil
+}
+
+// queueStageEnqueue checks msgs and adds the new ones to t; on an error t is
+// unchanged.
+func (o *object) queueStageEnqueue(t *queueTxn, msgs []QueueMessageIn) ([]string, error) {
+	m := QueueEnqueue{Messages: msgs}
+	q := t.q
 	now := o.h.now().UnixMilli()
 	ids := make([]string, len(m.Messages))
 	for i, in := range m.Messages {
@@ -253,7 +273,6 @@ func (o *object) queueEnqueue(m QueueEnqueue) (any, error) {
 		return nil, &Error{Kind: KindOverloaded, Msg: fmt.Sprintf("the queue holds %d pending messages, at most %d", q.meta.Pending, q.opts.MaxPending),
 			RetryAfter: time.Second}
 	}
-	t := newQueueTxn(q)
 	for i, in := range m.Messages {
 		if !fresh[i] {
 			continue
@@ -283,9 +302,7 @@ func (o *object) queueEnqueue(m QueueEnqueue) (any, error) {
 			q.meta.Pending++
 		}
 	}
-	o.queueCommit(t)
-	o.queuePump()
-	return &QueueEnqueued{IDs: ids}, nil
+	return ids, nil
 }
 
 func (o *object) queueTarget(q *queueState, target string) (string, *Error) {

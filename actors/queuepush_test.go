@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -194,5 +195,48 @@ func TestPush_ResumesAfterARestart(t *testing.T) {
 	waitPair(t, q, "now", "default", StateComplete)
 	if a, _ := got.Load("later"); a != 1 {
 		t.Fatalf("later pushed as attempt %v", a)
+	}
+}
+
+// The alarm action enqueue puts one message in the queue, in the commit that
+// settles the alarm; a full queue makes it a failed attempt, retried.
+func TestAlarmEnqueueAction(t *testing.T) {
+	n := startNode(t, t.TempDir(), nodeOpts{cfg: Config{TypeOptions: func(string) TypeOptions {
+		o := DefaultTypeOptions()
+		o.Queue.MaxPending = 1
+		return o
+	}}})
+	ctx := context.Background()
+	id := ObjectID{App: "app_t", Type: "jobs", Key: "q"}
+	q, al := NewQueue(n.host, id), NewAlarms(n.host, id)
+	if _, err := al.Set(ctx, "remind", time.Now(), json.RawMessage(`{"kind":"enqueue","topic":"mail","payload":{"to":"ann"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	var got []QueueDelivery
+	waitFor(t, "the enqueued message", func() bool {
+		var err error
+		got, err = q.Receive(ctx, QueueReceive{})
+		return err == nil && len(got) == 1
+	})
+	if got[0].Topic != "mail" || string(got[0].Payload) != `{"to":"ann"}` || len(got[0].ID) != len("alarm-")+32 {
+		t.Fatalf("enqueued %+v", got[0])
+	}
+	waitFor(t, "the alarm settled", func() bool {
+		_, err := al.Get(ctx, "remind")
+		return errors.Is(err, ErrNotFound)
+	})
+	// Full: one pending message already.
+	if _, err := q.Enqueue(ctx, msg("x", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := al.Set(ctx, "again", time.Now(), json.RawMessage(`{"kind":"enqueue","payload":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a failed attempt", func() bool {
+		info, err := al.Get(ctx, "again")
+		return err == nil && info.Attempt == 1 && strings.Contains(info.LastError, "enqueue")
+	})
+	if s, _ := q.Stats(ctx); s.Pending != 1 || s.Processing != 1 {
+		t.Fatalf("stats %+v: the refused enqueue wrote something", s)
 	}
 }

@@ -71,7 +71,7 @@ func TestAlarms_Refusals(t *testing.T) {
 		{"a", fmt.Sprintf(`{"at":%d,"action":{"kind":"nope"}}`, at), 400, "bad_request"},
 		{"a", fmt.Sprintf(`{"at":%d,"action":"trim"}`, at), 400, "bad_request"},
 		{"a", `not json`, 400, "bad_request"},
-		{"a", fmt.Sprintf(`{"at":%d,"action":{"kind":"enqueue","topic":"t","payload":{}}}`, at), 422, "invalid"},
+		{"a", fmt.Sprintf(`{"at":%d,"action":{"kind":"enqueue","topic":"t"}}`, at), 400, "bad_request"},
 		{"a", fmt.Sprintf(`{"at":%d}`, at), 422, "invalid"}, // no action, no Go handler
 		{"a", fmt.Sprintf(`{"at":%d,"action":null}`, at), 422, "invalid"},
 		{actors.TrimAlarm, fmt.Sprintf(`{"at":%d,"action":{"kind":"trim"}}`, at), 422, "invalid"},
