@@ -54,6 +54,18 @@ type (
 	Alarms = actors.Alarms
 	// AlarmHandler runs a fired alarm in its object's turn (TypeSpec.Alarms).
 	AlarmHandler = actors.AlarmHandler
+	// Queue is the API of one object's write-ahead queue.
+	Queue = actors.Queue
+	// QueueOptions are a type's queue settings (TypeOptions.Queue).
+	QueueOptions = actors.QueueOptions
+	// QueueMessageIn is a message to enqueue; QueueDelivery one handed out.
+	QueueMessageIn = actors.QueueMessageIn
+	QueueDelivery  = actors.QueueDelivery
+	// QueueReceive asks for due messages of one target (pull).
+	QueueReceive = actors.QueueReceive
+	// QueueHandler is a push consumer (TypeSpec.Queue); QueueResult its answer.
+	QueueHandler = actors.QueueHandler
+	QueueResult  = actors.QueueResult
 	// AlarmCall is what an alarm handler receives.
 	AlarmCall = actors.AlarmCall
 	// AlarmInfo is one alarm's occurrence.
@@ -122,6 +134,11 @@ func (r *Runtime) Object(app, typ, key string) *Object {
 // Log returns the retained log of object (app, typ, key).
 func (r *Runtime) Log(app, typ, key string) *Log {
 	return actors.NewLog(r.node, ObjectID{App: app, Type: typ, Key: key})
+}
+
+// Queue returns the write-ahead queue of object (app, typ, key).
+func (r *Runtime) Queue(app, typ, key string) *Queue {
+	return actors.NewQueue(r.node, ObjectID{App: app, Type: typ, Key: key})
 }
 
 // Alarms returns the durable alarms of object (app, typ, key).
