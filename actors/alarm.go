@@ -299,7 +299,8 @@ func (o *object) alarmFire(m alarmFire) (any, error) {
 	}
 	if name == QueueAlarm {
 		o.alarmSettle(a, name, r.Gen, nil, nil, 0)
-		o.queuePump() // re-arms for the next wake-up, if any
+		o.queueCompact() // each re-arms the alarm for its next need
+		o.queuePump()
 		return nil, nil
 	}
 	call := AlarmCall{Name: name, ScheduledTime: time.UnixMilli(r.Scheduled), Attempt: r.Attempt,

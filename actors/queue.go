@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -26,6 +27,7 @@ import (
 //	'i' | target 0x00 | class | due | seq -> topic 0x00 id: the pair is pending, due at due
 //	'v' | target 0x00 | deadline | seq    -> id: the pair is processing until deadline
 //	'f' | target 0x00 | failedAt | seq    -> topic 0x00 id: the pair is a dead letter
+//	'c' | target 0x00 | completedAt | seq -> id: the pair is complete (compaction's order)
 //
 // class 0 holds first attempts, class 1 retries: a receive takes the due first
 // attempts in (due, seq) order, then the due retries. A first attempt is due at
@@ -42,6 +44,7 @@ const (
 	queueReady   = 'i'
 	queueVisible = 'v'
 	queueDeadIdx = 'f'
+	queueDoneIdx = 'c'
 
 	classFirst = 0
 	classRetry = 1
@@ -122,6 +125,15 @@ type queueTxn struct {
 	q     *queueState
 	w     persistence.Write
 	saved queueMetaRec
+	// wake is when the queue wants its alarm (QueueAlarm) next; 0: no need.
+	wake int64
+}
+
+// wakeAt asks for the queue's alarm at at (the earliest asked wins).
+func (t *queueTxn) wakeAt(at int64) {
+	if at > 0 && (t.wake == 0 || at < t.wake) {
+		t.wake = at
+	}
 }
 
 func newQueueTxn(q *queueState) *queueTxn { return &queueTxn{q: q, saved: q.meta} }
@@ -139,11 +151,21 @@ func (t *queueTxn) set(key []byte, v any) {
 func (t *queueTxn) del(key []byte) { t.w.Deletes = append(t.w.Deletes, key) }
 
 func (o *object) queueCommit(t *queueTxn) {
+	var notify []alarms.Due
+	if t.wake > 0 {
+		d, err := o.queueArm(&t.w, t.wake)
+		if err != nil {
+			o.h.log.Warn("queue: cannot arm its alarm", "object", o.act.id.String(), "err", err)
+		} else if d != nil {
+			notify = append(notify, *d)
+		}
+	}
 	if len(t.w.Sets) == 0 && len(t.w.Deletes) == 0 {
 		return
 	}
 	o.queueFinish(t)
 	o.submit(&t.w, nil)
+	o.alarmNotify(notify)
 }
 
 // queueFinish adds the meta and the partition index to t's write.
@@ -181,10 +203,16 @@ func queueDeadKey(q *queueState, target string, p *queuePairRec) []byte {
 	return targetKey(q.ks, queueDeadIdx, target, u64(p.SettledAt), binary.BigEndian.AppendUint64(nil, p.Seq))
 }
 
+// queueDoneKey is a complete pair's entry in the index compaction reads.
+func queueDoneKey(q *queueState, target string, p *queuePairRec) []byte {
+	return targetKey(q.ks, queueDoneIdx, target, u64(p.SettledAt), binary.BigEndian.AppendUint64(nil, p.Seq))
+}
+
 // deadLetter moves p, no longer pending nor processing, to the dead letters.
 func (t *queueTxn) deadLetter(target, id string, p *queuePairRec, reason string, now int64) {
 	p.State, p.Reason, p.SettledAt = StateFailed, reason, now
 	t.q.meta.Failed++
+	t.wakeAt(now + t.q.opts.DeadLetterRetention.Milliseconds()) // compaction
 	t.set(pairKey(t.q, target, id), p)
 	t.w.Sets = append(t.w.Sets, persistence.KV{Key: queueDeadKey(t.q, target, p), Value: []byte(p.Topic + "\x00" + id)})
 }
@@ -548,6 +576,8 @@ func (o *object) queueAck(m QueueAck) (any, error) {
 		t.del(visibleKey(q, target, p))
 		p.State, p.Receipt, p.Deadline, p.SettledAt = StateComplete, "", 0, now
 		t.set(pairKey(q, target, id), p)
+		t.w.Sets = append(t.w.Sets, persistence.KV{Key: queueDoneKey(q, target, p), Value: []byte(id)})
+		t.wakeAt(now + q.opts.CompletedRetention.Milliseconds()) // compaction
 		q.meta.Processing--
 		q.meta.Complete++
 		out.Acked++

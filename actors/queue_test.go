@@ -570,3 +570,89 @@ func TestQueue_DeletingTheLastDeadLetterForgetsTheID(t *testing.T) {
 		t.Fatalf("re-enqueued: %+v", got)
 	}
 }
+
+// kick makes the alarm scheduler look at the (test) clock again.
+func (n *queueNode) kick() { n.host.Scheduler().Kick() }
+
+// queueKeys counts the keys of the queue's keyspace in Badger.
+func queueKeys(t *testing.T, n *testNode, id ObjectID) int {
+	t.Helper()
+	n.pipe.WaitApplied()
+	ks := persistence.NewKeyspace(persistence.Partition(id, n.db.Partitions()), id, persistence.BehaviourQueue)
+	c := 0
+	if err := n.db.Scan(context.Background(), ks.Prefix(), nil, nil, func(_, _ []byte) (bool, error) { c++; return true, nil }); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Complete pairs stay (deduplicated) for completedRetention, then go with
+// their message; dead letters go after deadLetterRetention; what is left on
+// disk is what is retained.
+func TestQueue_Compaction(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), QueueOptions{Targets: []string{"a", "b"}, MaxAttempts: 1,
+		CompletedRetention: time.Hour, DeadLetterRetention: 2 * time.Hour})
+	ctx := context.Background()
+	var in []QueueMessageIn
+	for i := range 300 {
+		in = append(in, msg(fmt.Sprintf("m%d", i), i))
+	}
+	n.enqueue(t, in...)
+	n.enqueue(t, msg("kept", 1)) // stays pending on b
+	for _, target := range []string{"a", "b"} {
+		ds := n.receive(t, QueueReceive{Target: target, Max: 1000})
+		var rs []string
+		for _, d := range ds {
+			if d.ID == "kept" && target == "b" {
+				continue // left processing: its message stays
+			}
+			if d.ID == "m0" && target == "b" {
+				if _, err := n.q.Dead(ctx, QueueDead{Receipt: d.Receipt, Reason: "bad"}); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			rs = append(rs, d.Receipt)
+		}
+		if a, err := n.q.Ack(ctx, rs...); err != nil || a.NotHeld != 0 {
+			t.Fatalf("ack %+v %v", a, err)
+		}
+	}
+	before := queueKeys(t, n.testNode, n.q.id)
+
+	// Within the retention, ids stay deduplicated.
+	n.advance(59 * time.Minute)
+	n.kick()
+	n.enqueue(t, msg("m5", 99))
+	if m, err := n.q.Message(ctx, "m5"); err != nil || string(m.Payload) != `{"n":5}` {
+		t.Fatalf("m5 within its retention: %+v %v", m, err)
+	}
+	// Past it, the complete pairs and their messages go.
+	n.advance(2 * time.Minute)
+	n.kick()
+	waitFor(t, "the compaction of complete pairs", func() bool { s := n.stats(t); return s.Complete == 0 })
+	if _, err := n.q.Message(ctx, "m5"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("m5 after its retention: %v", err)
+	}
+	// m0 keeps its message for its dead letter on b; kept keeps its message.
+	if m, err := n.q.Message(ctx, "m0"); err != nil || len(m.Targets) != 1 || m.Targets["b"].State != StateFailed {
+		t.Fatalf("m0 with a dead letter: %+v %v", m, err)
+	}
+	n.advance(time.Hour)
+	n.kick()
+	waitFor(t, "the compaction of dead letters", func() bool { s := n.stats(t); return s.Failed == 0 })
+	if _, err := n.q.Message(ctx, "m0"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("m0 after its dead letter's retention: %v", err)
+	}
+	after := queueKeys(t, n.testNode, n.q.id)
+	// Left: the meta, and kept's message, its pair on b and that pair's entry
+	// in the processing index (its pair on a was complete and went).
+	if after != 4 || before < 1000 {
+		t.Fatalf("queue keys: %d before compaction, %d after", before, after)
+	}
+	// An id compacted away is new again.
+	n.enqueue(t, msg("m5", 7))
+	if m, err := n.q.Message(ctx, "m5"); err != nil || string(m.Payload) != `{"n":7}` {
+		t.Fatalf("m5 enqueued again: %+v %v", m, err)
+	}
+}

@@ -25,6 +25,12 @@ type QueueOptions struct {
 	// MaxPending bounds the pending pairs; enqueue past it is refused (429).
 	// Zero means 1,000,000.
 	MaxPending int
+	// CompletedRetention is how long complete pairs are kept (their ids stay
+	// deduplicated); zero means 24h.
+	CompletedRetention time.Duration
+	// DeadLetterRetention is how long dead letters are kept unless redriven or
+	// deleted; zero means 14 days.
+	DeadLetterRetention time.Duration
 	// Concurrency bounds the messages of one queue in its push handlers at
 	// once; zero means 1 (a topic is then processed in order).
 	Concurrency int
@@ -61,6 +67,12 @@ func (q QueueOptions) withDefaults() QueueOptions {
 	}
 	if q.MaxPending <= 0 {
 		q.MaxPending = 1_000_000
+	}
+	if q.CompletedRetention <= 0 {
+		q.CompletedRetention = 24 * time.Hour
+	}
+	if q.DeadLetterRetention <= 0 {
+		q.DeadLetterRetention = 14 * 24 * time.Hour
 	}
 	return q
 }

@@ -143,12 +143,6 @@ func (o *object) queuePump() {
 		d      QueueDelivery
 	}
 	var starts []start
-	wake := int64(0)
-	earliest := func(at int64) {
-		if at > 0 && (wake == 0 || at < wake) {
-			wake = at
-		}
-	}
 	for _, target := range q.opts.Targets {
 		all, topics, ok := o.pushTopics(target)
 		if !ok {
@@ -185,22 +179,12 @@ func (o *object) queuePump() {
 		if err != nil {
 			o.h.log.Warn("queue push: cannot read the queue", "object", o.act.id.String(), "err", err)
 		}
-		earliest(next)
+		t.wakeAt(next)
 	}
 	if len(starts) > 0 {
-		earliest(now + q.opts.VisibilityTimeout.Milliseconds()) // a handler that overruns
-	}
-	var notify []alarms.Due
-	if wake > 0 {
-		d, err := o.queueArm(&t.w, wake)
-		if err != nil {
-			o.h.log.Warn("queue push: cannot arm the wake-up", "object", o.act.id.String(), "err", err)
-		} else if d != nil {
-			notify = append(notify, *d)
-		}
+		t.wakeAt(now + q.opts.VisibilityTimeout.Milliseconds()) // a handler that overruns
 	}
 	o.queueCommit(t)
-	o.alarmNotify(notify)
 	if len(starts) == 0 {
 		return
 	}

@@ -161,11 +161,14 @@ func typeOptions(t config.TypeConfig) actors.TypeOptions {
 		},
 		Alarms: actors.AlarmOptions{MaxAttempts: t.Alarms.MaxAttempts},
 		Queue: actors.QueueOptions{
-			Targets:           t.Queue.Targets,
-			MaxAttempts:       t.Queue.MaxAttempts,
-			VisibilityTimeout: t.Queue.VisibilityTimeout,
-			Backoff:           actors.Backoff{Initial: t.Queue.Backoff.Initial, Multiplier: t.Queue.Backoff.Multiplier, Max: t.Queue.Backoff.Max},
-			MaxPending:        int(t.Queue.MaxPending),
+			Targets:             t.Queue.Targets,
+			MaxAttempts:         t.Queue.MaxAttempts,
+			VisibilityTimeout:   t.Queue.VisibilityTimeout,
+			Backoff:             actors.Backoff{Initial: t.Queue.Backoff.Initial, Multiplier: t.Queue.Backoff.Multiplier, Max: t.Queue.Backoff.Max},
+			MaxPending:          int(t.Queue.MaxPending),
+			CompletedRetention:  t.Queue.CompletedRetention,
+			DeadLetterRetention: t.Queue.DeadLetterRetention,
+			Concurrency:         t.Queue.Concurrency,
 		},
 	}
 }

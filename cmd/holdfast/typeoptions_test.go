@@ -22,6 +22,9 @@ func TestTypeOptions_Queue(t *testing.T) {
       visibilityTimeout: 45s
       backoff: {initial: 2s, multiplier: 3, max: 1m}
       maxPending: 500
+      completedRetention: 1h
+      deadLetterRetention: 48h
+      concurrency: 3
 `
 	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
@@ -32,7 +35,8 @@ func TestTypeOptions_Queue(t *testing.T) {
 	}
 	got := typeOptions(cfg.Type("jobs")).Queue
 	want := actors.QueueOptions{Targets: []string{"email", "audit"}, MaxAttempts: 7, VisibilityTimeout: 45 * time.Second,
-		Backoff: actors.Backoff{Initial: 2 * time.Second, Multiplier: 3, Max: time.Minute}, MaxPending: 500}
+		Backoff: actors.Backoff{Initial: 2 * time.Second, Multiplier: 3, Max: time.Minute}, MaxPending: 500,
+		CompletedRetention: time.Hour, DeadLetterRetention: 48 * time.Hour, Concurrency: 3}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("queue options %+v, want %+v", got, want)
 	}
