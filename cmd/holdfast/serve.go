@@ -99,6 +99,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		TypeOptions: func(typ string) actors.TypeOptions { return typeOptions(cfg.Type(typ)) },
 		Logger:      log,
 		Cold:        store,
+		Types:       goTypes,
 	})
 	if err != nil {
 		return err
@@ -140,6 +141,10 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	log.Info("stopped")
 	return nil
 }
+
+// goTypes are object types with Go code that the server runs. The holdfast
+// command has none; a program that embeds it, or a test binary, may add some.
+var goTypes []actors.TypeSpec
 
 // typeOptions turns a type's configuration into the actors' options.
 func typeOptions(t config.TypeConfig) actors.TypeOptions {
