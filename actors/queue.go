@@ -69,6 +69,36 @@ type queueState struct {
 	meta queueMetaRec
 	// replayed is what the replay at this activation's load did.
 	replayed *ReplaySummary
+	// from holds, per index prefix (ready: target and class; processing:
+	// target), a key before which every entry is known to be gone, so that
+	// scans skip the deletions piled up at the front of the index (an LSM
+	// walks its tombstones). It is sound because every entry is written with a
+	// time at or after now (a deadline after now), and taken or expired only
+	// once its time is at or before now: ready scans restart at the
+	// millisecond of the last entry taken, processing scans after now. A clock
+	// that goes back forgets them (lastNow).
+	from    map[string][]byte
+	lastNow int64
+}
+
+// scanFrom returns where a scan of prefix may start at now; nil: at prefix.
+func (q *queueState) scanFrom(prefix []byte, now int64) []byte {
+	if now < q.lastNow {
+		clear(q.from)
+	}
+	q.lastNow = now
+	if k, ok := q.from[string(prefix)]; ok {
+		return k
+	}
+	return nil
+}
+
+// skipTo notes that every entry of prefix before key is gone.
+func (q *queueState) skipTo(prefix, key []byte) {
+	if q.from == nil {
+		q.from = map[string][]byte{}
+	}
+	q.from[string(prefix)] = key
 }
 
 type queueMetaRec struct {
@@ -396,18 +426,30 @@ func (o *object) queueTake(t *queueTxn, target, topic string, limit int, vis tim
 		}
 		prefix := targetKey(q.ks, queueReady, target, []byte{class})
 		end := append(bytes.Clone(prefix), u64(now+1)...)
-		err := o.st.scan(o.bg(), prefix, nil, end, func(key, value []byte) (bool, error) {
+		var skipped bool // an entry left behind (another topic): the front stays
+		var last []byte
+		err := o.st.scan(o.bg(), prefix, q.scanFrom(prefix, now), end, func(key, value []byte) (bool, error) {
 			tp, id, ok := strings.Cut(string(value), "\x00")
 			if !ok {
 				return false, fmt.Errorf("queue index entry %q", value)
 			}
 			if topic == "" || topic == tp {
 				hits = append(hits, hit{key: bytes.Clone(key), id: id})
+				if !skipped {
+					last = hits[len(hits)-1].key
+				}
+			} else {
+				skipped = true
 			}
 			return len(hits) < limit, nil
 		})
 		if err != nil {
 			return nil, unavailable("cannot read the queue", err)
+		}
+		if last != nil {
+			// From last's millisecond: an entry written later for that same
+			// millisecond (a redrive, a replay) may sort before last by its seq.
+			q.skipTo(prefix, bytes.Clone(last[:len(prefix)+8]))
 		}
 	}
 	out := []QueueDelivery{}
@@ -417,7 +459,7 @@ func (o *object) queueTake(t *queueTxn, target, topic string, limit int, vis tim
 			return nil, err
 		}
 		t.del(h.key)
-		p.State, p.Attempts, p.Deadline = StateProcessing, p.Attempts+1, now+vis.Milliseconds()
+		p.State, p.Attempts, p.Deadline = StateProcessing, p.Attempts+1, now+max(1, vis.Milliseconds())
 		p.Receipt = newReceipt(o.h.boot, target, h.id)
 		t.set(pairKey(q, target, h.id), p)
 		t.w.Sets = append(t.w.Sets, persistence.KV{Key: visibleKey(q, target, p), Value: []byte(h.id)})
@@ -435,12 +477,15 @@ func (o *object) queueExpire(t *queueTxn, target string, now int64) error {
 	prefix := targetKey(q.ks, queueVisible, target)
 	end := append(bytes.Clone(prefix), u64(now+1)...)
 	var ids []string
-	err := o.st.scan(o.bg(), prefix, nil, end, func(key, value []byte) (bool, error) {
+	err := o.st.scan(o.bg(), prefix, q.scanFrom(prefix, now), end, func(key, value []byte) (bool, error) {
 		ids = append(ids, string(value))
 		return len(ids) < expireBatch, nil
 	})
 	if err != nil {
 		return unavailable("cannot read the queue", err)
+	}
+	if len(ids) < expireBatch {
+		q.skipTo(prefix, end) // every deadline up to now is expired below
 	}
 	for _, id := range ids {
 		p, _, err := o.queueRead(q, target, id)

@@ -41,6 +41,9 @@ type result struct {
 	// Redelivery case only.
 	RedeliveryP50Ms float64 `json:"redeliveryP50Ms,omitempty"`
 	RedeliveryP99Ms float64 `json:"redeliveryP99Ms,omitempty"`
+	// Queue latency case only: enqueue call to push handler.
+	QueueLatencyP50Ms float64 `json:"queueLatencyP50Ms,omitempty"`
+	QueueLatencyP99Ms float64 `json:"queueLatencyP99Ms,omitempty"`
 	// Costs over the measured interval: operations, bytes written to disk by
 	// the server process (/proc/<pid>/io write_bytes), CPU seconds of this
 	// process, and the payload bytes written (0 where it means nothing).
@@ -109,7 +112,7 @@ func main() {
 		// The cases with targets and the KV writes; not 10,000 objects (JetStream
 		// acknowledges 10,000 publishes in flight in waves of seconds, longer
 		// than a smoke interval) nor the Holdfast-only log cases.
-		*filter = "one-writer,1000-objects,hot-object-64-callers,kv-writes,batches-of-100,lease-cycles-1,lease-cycles-64"
+		*filter = "one-writer,1000-objects,hot-object-64-callers,kv-writes,batches-of-100,lease-cycles-1,lease-cycles-64,queue-enqueue-64,queue-cycles-64"
 	}
 	if *filter != "" {
 		keep := map[string]bool{}
@@ -171,10 +174,12 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 		r, err = memory(dir, memObjs)
 	case "redelivery":
 		r, err = redeliveryDelay(dir, 200)
+	case "queue-latency":
+		r, err = queueLatency(dir, d, 500)
 	default:
 		system, wname, _ := strings.Cut(name, "/")
 		w, found := findWorkload(wname)
-		peers.LeaseRecords = leaseRecordsFor(d, warmup, w.consumers)
+		peers.LeaseRecords = leaseRecordsFor(d, warmup, w.fill)
 		switch {
 		case !found || !slices.Contains(systems, system):
 			err = fmt.Errorf("unknown case %q", name)
@@ -186,11 +191,11 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 			r, err = logLarge(dir, logRecs)
 		default:
 			if warmup > 0 {
-				peers.LeaseRecords = leaseRecordsFor(warmup, 0, w.consumers)
+				peers.LeaseRecords = leaseRecordsFor(warmup, 0, w.fill)
 				if _, err = w.holdfast(filepath.Join(dir, "warmup"), warmup); err != nil {
 					break
 				}
-				peers.LeaseRecords = leaseRecordsFor(d, warmup, w.consumers)
+				peers.LeaseRecords = leaseRecordsFor(d, warmup, w.fill)
 			}
 			stopProfile := profileCPU()
 			r, err = w.holdfast(filepath.Join(dir, "data"), d)

@@ -126,6 +126,11 @@ func drive(base string, cfg driveConfig) int {
 			}
 		}
 	}
+	if slices.Contains(cfg.systems, sysHoldfast) {
+		if r, ok := run(0, "queue-latency"); ok {
+			rep.queueLatency = &r
+		}
+	}
 	if cfg.memObjs > 0 && slices.Contains(cfg.systems, sysHoldfast) {
 		if r, ok := run(0, "memory"); ok {
 			rep.memory = &r
@@ -137,15 +142,16 @@ func drive(base string, cfg driveConfig) int {
 
 // report is what the rounds measured.
 type report struct {
-	cfg        driveConfig
-	probes     []float64
-	cases      map[string][]result  // by case name
-	ratios     map[string][]float64 // to the mean probe of the round, by case name
-	vs         map[string][]float64 // Holdfast over the peer, by the peer's case name
-	restart    map[string]result    // by system
-	redelivery *result
-	memory     *result
-	failures   []string
+	cfg          driveConfig
+	probes       []float64
+	cases        map[string][]result  // by case name
+	ratios       map[string][]float64 // to the mean probe of the round, by case name
+	vs           map[string][]float64 // Holdfast over the peer, by the peer's case name
+	restart      map[string]result    // by system
+	redelivery   *result
+	queueLatency *result
+	memory       *result
+	failures     []string
 }
 
 type stat struct {
@@ -399,6 +405,11 @@ func (r *report) write() int {
 		fmt.Fprintf(&md, "\nLease redelivery after expiry (Holdfast; leases of 100 ms, a poller asking every 1 ms, 200 expiries): p50 %.0f ms, p99 %.0f ms.\n",
 			r.redelivery.RedeliveryP50Ms, r.redelivery.RedeliveryP99Ms)
 		summary["redelivery"] = r.redelivery
+	}
+	if ql := r.queueLatency; ql != nil {
+		fmt.Fprintf(&md, "\nQueue latency (Holdfast; %d messages at 500 per second, from the enqueue call to the push handler, both fsyncs included): p50 %.2f ms, p99 %.2f ms.\n",
+			ql.Ops, ql.QueueLatencyP50Ms, ql.QueueLatencyP99Ms)
+		summary["queueLatency"] = ql
 	}
 	if m := r.memory; m != nil {
 		fmt.Fprintf(&md, "\n| Holdfast memory, %d objects | Go heap bytes |\n|---|---|\n| per active object (quiet) | %.0f |\n| per idle (passivated) object: growth over a second round of %d other objects | %.0f |\n| routing tables' high-water mark, per object of the peak | %.0f |\n",

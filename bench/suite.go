@@ -42,8 +42,9 @@ type workload struct {
 	peer func(p peers.Peer, d time.Duration) (peers.Result, error)
 	// http is the workload over Holdfast's REST API; nil: embedded only.
 	http *httpSpec
-	// consumers, for the lease cases, sizes the log they fill first.
-	consumers int
+	// fill, for the lease and queue cases, is how many records per second of
+	// the run they put in the log or queue first.
+	fill int
 }
 
 func writes(objects, callers int) func(peers.Peer, time.Duration) (peers.Result, error) {
@@ -65,12 +66,25 @@ var workloads = []workload{
 	{name: "batches-of-100", title: "batches of 100 records, one producer", unit: "records/s", target: 40, payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1, 1, 100) },
 		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.Batches(100, d) }, http: httpBatches(100)},
-	{name: "lease-cycles-1", title: "lease cycles (take 10, ack), 1 consumer", unit: "cycles/s", vsRedis: 1, consumers: 1,
+	{name: "lease-cycles-1", title: "lease cycles (take 10, ack), 1 consumer", unit: "cycles/s", vsRedis: 1, fill: 60_000,
 		holdfast: func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 1) },
 		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(1, d) }, http: httpLeases(1)},
-	{name: "lease-cycles-64", title: "lease cycles (take 10, ack), 64 consumers", unit: "cycles/s", vsRedis: 2, consumers: 64,
+	{name: "lease-cycles-64", title: "lease cycles (take 10, ack), 64 consumers", unit: "cycles/s", vsRedis: 2, fill: 500_000,
 		holdfast: func(dir string, d time.Duration) (result, error) { return leaseCycles(dir, d, 64) },
 		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(64, d) }, http: httpLeases(64)},
+	// The write-ahead queue against Redis streams (XADD; XREADGROUP + XACK).
+	{name: "queue-enqueue-64", title: "queue: enqueue, 64 producers, one message in flight each", unit: "messages/s", payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return queueEnqueue(dir, d, 64, 1) },
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.StreamAdds(64, d) }},
+	{name: "queue-enqueue-batches-100", title: "queue: enqueue batches of 100, one producer", unit: "messages/s", payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return queueEnqueue(dir, d, 1, 100) },
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.Batches(100, d) }},
+	{name: "queue-cycles-1", title: "queue: receive 10 + ack, 1 consumer", unit: "cycles/s", fill: 30_000,
+		holdfast: func(dir string, d time.Duration) (result, error) { return queueCycles(dir, d, 1) },
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(1, d) }},
+	{name: "queue-cycles-64", title: "queue: receive 10 + ack, 64 consumers", unit: "cycles/s", fill: 200_000,
+		holdfast: func(dir string, d time.Duration) (result, error) { return queueCycles(dir, d, 64) },
+		peer:     func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.LeaseCycles(64, d) }},
 	// Holdfast only: how group commit behaves across several logs.
 	{name: "batches-of-100-4-logs", title: "batches of 100 records, 4 producers on 4 logs", unit: "records/s", target: 40, payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 4, 4, 100) }},
@@ -146,17 +160,13 @@ func ensureRedis() error {
 	return err
 }
 
-// leaseRecordsFor is how many records a lease case with consumers consumers
-// puts in its log first: enough for the fastest seen here (about 300,000
-// records a second with 64 consumers, 30,000 with one) over the warm-up and
-// the measured interval, with room to spare. A case that runs dry anyway is
-// measured up to that moment and says so in its note.
-func leaseRecordsFor(d, warmup time.Duration, consumers int) int {
-	perSec := 60_000.0
-	if consumers > 1 {
-		perSec = 500_000
-	}
-	return max(50_000, int(perSec*(d+warmup).Seconds()))
+// leaseRecordsFor is how many records a lease or queue case puts in its log
+// or queue first: perSec records for each second of the warm-up and the
+// measured interval (enough for the fastest system seen here, with room to
+// spare). A case that runs dry anyway is measured up to that moment and says
+// so in its note.
+func leaseRecordsFor(d, warmup time.Duration, perSec int) int {
+	return max(20_000, int(float64(perSec)*(d+warmup).Seconds()))
 }
 
 func findWorkload(name string) (workload, bool) {

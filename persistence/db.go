@@ -196,9 +196,15 @@ func (db *DB) Scan(ctx context.Context, prefix, start, end []byte, fn func(key, 
 	if start == nil {
 		start = prefix
 	}
+	// With an end, the iterator yields every version, deletions included, so
+	// that the scan stops at end even when the range holds only deletions:
+	// Badger skips deleted keys inside Seek and Next, and without our bound it
+	// would walk every deletion after the range (a queue's acked deliveries).
+	allVersions := end != nil
 	return db.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: false})
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: false, AllVersions: allVersions})
 		defer it.Close()
+		var last []byte // the key whose newest version was seen (allVersions)
 		for it.Seek(start); it.ValidForPrefix(prefix); it.Next() {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -207,6 +213,15 @@ func (db *DB) Scan(ctx context.Context, prefix, start, end []byte, fn func(key, 
 			k := item.Key()
 			if end != nil && string(k) >= string(end) {
 				return nil
+			}
+			if allVersions {
+				if last != nil && bytes.Equal(k, last) {
+					continue // an older version
+				}
+				last = append(last[:0], k...)
+				if item.IsDeletedOrExpired() {
+					continue
+				}
 			}
 			var more bool
 			err := item.Value(func(v []byte) error {

@@ -418,3 +418,42 @@ func TestDB_ScanMergedOrdersAcrossRanges(t *testing.T) {
 		t.Fatalf("stopped scan read %v", got)
 	}
 }
+
+// A scan with an end sees each key's newest version only, skips deleted keys,
+// and stops at end (it walks deletions itself: see DB.Scan).
+func TestDB_ScanWithEndSeesNewestLiveVersions(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	p := startPipeline(t, db, PipelineConfig{})
+	set := func(kvs ...string) *Write {
+		w := &Write{}
+		for i := 0; i < len(kvs); i += 2 {
+			w.Sets = append(w.Sets, KV{Key: []byte(kvs[i]), Value: []byte(kvs[i+1])})
+		}
+		return w
+	}
+	waitApplied(t, p.Submit(set("q:1", "a", "q:2", "b", "q:3", "c", "q:5", "e", "q:9", "z")))
+	waitApplied(t, p.Submit(set("q:1", "a2", "q:4", "d")))
+	waitApplied(t, p.Submit(&Write{Deletes: [][]byte{[]byte("q:2"), []byte("q:4")}}))
+	waitApplied(t, p.Submit(set("q:4", "d2")))
+	for _, c := range []struct {
+		start, end string
+		want       string
+	}{
+		{"", "q:9", "[q:1=a2 q:3=c q:4=d2 q:5=e]"},
+		{"q:2", "q:5", "[q:3=c q:4=d2]"},
+		{"q:2", "q:3", "[]"},
+	} {
+		var got []string
+		var start []byte
+		if c.start != "" {
+			start = []byte(c.start)
+		}
+		err := db.Scan(context.Background(), []byte("q:"), start, []byte(c.end), func(k, v []byte) (bool, error) {
+			got = append(got, string(k)+"="+string(v))
+			return true, nil
+		})
+		if err != nil || fmt.Sprint(got) != c.want {
+			t.Errorf("scan [%s, %s): %v %v, want %s", c.start, c.end, got, err, c.want)
+		}
+	}
+}

@@ -82,6 +82,9 @@ type Peer interface {
 	// Writes runs callers goroutines, caller c writing object c mod objects,
 	// one write in flight per caller.
 	Writes(objects, callers int, d time.Duration) (Result, error)
+	// StreamAdds runs callers goroutines appending to one stream, one append
+	// in flight each.
+	StreamAdds(callers int, d time.Duration) (Result, error)
 	// KVWrites is Writes through the peer's key-value API.
 	KVWrites(callers, keys int, d time.Duration) (Result, error)
 	// Batches appends atomic batches of batch records to one log from one

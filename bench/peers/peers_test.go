@@ -127,6 +127,12 @@ func TestRedisWorkloads(t *testing.T) {
 		t.Fatalf("kv:3 = %q, %v", got, err)
 	}
 
+	res, err = r.StreamAdds(8, testDuration)
+	checkResult(t, "redis stream adds 8", res, err)
+	if n, err := c.XLen(ctx, "q").Result(); err != nil || n < res.Ops {
+		t.Fatalf("xlen q = %d, %v; acknowledged at least %d", n, err, res.Ops)
+	}
+
 	m, err := r.batches(100, testDuration)
 	checkResult(t, "redis batches of 100", m.Result, err)
 	if n, err := c.XLen(ctx, "log").Result(); err != nil || n != m.total {
@@ -250,6 +256,12 @@ func TestJetStreamWorkloads(t *testing.T) {
 	}
 	if e, err := kv.Get(ctx, "k3"); err != nil || !bytes.Equal(e.Value(), payload) {
 		t.Fatalf("k3: %v", err)
+	}
+
+	res, err = j.StreamAdds(8, testDuration)
+	checkResult(t, "jetstream stream adds 8", res, err)
+	if c, err := j.streamCounts(ctx); err != nil || c["Q"] < uint64(res.Ops) {
+		t.Fatalf("Q holds %d messages (%v), acknowledged at least %d", c["Q"], err, res.Ops)
 	}
 
 	m, err := j.batches(100, testDuration)

@@ -739,3 +739,52 @@ func (j *JetStream) FillAndRestart(records int) (float64, error) {
 	}
 	return took.Seconds(), nil
 }
+
+// StreamAdds runs callers goroutines appending the payload, one in flight each,
+// to one stream: XADD q * p <payload>. Ops counts appends.
+func (r *Redis) StreamAdds(callers int, d time.Duration) (Result, error) {
+	if err := checkCounts("redis stream adds", callers); err != nil {
+		return Result{}, err
+	}
+	c := r.NewClient(callers + 8)
+	defer c.Close()
+	values := []any{"p", payload}
+	m, err := run(callers, d, r.PID(), func(ctx context.Context, _ int) (int64, error) {
+		ctx, cancel := context.WithTimeout(ctx, OpTimeout)
+		defer cancel()
+		if err := c.XAdd(ctx, &redis.XAddArgs{Stream: "q", Values: values}).Err(); err != nil {
+			return 0, fmt.Errorf("xadd: %w", err)
+		}
+		return 1, nil
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("peers: redis stream adds (%d callers): %w", callers, err)
+	}
+	m.Note = joinNotes(redisNote, m.Note)
+	return m.Result, nil
+}
+
+// StreamAdds runs callers goroutines publishing the payload, one in flight
+// each, to the subject q of the stream Q, waiting for each ack.
+func (j *JetStream) StreamAdds(callers int, d time.Duration) (Result, error) {
+	if err := checkCounts("jetstream stream adds", callers); err != nil {
+		return Result{}, err
+	}
+	if _, err := j.createStream(jetstream.StreamConfig{Name: "Q", Subjects: []string{"q"}}); err != nil {
+		return Result{}, err
+	}
+	js := j.JetStream()
+	m, err := run(callers, d, j.PID(), func(ctx context.Context, _ int) (int64, error) {
+		ctx, cancel := context.WithTimeout(ctx, OpTimeout)
+		defer cancel()
+		if _, err := js.Publish(ctx, "q", payload); err != nil {
+			return 0, fmt.Errorf("publish: %w", err)
+		}
+		return 1, nil
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("peers: jetstream stream adds (%d callers): %w", callers, err)
+	}
+	m.Note = joinNotes(jetStreamNote, m.Note)
+	return m.Result, nil
+}
