@@ -722,6 +722,16 @@ func (o *object) queueStats() (any, error) {
 		return nil, err
 	}
 	now := o.h.now().UnixMilli()
+	// Deliveries past their deadline are expired first, so that they count
+	// where they now are (pending, delayed or failed), not as processing.
+	t := newQueueTxn(q)
+	for _, target := range q.opts.Targets {
+		if err := o.queueExpire(t, target, now); err != nil {
+			t.rollback()
+			return nil, err
+		}
+	}
+	o.queueCommit(t)
 	delayed := 0
 	for _, target := range q.opts.Targets {
 		for _, class := range []byte{classFirst, classRetry} {

@@ -313,6 +313,15 @@ func TestQueue_RandomModel(t *testing.T) {
 					}
 				}
 			}
+			// Stats expire the deliveries past their deadline first.
+			for _, ps := range m.pairs {
+				for _, p := range ps {
+					if p.state == StateProcessing && p.deadline <= now {
+						m.fail(p, 0, "visibility timeout passed", now)
+						seen["expired"]++
+					}
+				}
+			}
 			var want QueueStats
 			for _, ps := range m.pairs {
 				for _, p := range ps {

@@ -600,7 +600,7 @@ func TestQueue_Compaction(t *testing.T) {
 	n.enqueue(t, in...)
 	n.enqueue(t, msg("kept", 1)) // stays pending on b
 	for _, target := range []string{"a", "b"} {
-		ds := n.receive(t, QueueReceive{Target: target, Max: 1000})
+		ds := n.receive(t, QueueReceive{Target: target, Max: 1000, Visibility: 100 * time.Hour})
 		var rs []string
 		for _, d := range ds {
 			if d.ID == "kept" && target == "b" {
