@@ -53,7 +53,7 @@ func receiptBoot(r string) string {
 }
 
 func queueIndexKey(part uint32, id ObjectID) []byte {
-	return append(persistence.PartitionIndexPrefix(part, persistence.IndexQueues), persistence.ObjectPrefix(part, id)[3:]...)
+	return persistence.AppendObjectID(persistence.PartitionIndexPrefix(part, persistence.IndexQueues), id)
 }
 
 // queueReplayLoad puts back the pairs processing under an earlier run; it runs
@@ -230,8 +230,8 @@ func (h *Host) replayQueues() {
 		prefix := persistence.PartitionIndexPrefix(p, persistence.IndexQueues)
 		var ids []ObjectID
 		err := h.db.Scan(context.Background(), prefix, nil, nil, func(key, _ []byte) (bool, error) {
-			id, ok := decodeObjectSuffix(key[len(prefix):])
-			if !ok {
+			id, rest, ok := persistence.DecodeObjectID(key[len(prefix):])
+			if !ok || len(rest) != 0 {
 				return false, fmt.Errorf("malformed queue index key %x", key)
 			}
 			ids = append(ids, id)
@@ -265,21 +265,4 @@ func (h *Host) replayQueues() {
 	h.replay.mu.Lock()
 	h.replay.sum, h.replay.done = total, true
 	h.replay.mu.Unlock()
-}
-
-// decodeObjectSuffix decodes the len16-prefixed app, type and key that follow
-// a partition in an object prefix.
-func decodeObjectSuffix(b []byte) (ObjectID, bool) {
-	var parts [3]string
-	for i := range parts {
-		if len(b) < 2 {
-			return ObjectID{}, false
-		}
-		n := int(binary.BigEndian.Uint16(b))
-		if len(b) < 2+n {
-			return ObjectID{}, false
-		}
-		parts[i], b = string(b[2:2+n]), b[2+n:]
-	}
-	return ObjectID{App: parts[0], Type: parts[1], Key: parts[2]}, len(b) == 0
 }

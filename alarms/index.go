@@ -29,10 +29,7 @@ func IndexKey(p uint32, at int64, id persistence.ObjectID, name string) []byte {
 	b := make([]byte, 0, len(prefix)+8+6+len(id.App)+len(id.Type)+len(id.Key)+len(name))
 	b = append(b, prefix...)
 	b = binary.BigEndian.AppendUint64(b, encodeAt(at))
-	for _, s := range [...]string{id.App, id.Type, id.Key} {
-		b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
-		b = append(b, s...)
-	}
+	b = persistence.AppendObjectID(b, id)
 	return append(b, name...)
 }
 
@@ -53,19 +50,11 @@ func DecodeIndex(p uint32, key, value []byte) (Due, error) {
 		return Due{}, errBadIndexEntry
 	}
 	d := Due{Partition: p, At: int64(binary.BigEndian.Uint64(key[n:]) ^ (1 << 63)), Gen: binary.BigEndian.Uint64(value)}
-	rest := key[n+8:]
-	var parts [3]string
-	for i := range parts {
-		if len(rest) < 2 {
-			return Due{}, errBadIndexEntry
-		}
-		l := int(binary.BigEndian.Uint16(rest))
-		if len(rest) < 2+l {
-			return Due{}, errBadIndexEntry
-		}
-		parts[i], rest = string(rest[2:2+l]), rest[2+l:]
+	id, rest, ok := persistence.DecodeObjectID(key[n+8:])
+	if !ok {
+		return Due{}, errBadIndexEntry
 	}
-	d.ID = persistence.ObjectID{App: parts[0], Type: parts[1], Key: parts[2]}
+	d.ID = id
 	d.Name = string(rest)
 	return d, nil
 }

@@ -66,7 +66,13 @@ func PartitionPrefix(p uint32) []byte {
 // It panics if a part is longer than 65535 bytes; callers validate names first.
 func ObjectPrefix(p uint32, id ObjectID) []byte {
 	b := make([]byte, 0, 3+6+len(id.App)+len(id.Type)+len(id.Key)+1)
-	b = append(b, PartitionPrefix(p)...)
+	return AppendObjectID(append(b, PartitionPrefix(p)...), id)
+}
+
+// AppendObjectID appends id's encoding in keys: each of app, type and key as
+// its 16-bit length and its bytes. It panics if a part is longer than 65535
+// bytes; callers validate names first.
+func AppendObjectID(b []byte, id ObjectID) []byte {
 	for _, s := range [...]string{id.App, id.Type, id.Key} {
 		if len(s) > 0xFFFF {
 			panic(fmt.Sprintf("persistence: object name part of %d bytes", len(s)))
@@ -75,6 +81,23 @@ func ObjectPrefix(p uint32, id ObjectID) []byte {
 		b = append(b, s...)
 	}
 	return b
+}
+
+// DecodeObjectID decodes an AppendObjectID encoding at the start of b and
+// returns what follows it.
+func DecodeObjectID(b []byte) (id ObjectID, rest []byte, ok bool) {
+	var parts [3]string
+	for i := range parts {
+		if len(b) < 2 {
+			return ObjectID{}, nil, false
+		}
+		n := int(binary.BigEndian.Uint16(b))
+		if len(b) < 2+n {
+			return ObjectID{}, nil, false
+		}
+		parts[i], b = string(b[2:2+n]), b[2+n:]
+	}
+	return ObjectID{App: parts[0], Type: parts[1], Key: parts[2]}, b, true
 }
 
 // Keyspace is one behaviour of one object: every key it builds starts with Prefix.

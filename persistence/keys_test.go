@@ -49,3 +49,20 @@ func TestPartition_StableAndInRange(t *testing.T) {
 		t.Fatal("unstable")
 	}
 }
+
+func TestObjectIDEncoding(t *testing.T) {
+	id := ObjectID{App: "app", Type: "", Key: "k/ü"}
+	b := AppendObjectID([]byte("x"), id)
+	got, rest, ok := DecodeObjectID(append(b[1:], "tail"...))
+	if !ok || got != id || string(rest) != "tail" {
+		t.Fatalf("decoded %+v %q %v", got, rest, ok)
+	}
+	if string(ObjectPrefix(7, id)[3:]) != string(b[1:]) {
+		t.Fatal("the object prefix does not use the same encoding")
+	}
+	for n := range len(b) - 1 {
+		if _, _, ok := DecodeObjectID(b[1 : 1+n]); ok {
+			t.Fatalf("a truncated encoding of %d bytes decoded", n)
+		}
+	}
+}
