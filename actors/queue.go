@@ -503,19 +503,27 @@ func (o *object) queueExpire(t *queueTxn, target string, now int64) error {
 // after the backoff (at least delay), or to the dead letters when its attempts
 // are spent.
 func (o *object) queueFail(t *queueTxn, target, id string, p *queuePairRec, delay time.Duration, lastErr string, now int64) {
+	wait := max(delay, t.q.opts.backoff(p.Attempts, o.h.jitter()))
+	t.endDelivery(target, id, p, lastErr, now, now+wait.Milliseconds())
+}
+
+// endDelivery ends the delivery of a processing pair that did not complete:
+// the pair is pending again, due at due, or a dead letter when its attempts
+// are spent. It reports whether the pair went back to pending.
+func (t *queueTxn) endDelivery(target, id string, p *queuePairRec, lastErr string, now, due int64) bool {
 	q := t.q
 	t.del(visibleKey(q, target, p))
 	q.meta.Processing--
 	p.Receipt, p.Deadline, p.LastError = "", 0, lastErr
 	if p.Attempts >= q.opts.MaxAttempts {
 		t.deadLetter(target, id, p, "exhausted", now)
-		return
+		return false
 	}
-	wait := max(delay, q.opts.backoff(p.Attempts, o.h.jitter()))
-	p.State, p.Class, p.Due = StatePending, classRetry, now+wait.Milliseconds()
+	p.State, p.Class, p.Due = StatePending, classRetry, due
 	q.meta.Pending++
 	t.set(pairKey(q, target, id), p)
 	t.w.Sets = append(t.w.Sets, persistence.KV{Key: readyKey(q, target, p), Value: []byte(p.Topic + "\x00" + id)})
+	return true
 }
 
 // backoff is the wait after the n-th failed attempt: Initial·Multiplier^(n-1),
@@ -635,35 +643,36 @@ func (o *object) queueNack(m QueueNack) (any, error) {
 	if m.Delay < 0 {
 		return nil, badRequestf("delayMs cannot be negative")
 	}
-	q, err := o.queueLoad()
-	if err != nil {
-		return nil, err
-	}
-	now := o.h.now().UnixMilli()
-	target, id, p, err := o.queueHeld(q, m.Receipt, now)
-	if err != nil {
-		return nil, err
-	}
-	if p == nil {
-		return nil, ErrReceiptNotHeld
-	}
-	t := newQueueTxn(q)
 	lastErr := m.Error
 	if lastErr == "" {
 		lastErr = "nacked"
 	}
-	o.queueFail(t, target, id, p, m.Delay, lastErr, now)
-	o.queueCommit(t)
-	return &QueueSettled{State: p.State}, nil
+	return o.queueSettleOne(m.Receipt, func(t *queueTxn, target, id string, p *queuePairRec, now int64) {
+		o.queueFail(t, target, id, p, m.Delay, lastErr, now)
+	})
 }
 
 func (o *object) queueDead(m QueueDead) (any, error) {
+	return o.queueSettleOne(m.Receipt, func(t *queueTxn, target, id string, p *queuePairRec, now int64) {
+		t.del(visibleKey(t.q, target, p))
+		t.q.meta.Processing--
+		p.Receipt, p.Deadline = "", 0
+		if m.Reason != "" {
+			p.LastError = m.Reason
+		}
+		t.deadLetter(target, id, p, "rejected", now)
+	})
+}
+
+// queueSettleOne settles the delivery that receipt holds with settle, in one
+// commit; ErrReceiptNotHeld when it holds none.
+func (o *object) queueSettleOne(receipt string, settle func(t *queueTxn, target, id string, p *queuePairRec, now int64)) (any, error) {
 	q, err := o.queueLoad()
 	if err != nil {
 		return nil, err
 	}
 	now := o.h.now().UnixMilli()
-	target, id, p, err := o.queueHeld(q, m.Receipt, now)
+	target, id, p, err := o.queueHeld(q, receipt, now)
 	if err != nil {
 		return nil, err
 	}
@@ -671,13 +680,7 @@ func (o *object) queueDead(m QueueDead) (any, error) {
 		return nil, ErrReceiptNotHeld
 	}
 	t := newQueueTxn(q)
-	t.del(visibleKey(q, target, p))
-	q.meta.Processing--
-	p.Receipt, p.Deadline = "", 0
-	if m.Reason != "" {
-		p.LastError = m.Reason
-	}
-	t.deadLetter(target, id, p, "rejected", now)
+	settle(t, target, id, p, now)
 	o.queueCommit(t)
 	return &QueueSettled{State: p.State}, nil
 }

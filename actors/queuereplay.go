@@ -86,25 +86,18 @@ func (o *object) queueReplayLoad(q *queueState) *ReplaySummary {
 			if p.State != StateProcessing || receiptBoot(p.Receipt) == o.h.boot {
 				continue
 			}
-			t.del(visibleKey(q, target, p))
-			q.meta.Processing--
-			p.Receipt, p.Deadline, p.LastError = "", 0, "the node stopped during the delivery"
-			if p.Attempts >= q.opts.MaxAttempts {
-				t.deadLetter(target, id, p, "exhausted", now)
-				continue
+			// Due at once: the attempt counts, but no backoff (the node stopped,
+			// not the consumer).
+			if t.endDelivery(target, id, p, "the node stopped during the delivery", now, now) {
+				returned++
 			}
-			p.State, p.Class, p.Due = StatePending, classRetry, now
-			q.meta.Pending++
-			t.set(pairKey(q, target, id), p)
-			t.w.Sets = append(t.w.Sets, persistence.KV{Key: readyKey(q, target, p), Value: []byte(p.Topic + "\x00" + id)})
-			returned++
 		}
 	}
 	o.queueCommit(t)
 	if returned == 0 && len(sum.Errors) == 0 {
 		return sum
 	}
-	due, delayed, err := o.queueCountPending(q, now)
+	due, delayed, err := o.queueCountPending(q, now, nil)
 	if err != nil {
 		sum.Errors = append(sum.Errors, err.Error())
 	}
@@ -112,12 +105,18 @@ func (o *object) queueReplayLoad(q *queueState) *ReplaySummary {
 	return sum
 }
 
-// queueCountPending counts the pending pairs due at now and those due later.
-func (o *object) queueCountPending(q *queueState, now int64) (due, later int, err error) {
+// queueCountPending counts the pending pairs due at now and those due later,
+// of the topics given (every topic when empty).
+func (o *object) queueCountPending(q *queueState, now int64, topics map[string]bool) (due, later int, err error) {
 	for _, target := range q.opts.Targets {
 		for _, class := range []byte{classFirst, classRetry} {
 			prefix := targetKey(q.ks, queueReady, target, []byte{class})
-			err := o.st.scan(o.bg(), prefix, nil, nil, func(key, _ []byte) (bool, error) {
+			err := o.st.scan(o.bg(), prefix, nil, nil, func(key, value []byte) (bool, error) {
+				if len(topics) > 0 {
+					if topic, _, _ := strings.Cut(string(value), "\x00"); !topics[topic] {
+						return true, nil
+					}
+				}
 				if int64(binary.BigEndian.Uint64(key[len(prefix):])) <= now {
 					due++
 				} else {
@@ -179,25 +178,8 @@ func (o *object) queueReplay(m QueueReplay) (any, error) {
 	o.queueCommit(t)
 	o.queuePump()
 	// Count what is due and delayed now, in the topics asked for.
-	for _, target := range q.opts.Targets {
-		for _, class := range []byte{classFirst, classRetry} {
-			prefix := targetKey(q.ks, queueReady, target, []byte{class})
-			err := o.st.scan(o.bg(), prefix, nil, nil, func(key, value []byte) (bool, error) {
-				topic, _, _ := strings.Cut(string(value), "\x00")
-				if len(topics) > 0 && !topics[topic] {
-					return true, nil
-				}
-				if int64(binary.BigEndian.Uint64(key[len(prefix):])) <= now {
-					sum.Recovered++
-				} else {
-					sum.Delayed++
-				}
-				return true, nil
-			})
-			if err != nil {
-				return nil, unavailable("cannot read the queue", err)
-			}
-		}
+	if sum.Recovered, sum.Delayed, err = o.queueCountPending(q, now, topics); err != nil {
+		return nil, unavailable("cannot read the queue", err)
 	}
 	return sum, nil
 }
