@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"time"
@@ -61,19 +62,11 @@ func (s *Server) adminReplay(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) queueReplay(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	body, aerr := readBody(w, r)
-	if aerr != nil {
-		aerr.write(w)
-		return
-	}
 	var req struct {
 		Topics *[]string `json:"topics"`
 	}
-	if len(body) > 0 {
-		if err := strictJSON(body, &req); err != nil {
-			badRequest(`the body must be empty or {"topics": ["...", ...]}`).write(w)
-			return
-		}
+	if !readJSON(w, r, &req, true, `empty or {"topics": ["...", ...]}`, nil) {
+		return
 	}
 	m := actors.QueueReplay{}
 	if req.Topics != nil {
@@ -82,6 +75,25 @@ func (s *Server) queueReplay(w http.ResponseWriter, r *http.Request, id actors.O
 	if reply, ok := s.call(w, r, id, m, newRoute); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
+}
+
+// readJSON reads r's body into v, refusing unknown fields; an empty body is
+// allowed when optional, and valid (nil: always) checks the required fields.
+// On failure it writes the error, a 400 naming shape, and returns false.
+func readJSON(w http.ResponseWriter, r *http.Request, v any, optional bool, shape string, valid func() bool) bool {
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return false
+	}
+	if optional && len(bytes.TrimSpace(body)) == 0 {
+		return true
+	}
+	if err := strictJSON(body, v); err != nil || (valid != nil && !valid()) {
+		badRequest("the body must be " + shape).write(w)
+		return false
+	}
+	return true
 }
 
 type enqueueMessage struct {
@@ -93,17 +105,10 @@ type enqueueMessage struct {
 }
 
 func (s *Server) queueEnqueue(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	body, aerr := readBody(w, r)
-	if aerr != nil {
-		aerr.write(w)
-		return
-	}
 	var req struct {
 		Messages *[]enqueueMessage `json:"messages"`
 	}
-	const shape = `the body must be {"messages": [{"id"?, "topic"?, "payload", "deliverAt"? or "delayMs"?}]}`
-	if err := strictJSON(body, &req); err != nil || req.Messages == nil {
-		badRequest(shape).write(w)
+	if !readJSON(w, r, &req, false, `{"messages": [{"id"?, "topic"?, "payload", "deliverAt"? or "delayMs"?}]}`, func() bool { return req.Messages != nil }) {
 		return
 	}
 	in := make([]actors.QueueMessageIn, len(*req.Messages))
@@ -154,11 +159,6 @@ func (s *Server) queueEnqueue(w http.ResponseWriter, r *http.Request, id actors.
 // queueReceive serves POST .../receive. A long-poll (waitMs) asks again, more
 // slowly each time, until something is due or the wait is over.
 func (s *Server) queueReceive(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	body, aerr := readBody(w, r)
-	if aerr != nil {
-		aerr.write(w)
-		return
-	}
 	var req struct {
 		Target       *string `json:"target"`
 		Topic        *string `json:"topic"`
@@ -166,11 +166,8 @@ func (s *Server) queueReceive(w http.ResponseWriter, r *http.Request, id actors.
 		VisibilityMs *int64  `json:"visibilityMs"`
 		WaitMs       *int64  `json:"waitMs"`
 	}
-	if len(body) > 0 {
-		if err := strictJSON(body, &req); err != nil {
-			badRequest(`the body must be {"target"?, "topic"?, "max"?, "visibilityMs"?, "waitMs"?}`).write(w)
-			return
-		}
+	if !readJSON(w, r, &req, true, `{"target"?, "topic"?, "max"?, "visibilityMs"?, "waitMs"?}`, nil) {
+		return
 	}
 	m := actors.QueueReceive{}
 	if req.Target != nil {
@@ -224,16 +221,10 @@ func (s *Server) queueReceive(w http.ResponseWriter, r *http.Request, id actors.
 }
 
 func (s *Server) queueAck(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	body, aerr := readBody(w, r)
-	if aerr != nil {
-		aerr.write(w)
-		return
-	}
 	var req struct {
 		Receipts *[]string `json:"receipts"`
 	}
-	if err := strictJSON(body, &req); err != nil || req.Receipts == nil || len(*req.Receipts) == 0 {
-		badRequest(`the body must be {"receipts": ["...", ...]} with at least one receipt`).write(w)
+	if !readJSON(w, r, &req, false, `{"receipts": ["...", ...]} with at least one receipt`, func() bool { return req.Receipts != nil && len(*req.Receipts) > 0 }) {
 		return
 	}
 	reply, ok := s.call(w, r, id, actors.QueueAck{Receipts: *req.Receipts}, newRoute)
@@ -252,18 +243,12 @@ func (s *Server) queueAck(w http.ResponseWriter, r *http.Request, id actors.Obje
 }
 
 func (s *Server) queueNack(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	body, aerr := readBody(w, r)
-	if aerr != nil {
-		aerr.write(w)
-		return
-	}
 	var req struct {
 		Receipt *string `json:"receipt"`
 		DelayMs *int64  `json:"delayMs"`
 		Error   *string `json:"error"`
 	}
-	if err := strictJSON(body, &req); err != nil || req.Receipt == nil {
-		badRequest(`the body must be {"receipt": "...", "delayMs"?, "error"?}`).write(w)
+	if !readJSON(w, r, &req, false, `{"receipt": "...", "delayMs"?, "error"?}`, func() bool { return req.Receipt != nil }) {
 		return
 	}
 	m := actors.QueueNack{Receipt: *req.Receipt}
@@ -283,17 +268,11 @@ func (s *Server) queueNack(w http.ResponseWriter, r *http.Request, id actors.Obj
 }
 
 func (s *Server) queueDead(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	body, aerr := readBody(w, r)
-	if aerr != nil {
-		aerr.write(w)
-		return
-	}
 	var req struct {
 		Receipt *string `json:"receipt"`
 		Reason  *string `json:"reason"`
 	}
-	if err := strictJSON(body, &req); err != nil || req.Receipt == nil {
-		badRequest(`the body must be {"receipt": "...", "reason"?}`).write(w)
+	if !readJSON(w, r, &req, false, `{"receipt": "...", "reason"?}`, func() bool { return req.Receipt != nil }) {
 		return
 	}
 	m := actors.QueueDead{Receipt: *req.Receipt}
@@ -319,19 +298,11 @@ func (s *Server) queueDeadLetters(w http.ResponseWriter, r *http.Request, id act
 }
 
 func (s *Server) queueRedrive(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	body, aerr := readBody(w, r)
-	if aerr != nil {
-		aerr.write(w)
-		return
-	}
 	var req struct {
 		IDs *[]string `json:"ids"`
 	}
-	if len(body) > 0 {
-		if err := strictJSON(body, &req); err != nil {
-			badRequest(`the body must be empty or {"ids": ["...", ...]}`).write(w)
-			return
-		}
+	if !readJSON(w, r, &req, true, `empty or {"ids": ["...", ...]}`, nil) {
+		return
 	}
 	m := actors.QueueRedrive{}
 	if req.IDs != nil {

@@ -110,6 +110,9 @@ func TestQueues_Refusals(t *testing.T) {
 		wantError(t, ts.do("POST", queuePath+"/receive", body, nil), 400, "bad_request", nil)
 	}
 	wantError(t, ts.do("POST", queuePath+"/receive", `{"target":"nope"}`, nil), 404, "not_found", nil)
+	wantJSON(t, ts.do("POST", queuePath+"/receive", ``, nil), 200, `{"messages":[]}`) // every field is optional
+	wantError(t, ts.do("POST", queuePath+"/dead-letters/redrive", `{"ids":"a"}`, nil), 400, "bad_request", nil)
+	wantError(t, ts.do("POST", queuePath+"/dead", `{"receipt":"r","why":1}`, nil), 400, "bad_request", nil)
 	wantError(t, ts.do("POST", queuePath+"/ack", `{"receipts":[]}`, nil), 400, "bad_request", nil)
 	wantError(t, ts.do("POST", queuePath+"/nack", `{}`, nil), 400, "bad_request", nil)
 	ts.do("POST", queuePath+"/messages", `{"messages":[{"id":"a","payload":1}]}`, nil)
