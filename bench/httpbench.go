@@ -218,9 +218,6 @@ func httpCase(w workload, dir string, d, warmup time.Duration) (result, error) {
 	return r, nil
 }
 
-// errDry tells httpLoop that a worker found nothing left to consume.
-var errDry = errors.New("nothing left to consume")
-
 // httpSpec is a workload's HTTP form.
 type httpSpec struct {
 	workers int

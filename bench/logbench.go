@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/holdfast/holdfast"
@@ -38,48 +36,24 @@ func logAppends(dir string, d time.Duration, logs, producers, batch int) (result
 		}
 	}
 	before := rt.Node().Stats().Pipeline
-	var records atomic.Int64
-	var failed atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	m := startMeter()
-	start := time.Now()
-	for p := 0; p < producers; p++ {
-		wg.Add(1)
-		go func(p int) {
-			defer wg.Done()
-			l := ls[p%logs]
-			in := make([]holdfast.LogInput, batch)
-			for i := range in {
-				in[i].Body = recordBody
-			}
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := l.Append(ctx, in...); err != nil {
-					failed.Store(err)
-					return
-				}
-				records.Add(int64(batch))
-			}
-		}(p)
+	in := make([]holdfast.LogInput, batch)
+	for i := range in {
+		in[i].Body = recordBody
 	}
-	time.Sleep(d)
-	close(stop)
-	wg.Wait()
-	elapsed := time.Since(start)
-	if err, _ := failed.Load().(error); err != nil {
+	m := startMeter()
+	iv, err := runWorkers(producers, d, func(p int) (int64, error) {
+		_, err := ls[p%logs].Append(ctx, in...)
+		return int64(batch), err
+	})
+	if err != nil {
 		return result{}, err
 	}
 	after := rt.Node().Stats().Pipeline
 	r := result{
-		OpsPerSec:     float64(records.Load()) / elapsed.Seconds(),
+		OpsPerSec:     iv.perSec(),
 		SyncsPerWrite: float64(after.Commits-before.Commits) / float64(after.Writes-before.Writes),
 	}
-	m.stop(&r, records.Load())
+	m.stop(&r, iv.ops)
 	return r, nil
 }
 
@@ -190,62 +164,30 @@ func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 			return result{}, err
 		}
 	}
-	var cycles atomic.Int64
-	var failed atomic.Value
-	stop := make(chan struct{})
 	commits0 := rt.Node().Stats().Pipeline.Commits
-	dry := make(chan struct{}) // closed when a poller finds every record leased
-	var dryOnce sync.Once
-	var wg sync.WaitGroup
 	m := startMeter()
-	start := time.Now()
-	for p := 0; p < pollers; p++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				lease, err := l.Lease(ctx, "workers", 10)
-				if err != nil {
-					failed.Store(err)
-					return
-				}
-				if lease == nil {
-					// Every poller holds at most one range, so fewer than
-					// maxParallelism are held: nothing is left to lease.
-					dryOnce.Do(func() { close(dry) })
-					return
-				}
-				if _, err := l.Ack(ctx, "workers", lease.BatchID); err != nil {
-					failed.Store(err)
-					return
-				}
-				cycles.Add(1)
-			}
-		}()
-	}
-	note := ""
-	select {
-	case <-time.After(d):
-	case <-dry:
-		note = fmt.Sprintf("ran out of records after %v of %v: measured over that", time.Since(start).Round(time.Millisecond), d)
-	}
-	n, elapsed := cycles.Load(), time.Since(start)
-	r := result{OpsPerSec: float64(n) / elapsed.Seconds(), Note: note}
-	if n > 0 {
-		r.SyncsPerWrite = float64(rt.Node().Stats().Pipeline.Commits-commits0) / float64(n)
-	}
-	m.stop(&r, n)
-	r.PayloadBytes = 0 // a cycle writes no payload
-	close(stop)
-	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
+	iv, err := runWorkers(pollers, d, func(int) (int64, error) {
+		lease, err := l.Lease(ctx, "workers", 10)
+		if err != nil {
+			return 0, err
+		}
+		if lease == nil {
+			// Every poller holds at most one range, so fewer than
+			// maxParallelism are held: nothing is left to lease.
+			return 0, errDry
+		}
+		_, err = l.Ack(ctx, "workers", lease.BatchID)
+		return 1, err
+	})
+	if err != nil {
 		return result{}, err
 	}
+	r := result{OpsPerSec: iv.perSec(), Note: iv.note}
+	if iv.ops > 0 {
+		r.SyncsPerWrite = float64(rt.Node().Stats().Pipeline.Commits-commits0) / float64(iv.ops)
+	}
+	m.stop(&r, iv.ops)
+	r.PayloadBytes = 0 // a cycle writes no payload
 	return r, nil
 }
 

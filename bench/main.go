@@ -310,46 +310,21 @@ func throughput(dir string, d time.Duration, objects, callers int) (result, erro
 		return result{}, err
 	}
 	before := rt.Node().Stats().Pipeline
-	var ops atomic.Int64
-	var failed atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	value := string(peers.Payload()) // the peers' 256-byte value
 	m := startMeter()
-	start := time.Now()
-	for c := 0; c < callers; c++ {
-		wg.Add(1)
-		go func(c int) {
-			defer wg.Done()
-			o := objs[c%objects]
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := o.Set(ctx, "v", value); err != nil {
-					failed.Store(err)
-					return
-				}
-				ops.Add(1)
-			}
-		}(c)
-	}
-	time.Sleep(d) // the measured interval
-	close(stop)
-	wg.Wait()
-	elapsed := time.Since(start)
-	if err, _ := failed.Load().(error); err != nil {
+	iv, err := runWorkers(callers, d, func(c int) (int64, error) {
+		_, err := objs[c%objects].Set(ctx, "v", value)
+		return 1, err
+	})
+	if err != nil {
 		return result{}, err
 	}
 	after := rt.Node().Stats().Pipeline
-	writes := after.Writes - before.Writes
 	r := result{
-		OpsPerSec:     float64(ops.Load()) / elapsed.Seconds(),
-		SyncsPerWrite: float64(after.Commits-before.Commits) / float64(writes),
+		OpsPerSec:     iv.perSec(),
+		SyncsPerWrite: float64(after.Commits-before.Commits) / float64(after.Writes-before.Writes),
 	}
-	m.stop(&r, ops.Load())
+	m.stop(&r, iv.ops)
 	return r, nil
 }
 

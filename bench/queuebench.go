@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/holdfast/holdfast"
@@ -51,41 +50,17 @@ func queueEnqueue(dir string, d time.Duration, producers, batch int) (result, er
 		return result{}, err
 	}
 	before := rt.Node().Stats().Pipeline
-	var msgs atomic.Int64
-	var failed atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	m := startMeter()
-	start := time.Now()
-	for range producers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := q.Enqueue(ctx, in...); err != nil {
-					failed.Store(err)
-					return
-				}
-				msgs.Add(int64(batch))
-			}
-		}()
-	}
-	time.Sleep(d)
-	close(stop)
-	wg.Wait()
-	elapsed := time.Since(start)
-	if err, _ := failed.Load().(error); err != nil {
+	iv, err := runWorkers(producers, d, func(int) (int64, error) {
+		_, err := q.Enqueue(ctx, in...)
+		return int64(batch), err
+	})
+	if err != nil {
 		return result{}, err
 	}
 	after := rt.Node().Stats().Pipeline
-	r := result{OpsPerSec: float64(msgs.Load()) / elapsed.Seconds(),
-		SyncsPerWrite: float64(after.Commits-before.Commits) / float64(max(1, msgs.Load()))}
-	m.stop(&r, msgs.Load())
+	r := result{OpsPerSec: iv.perSec(), SyncsPerWrite: float64(after.Commits-before.Commits) / float64(max(1, iv.ops))}
+	m.stop(&r, iv.ops)
 	return r, nil
 }
 
@@ -110,63 +85,33 @@ func queueCycles(dir string, d time.Duration, consumers int) (result, error) {
 		}
 	}
 	commits0 := rt.Node().Stats().Pipeline.Commits
-	var cycles atomic.Int64
-	var failed atomic.Value
-	stop := make(chan struct{})
-	dry := make(chan struct{})
-	var dryOnce sync.Once
-	var wg sync.WaitGroup
 	m := startMeter()
-	start := time.Now()
-	for range consumers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ds, err := q.Receive(ctx, holdfast.QueueReceive{Max: 10})
-				if err != nil {
-					failed.Store(err)
-					return
-				}
-				if len(ds) == 0 {
-					dryOnce.Do(func() { close(dry) })
-					return
-				}
-				rs := make([]string, len(ds))
-				for i, x := range ds {
-					rs[i] = x.Receipt
-				}
-				if a, err := q.Ack(ctx, rs...); err != nil || a.Acked != len(rs) {
-					failed.Store(fmt.Errorf("ack: %+v %v", a, err))
-					return
-				}
-				cycles.Add(1)
-			}
-		}()
-	}
-	note := ""
-	select {
-	case <-time.After(d):
-	case <-dry:
-		note = fmt.Sprintf("ran out of messages after %v of %v: measured over that", time.Since(start).Round(time.Millisecond), d)
-	}
-	n, elapsed := cycles.Load(), time.Since(start)
-	r := result{OpsPerSec: float64(n) / elapsed.Seconds(), Note: note}
-	if n > 0 {
-		r.SyncsPerWrite = float64(rt.Node().Stats().Pipeline.Commits-commits0) / float64(n)
-	}
-	m.stop(&r, n)
-	r.PayloadBytes = 0
-	close(stop)
-	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
+	iv, err := runWorkers(consumers, d, func(int) (int64, error) {
+		ds, err := q.Receive(ctx, holdfast.QueueReceive{Max: 10})
+		if err != nil {
+			return 0, err
+		}
+		if len(ds) == 0 {
+			return 0, errDry
+		}
+		rs := make([]string, len(ds))
+		for i, x := range ds {
+			rs[i] = x.Receipt
+		}
+		if a, err := q.Ack(ctx, rs...); err != nil || a.Acked != len(rs) {
+			return 0, fmt.Errorf("ack: %+v %v", a, err)
+		}
+		return 1, nil
+	})
+	if err != nil {
 		return result{}, err
 	}
+	r := result{OpsPerSec: iv.perSec(), Note: iv.note}
+	if iv.ops > 0 {
+		r.SyncsPerWrite = float64(rt.Node().Stats().Pipeline.Commits-commits0) / float64(iv.ops)
+	}
+	m.stop(&r, iv.ops)
+	r.PayloadBytes = 0 // a cycle writes no payload
 	return r, nil
 }
 
