@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,7 +111,10 @@ func TestQueues_Refusals(t *testing.T) {
 		wantError(t, ts.do("POST", queuePath+"/receive", body, nil), 400, "bad_request", nil)
 	}
 	wantError(t, ts.do("POST", queuePath+"/receive", `{"target":"nope"}`, nil), 404, "not_found", nil)
-	wantJSON(t, ts.do("POST", queuePath+"/receive", ``, nil), 200, `{"messages":[]}`) // every field is optional
+	big := `{"messages":[{"id":"big","payload":"` + strings.Repeat("x", 1<<20) + `"}]}`
+	wantError(t, ts.do("POST", queuePath+"/messages", big, nil), 413, "too_large", nil)
+	wantError(t, ts.do("GET", queuePath+"/messages/big", nil, nil), 404, "not_found", nil) // nothing written
+	wantJSON(t, ts.do("POST", queuePath+"/receive", ``, nil), 200, `{"messages":[]}`)      // every field is optional
 	wantError(t, ts.do("POST", queuePath+"/dead-letters/redrive", `{"ids":"a"}`, nil), 400, "bad_request", nil)
 	wantError(t, ts.do("POST", queuePath+"/dead", `{"receipt":"r","why":1}`, nil), 400, "bad_request", nil)
 	wantError(t, ts.do("POST", queuePath+"/ack", `{"receipts":[]}`, nil), 400, "bad_request", nil)
