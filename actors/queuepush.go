@@ -265,8 +265,10 @@ func (o *object) queueNextDue(q *queueState, target string, now int64) (int64, e
 			return 0, err
 		}
 	}
+	// From the low-water mark the last expiry left: the deletions of settled
+	// deliveries before it need not be walked again.
 	prefix := targetKey(q.ks, queueVisible, target)
-	if err := first(prefix, nil); err != nil {
+	if err := first(prefix, q.scanFrom(prefix, now)); err != nil {
 		return 0, err
 	}
 	return next, nil
