@@ -174,17 +174,25 @@ func (o *object) queuePump() {
 				starts = append(starts, start{target, d})
 			}
 		}
-		// Wake for the next due pair and the next visibility deadline.
-		next, err := o.queueNextDue(q, target, now)
-		if err != nil {
-			o.h.log.Warn("queue push: cannot read the queue", "object", o.act.id.String(), "err", err)
-		}
-		t.wakeAt(next)
 	}
 	if len(starts) > 0 {
 		t.wakeAt(now + q.opts.VisibilityTimeout.Milliseconds()) // a handler that overruns
 	}
 	o.queueCommit(t)
+	// Wake for the next due pair and the next visibility deadline, read once
+	// t is submitted, so that it counts the retries t's expiries wrote.
+	wake := newQueueTxn(q)
+	for _, target := range q.opts.Targets {
+		if _, _, ok := o.pushTopics(target); !ok {
+			continue
+		}
+		next, err := o.queueNextDue(q, target, now)
+		if err != nil {
+			o.h.log.Warn("queue push: cannot read the queue", "object", o.act.id.String(), "err", err)
+		}
+		wake.wakeAt(next)
+	}
+	o.queueCommit(wake) // writes only when the alarm moves earlier
 	if len(starts) == 0 {
 		return
 	}
