@@ -20,6 +20,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/gateway"
 )
@@ -48,7 +49,22 @@ type serverInfo struct {
 // fanoutServer is the child: a node and its gateway on 127.0.0.1, serving until
 // stdin closes. GET /debug/mem answers the Go heap and stack bytes after a GC.
 func fanoutServer(dir string) int {
-	node, err := cluster.Start(cluster.Config{DataDir: dir, Logger: quietLogger()})
+	return serveChild(dir, nil, func(mux *http.ServeMux) {
+		mux.HandleFunc("GET /debug/mem", func(w http.ResponseWriter, r *http.Request) {
+			runtime.GC()
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			_ = json.NewEncoder(w).Encode(map[string]uint64{"heap": ms.HeapAlloc, "stack": ms.StackInuse, "goroutines": uint64(runtime.NumGoroutine())})
+		})
+	})
+}
+
+// serveChild is a child process's server: a node with typeOptions (nil: the
+// defaults) and its gateway for the app app_bench, plus what extra adds, on
+// 127.0.0.1. It prints a serverInfo line and serves until stdin closes.
+func serveChild(dir string, typeOptions func(string) actors.TypeOptions, extra func(*http.ServeMux)) int {
+	node, err := cluster.Start(cluster.Config{DataDir: dir, Logger: quietLogger(), TypeOptions: typeOptions})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 1
@@ -57,13 +73,9 @@ func fanoutServer(dir string) int {
 	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps([]gateway.App{app}), Logger: quietLogger()})
 	mux := http.NewServeMux()
 	mux.Handle("/", gw.Handler())
-	mux.HandleFunc("GET /debug/mem", func(w http.ResponseWriter, r *http.Request) {
-		runtime.GC()
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		_ = json.NewEncoder(w).Encode(map[string]uint64{"heap": ms.HeapAlloc, "stack": ms.StackInuse, "goroutines": uint64(runtime.NumGoroutine())})
-	})
+	if extra != nil {
+		extra(mux)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

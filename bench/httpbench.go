@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,8 +17,6 @@ import (
 
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/bench/peers"
-	"github.com/holdfast/holdfast/cluster"
-	"github.com/holdfast/holdfast/gateway"
 )
 
 // The system "holdfast-http": a Holdfast node and its REST gateway in a child
@@ -33,32 +28,13 @@ const sysHoldfastHTTP = "holdfast-http"
 // httpServer is the child process of a holdfast-http case: a node with the
 // benchmark's type options and the gateway, serving until stdin closes.
 func httpServer(dir string, leaseParallelism int) int {
-	node, err := cluster.Start(cluster.Config{DataDir: dir, Logger: quietLogger(), TypeOptions: func(typ string) actors.TypeOptions {
+	return serveChild(dir, func(typ string) actors.TypeOptions {
 		o := defaultTypeOptions()
 		if typ == "jobs" {
 			o.Log.Leases = &actors.LeaseOptions{MaxParallelism: leaseParallelism, LeaseDuration: 30 * time.Second}
 		}
 		return o
-	}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		return 1
-	}
-	app := gateway.App{ID: "app_bench", Key: "pk_bench", Secret: "sk_bench"}
-	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps([]gateway.App{app}), Logger: quietLogger()})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		return 1
-	}
-	srv := &http.Server{Handler: gw.Handler()}
-	go srv.Serve(ln)
-	_ = json.NewEncoder(os.Stdout).Encode(serverInfo{URL: "http://" + ln.Addr().String(), AppID: app.ID, Key: app.Key, Secret: app.Secret})
-	_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // until the case closes stdin
-	_ = srv.Close()
-	gw.Close()
-	_ = node.Close(context.Background())
-	return 0
+	}, nil)
 }
 
 // httpClient is a case's view of its server child.
