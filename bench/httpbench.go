@@ -115,53 +115,21 @@ func (h *httpClient) do(method, path string, body []byte, out any) error {
 // it completed) for warmup, then measures d: throughput, and the server
 // process's disk bytes and CPU; this process's CPU is the client's.
 func httpLoop(h *httpClient, workers int, warmup, d time.Duration, op func(w int) (int64, error)) (result, error) {
-	var ops atomic.Int64
-	var failed atomic.Value
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	dry := make(chan struct{})
-	var dryOnce sync.Once
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for !stop.Load() {
-				n, err := op(w)
-				if errors.Is(err, errDry) {
-					dryOnce.Do(func() { close(dry) })
-					return
-				}
-				if err != nil {
-					failed.Store(err)
-					return
-				}
-				ops.Add(n)
-			}
-		}()
-	}
-	select {
-	case <-time.After(warmup):
-	case <-dry:
+	if iv, err := runWorkers(workers, warmup, op); err != nil {
+		return result{}, err
+	} else if iv.note != "" {
 		return result{}, errors.New("ran out of records during the warm-up")
 	}
 	pid := h.cmd.Process.Pid
 	disk0, _ := peers.DiskWriteBytes(pid)
-	srv0, cpu0, ops0, t0 := peers.PIDCPU(pid), peers.ProcessCPU(), ops.Load(), time.Now()
-	note := ""
-	select {
-	case <-time.After(d):
-	case <-dry:
-		note = fmt.Sprintf("ran out of records after %v of %v: measured over that", time.Since(t0).Round(time.Millisecond), d)
-	}
-	disk1, _ := peers.DiskWriteBytes(pid)
-	srv1, cpu1, ops1, elapsed := peers.PIDCPU(pid), peers.ProcessCPU(), ops.Load(), time.Since(t0)
-	stop.Store(true)
-	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
+	srv0, cpu0 := peers.PIDCPU(pid), peers.ProcessCPU()
+	iv, err := runWorkers(workers, d, op)
+	if err != nil {
 		return result{}, err
 	}
-	r := result{OpsPerSec: float64(ops1-ops0) / elapsed.Seconds(), Ops: ops1 - ops0, CPUSeconds: (cpu1 - cpu0).Seconds(), ServerCPU: (srv1 - srv0).Seconds(),
-		PayloadBytes: float64(ops1-ops0) * peers.PayloadSize, Note: note}
+	disk1, _ := peers.DiskWriteBytes(pid)
+	r := result{OpsPerSec: iv.perSec(), Ops: iv.ops, CPUSeconds: (peers.ProcessCPU() - cpu0).Seconds(), ServerCPU: (peers.PIDCPU(pid) - srv0).Seconds(),
+		PayloadBytes: float64(iv.ops) * peers.PayloadSize, Note: iv.note}
 	if disk1 >= disk0 {
 		r.DiskBytes = disk1 - disk0
 	}

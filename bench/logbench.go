@@ -164,8 +164,7 @@ func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 			return result{}, err
 		}
 	}
-	commits0 := rt.Node().Stats().Pipeline.Commits
-	m := startMeter()
+	commits0, m := rt.Node().Stats().Pipeline.Commits, startMeter()
 	iv, err := runWorkers(pollers, d, func(int) (int64, error) {
 		lease, err := l.Lease(ctx, "workers", 10)
 		if err != nil {
@@ -179,16 +178,7 @@ func leaseCycles(dir string, d time.Duration, pollers int) (result, error) {
 		_, err = l.Ack(ctx, "workers", lease.BatchID)
 		return 1, err
 	})
-	if err != nil {
-		return result{}, err
-	}
-	r := result{OpsPerSec: iv.perSec(), Note: iv.note}
-	if iv.ops > 0 {
-		r.SyncsPerWrite = float64(rt.Node().Stats().Pipeline.Commits-commits0) / float64(iv.ops)
-	}
-	m.stop(&r, iv.ops)
-	r.PayloadBytes = 0 // a cycle writes no payload
-	return r, nil
+	return cycleResult(rt, commits0, m, iv, err)
 }
 
 // redeliveryDelay leases ranges of 100 ms and lets them expire while a poller

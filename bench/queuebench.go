@@ -84,8 +84,7 @@ func queueCycles(dir string, d time.Duration, consumers int) (result, error) {
 			return result{}, err
 		}
 	}
-	commits0 := rt.Node().Stats().Pipeline.Commits
-	m := startMeter()
+	commits0, m := rt.Node().Stats().Pipeline.Commits, startMeter()
 	iv, err := runWorkers(consumers, d, func(int) (int64, error) {
 		ds, err := q.Receive(ctx, holdfast.QueueReceive{Max: 10})
 		if err != nil {
@@ -103,16 +102,7 @@ func queueCycles(dir string, d time.Duration, consumers int) (result, error) {
 		}
 		return 1, nil
 	})
-	if err != nil {
-		return result{}, err
-	}
-	r := result{OpsPerSec: iv.perSec(), Note: iv.note}
-	if iv.ops > 0 {
-		r.SyncsPerWrite = float64(rt.Node().Stats().Pipeline.Commits-commits0) / float64(iv.ops)
-	}
-	m.stop(&r, iv.ops)
-	r.PayloadBytes = 0 // a cycle writes no payload
-	return r, nil
+	return cycleResult(rt, commits0, m, iv, err)
 }
 
 // queueLatency enqueues single messages at rate per second for d, each

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/holdfast/holdfast"
 )
 
 // errDry tells runWorkers (and httpLoop) that a worker found nothing left to
@@ -65,3 +67,19 @@ func runWorkers(n int, d time.Duration, op func(w int) (int64, error)) (interval
 }
 
 func (iv interval) perSec() float64 { return float64(iv.ops) / iv.elapsed.Seconds() }
+
+// cycleResult is the result of a run of consume cycles (lease+ack,
+// receive+ack) on rt: cycles per second, commits per cycle since commits0, and
+// the costs m measured; a cycle writes no payload.
+func cycleResult(rt *holdfast.Runtime, commits0 uint64, m meter, iv interval, err error) (result, error) {
+	if err != nil {
+		return result{}, err
+	}
+	r := result{OpsPerSec: iv.perSec(), Note: iv.note}
+	if iv.ops > 0 {
+		r.SyncsPerWrite = float64(rt.Node().Stats().Pipeline.Commits-commits0) / float64(iv.ops)
+	}
+	m.stop(&r, iv.ops)
+	r.PayloadBytes = 0
+	return r, nil
+}
