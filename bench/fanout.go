@@ -29,9 +29,14 @@ import (
 // a child process, while writers make W writes per second over HTTP. Each write's
 // value is its send time; every client notes when the change reaches it.
 // Reported: events delivered per second, latency from the write's request to the
-// client (it includes the write's commit and fsync) at p50 and p99, the writes'
-// own round trip, and the server's memory per idle socket (Go heap and stacks,
-// after a GC, before and after the sockets join).
+// client (it includes the write's commit and fsync) at p50 and p99, latency from
+// the write's acknowledgement (the moment its writer got the durable reply) to
+// the client at p50 and p99, the writes' own round trip, and the server's memory
+// per idle socket (Go heap and stacks, after a GC, before and after the sockets
+// join). The latency from the acknowledgement is signed, not clamped: the event
+// and the reply leave the server once the same commit is durable, so an event
+// often reaches its client before the writer has its reply, and that event's
+// latency is negative; the share of such events is reported too.
 
 type fanoutConfig struct {
 	sockets, objects int
@@ -96,6 +101,9 @@ type fanoutRound struct {
 	ExpectedPerSec  float64 `json:"expectedPerSec"`
 	LatencyP50Ms    float64 `json:"latencyP50Ms"`
 	LatencyP99Ms    float64 `json:"latencyP99Ms"`
+	AckLatencyP50Ms float64 `json:"ackLatencyP50Ms"` // signed: negative when the event arrived before the writer's reply
+	AckLatencyP99Ms float64 `json:"ackLatencyP99Ms"`
+	BeforeAckShare  float64 `json:"beforeAckShare"` // events that arrived before their write's reply
 	WriteP50Ms      float64 `json:"writeP50Ms"`
 	BytesPerSocket  float64 `json:"bytesPerIdleSocket"`
 	ClosedSlow      int     `json:"socketsClosed"`
@@ -113,8 +121,8 @@ func runFanout(base string, cfg fanoutConfig, jsonOut string) int {
 		if err != nil {
 			fatal(err)
 		}
-		fmt.Fprintf(os.Stderr, "round %d: %.0f events/s (expected %.0f), p50 %.2f ms, p99 %.2f ms, write p50 %.2f ms, %.0f B per idle socket\n",
-			r+1, res.EventsPerSec, res.ExpectedPerSec, res.LatencyP50Ms, res.LatencyP99Ms, res.WriteP50Ms, res.BytesPerSocket)
+		fmt.Fprintf(os.Stderr, "round %d: %.0f events/s (expected %.0f), from request p50 %.2f ms, p99 %.2f ms, from ack p50 %+.2f ms, p99 %+.2f ms (%.0f%% before the ack), write p50 %.2f ms, %.0f B per idle socket\n",
+			r+1, res.EventsPerSec, res.ExpectedPerSec, res.LatencyP50Ms, res.LatencyP99Ms, res.AckLatencyP50Ms, res.AckLatencyP99Ms, 100*res.BeforeAckShare, res.WriteP50Ms, res.BytesPerSocket)
 		rounds = append(rounds, res)
 		os.RemoveAll(dir)
 	}
@@ -131,6 +139,9 @@ func runFanout(base string, cfg fanoutConfig, jsonOut string) int {
 	fmt.Printf("| events delivered per second (expected) | %.0f (%.0f) |\n", med(func(r fanoutRound) float64 { return r.EventsPerSec }), med(func(r fanoutRound) float64 { return r.ExpectedPerSec }))
 	fmt.Printf("| latency, write request to client, p50 | %.2f ms |\n", med(func(r fanoutRound) float64 { return r.LatencyP50Ms }))
 	fmt.Printf("| latency, write request to client, p99 | %.2f ms |\n", med(func(r fanoutRound) float64 { return r.LatencyP99Ms }))
+	fmt.Printf("| latency, write's acknowledgement to client, p50 (signed: below 0, the event arrived before the writer's reply) | %+.2f ms |\n", med(func(r fanoutRound) float64 { return r.AckLatencyP50Ms }))
+	fmt.Printf("| latency, write's acknowledgement to client, p99 (signed) | %+.2f ms |\n", med(func(r fanoutRound) float64 { return r.AckLatencyP99Ms }))
+	fmt.Printf("| events that arrived before their write's reply | %.0f%% |\n", 100*med(func(r fanoutRound) float64 { return r.BeforeAckShare }))
 	fmt.Printf("| the write's own round trip (fsync included), p50 | %.2f ms |\n", med(func(r fanoutRound) float64 { return r.WriteP50Ms }))
 	fmt.Printf("| server memory per idle socket (heap + stacks) | %.0f B |\n", med(func(r fanoutRound) float64 { return r.BytesPerSocket }))
 	bad := 0
@@ -217,9 +228,20 @@ func fanoutOnce(dir string, cfg fanoutConfig) (fanoutRound, error) {
 		lastID int64
 		bad    int
 	}
+	// A write is known by its object and value (its send time); an arrival is
+	// matched with its write's acknowledgement after the run.
+	type writeKey struct {
+		obj int
+		at  int64
+	}
+	type arrival struct {
+		w  writeKey
+		at int64
+	}
 	var (
 		mu        sync.Mutex
 		latencies []float64
+		arrivals  []arrival
 		events    atomic.Int64
 		measuring atomic.Bool
 		closed    atomic.Int64
@@ -246,9 +268,11 @@ func fanoutOnce(dir string, cfg fanoutConfig) (fanoutRound, error) {
 		go func() {
 			defer readers.Done()
 			var local []float64
+			var localArr []arrival
 			defer func() {
 				mu.Lock()
 				latencies = append(latencies, local...)
+				arrivals = append(arrivals, localArr...)
 				mu.Unlock()
 			}()
 			snapshot := false
@@ -288,6 +312,7 @@ func fanoutOnce(dir string, cfg fanoutConfig) (fanoutRound, error) {
 					if measuring.Load() {
 						events.Add(1)
 						local = append(local, float64(now-p.Value)/1e6)
+						localArr = append(localArr, arrival{writeKey{s.obj, p.Value}, now})
 					}
 				}
 			}
@@ -304,6 +329,7 @@ func fanoutOnce(dir string, cfg fanoutConfig) (fanoutRound, error) {
 	var (
 		wmu     sync.Mutex
 		wlat    []float64
+		acks    = map[writeKey]int64{} // when each write's writer got its reply
 		werr    atomic.Value
 		workers sync.WaitGroup
 	)
@@ -318,8 +344,10 @@ func fanoutOnce(dir string, cfg fanoutConfig) (fanoutRound, error) {
 					werr.Store(err)
 					continue
 				}
+				acked := time.Now()
 				wmu.Lock()
-				wlat = append(wlat, float64(time.Since(start))/1e6)
+				wlat = append(wlat, float64(acked.Sub(start))/1e6)
+				acks[writeKey{obj, start.UnixNano()}] = acked.UnixNano()
 				wmu.Unlock()
 			}
 		}()
@@ -358,7 +386,18 @@ func fanoutOnce(dir string, cfg fanoutConfig) (fanoutRound, error) {
 	for _, s := range subs {
 		bad += s.bad
 	}
+	var fromAck []float64
+	early := 0
+	for _, a := range arrivals {
+		if at, ok := acks[a.w]; ok {
+			fromAck = append(fromAck, float64(a.at-at)/1e6)
+			if a.at < at {
+				early++
+			}
+		}
+	}
 	sort.Float64s(latencies)
+	sort.Float64s(fromAck)
 	sort.Float64s(wlat)
 	pct := func(v []float64, p float64) float64 {
 		if len(v) == 0 {
@@ -372,6 +411,9 @@ func fanoutOnce(dir string, cfg fanoutConfig) (fanoutRound, error) {
 		ExpectedPerSec:  float64(written) * perObject / elapsed.Seconds(),
 		LatencyP50Ms:    pct(latencies, 0.5),
 		LatencyP99Ms:    pct(latencies, 0.99),
+		AckLatencyP50Ms: pct(fromAck, 0.5),
+		AckLatencyP99Ms: pct(fromAck, 0.99),
+		BeforeAckShare:  float64(early) / float64(max(1, len(fromAck))),
 		WriteP50Ms:      pct(wlat, 0.5),
 		BytesPerSocket:  (after - before) / float64(cfg.sockets),
 		ClosedSlow:      int(closed.Load()),
