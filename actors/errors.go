@@ -34,6 +34,18 @@ var (
 	ErrLogTruncated = errors.New("actors: log truncated")
 )
 
+// CodeNotServed marks an unavailable error that refused a request before the
+// object saw it, because this node does not serve the object's partition (now):
+// a cluster node retries it where the partition lives.
+const CodeNotServed = "partition_not_served"
+
+// NotServed reports whether err refused a request before its object saw it,
+// because this node does not serve the object's partition.
+func NotServed(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Kind == KindUnavailable && e.Code == CodeNotServed
+}
+
 // Error is a user-facing error: Msg is safe to show to a client.
 type Error struct {
 	Kind Kind

@@ -17,6 +17,7 @@ import (
 
 	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/cold"
+	"github.com/holdfast/holdfast/internal/slogx"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -36,6 +37,9 @@ type Config struct {
 	// Epoch returns the ownership epoch of a partition; writes carry it so that the
 	// pipeline can fence them. Nil means 1 for every partition (a single node).
 	Epoch func(partition uint32) uint64
+	// Partitions returns the partitions this node serves: their alarms fire and
+	// their queues are replayed at start. Nil means every partition.
+	Partitions func() []uint32
 	// Logger is the host's logger. Nil means slog.Default().
 	Logger *slog.Logger
 	// Cold is the node's cold segment store; nil means none (a log type with
@@ -189,7 +193,7 @@ func (h *Host) RegisterType(spec TypeSpec) error {
 func (h *Host) Start() {
 	h.started = true
 	// protoactor logs routine events at info; keep its warnings and errors only.
-	logger := slog.New(minLevel{h.log.Handler(), slog.LevelWarn}).With("component", "protoactor")
+	logger := slog.New(slogx.MinLevel(h.log.Handler(), slog.LevelWarn)).With("component", "protoactor")
 	h.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return logger }))
 	// The synchronized dispatcher runs an object's mailbox on the goroutine that
 	// posted to it (the caller's) instead of a new goroutine per run: one hand-off
@@ -205,6 +209,9 @@ func (h *Host) Start() {
 	sc.DB, sc.WaitApplied, sc.Fire = h.db, h.pipe.WaitApplied, h.fireAlarm
 	if sc.Logger == nil {
 		sc.Logger = h.log
+	}
+	if sc.Partitions == nil {
+		sc.Partitions = h.cfg.Partitions
 	}
 	h.sched = alarms.NewScheduler(sc)
 	h.sched.SetClock(h.now)
@@ -374,6 +381,9 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 		// Fail closed: Badger may show writes whose sync failed.
 		return nil, unavailable("the node's storage failed; it must restart", err)
 	}
+	if p := persistence.Partition(id, h.db.Partitions()); h.epoch(p) == 0 {
+		return nil, &Error{Kind: KindUnavailable, Code: CodeNotServed, Msg: fmt.Sprintf("partition %d is not served by this node now", p), RetryAfter: 100 * time.Millisecond}
+	}
 	s := h.shard(id)
 	s.mu.RLock()
 	a := s.m[id]
@@ -430,6 +440,28 @@ func (h *Host) forget(a *activation) {
 	s.mu.Unlock()
 }
 
+// DropPartition retires every activation of partition p: call it once p is no
+// longer served under the epoch they were activated at (Config.Epoch already
+// says so). Requests that reached them get 503; new requests activate afresh.
+func (h *Host) DropPartition(p uint32) {
+	n := h.db.Partitions()
+	var drop []*activation
+	for i := range h.shards {
+		s := &h.shards[i]
+		s.mu.Lock()
+		for _, a := range s.m {
+			if persistence.Partition(a.id, n) == p {
+				s.remove(a)
+				drop = append(drop, a)
+			}
+		}
+		s.mu.Unlock()
+	}
+	for _, a := range drop {
+		h.system.Root.Send(a.pid, dropPartition{})
+	}
+}
+
 func (h *Host) typeOptions(typ string) TypeOptions {
 	opts := DefaultTypeOptions()
 	if h.cfg.TypeOptions != nil {
@@ -447,18 +479,3 @@ func (h *Host) epoch(partition uint32) uint64 {
 	}
 	return h.cfg.Epoch(partition)
 }
-
-// minLevel drops records below min.
-type minLevel struct {
-	slog.Handler
-	min slog.Level
-}
-
-func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= m.min && m.Handler.Enabled(ctx, l)
-}
-
-func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler {
-	return minLevel{m.Handler.WithAttrs(a), m.min}
-}
-func (m minLevel) WithGroup(g string) slog.Handler { return minLevel{m.Handler.WithGroup(g), m.min} }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -46,9 +47,13 @@ func commitError(cerr error) error {
 // object is the actor of one activation of one object. Only Receive, on the
 // actor's goroutine, touches its fields.
 type object struct {
-	h     *Host
-	act   *activation
-	part  uint32
+	h    *Host
+	act  *activation
+	part uint32
+	// epoch is the partition's ownership epoch this activation loaded its state
+	// under: its writes carry it, and once the partition's epoch moves on (a
+	// handoff, a lost lease) the activation answers no more requests.
+	epoch uint64
 	ov    overlay
 	st    store
 	chain *persistence.Chain
@@ -88,6 +93,8 @@ func (o *object) Receive(c actor.Context) {
 	case resume:
 		o.ov.evict()
 		m.fn()
+	case dropPartition:
+		o.drop(c)
 	case tidy:
 		o.ov.evict()
 		if o.health() == nil && o.last == nil && len(o.ov.entries) == 0 {
@@ -99,6 +106,7 @@ func (o *object) Receive(c actor.Context) {
 func (o *object) init(c actor.Context, a *activation) {
 	o.act = a
 	o.part = persistence.Partition(a.id, o.h.db.Partitions())
+	o.epoch = o.h.epoch(o.part)
 	o.st = store{db: o.h.db, ov: &o.ov}
 	o.chain = &persistence.Chain{}
 	o.typ = o.h.types[a.id.Type]
@@ -113,6 +121,9 @@ type tidy struct{}
 
 func (o *object) handle(c actor.Context, env *envelope) {
 	o.ov.evict()
+	if o.broken == nil && o.h.epoch(o.part) != o.epoch {
+		o.moved()
+	}
 	if err := o.health(); err != nil {
 		if f, ok := env.msg.(alarmFire); ok {
 			o.h.retryAlarm(f.d) // the next activation looks at it
@@ -304,7 +315,7 @@ func (o *object) health() error {
 // them before Badger does; nil means every key.
 func (o *object) submit(w *persistence.Write, readBack func([]byte) bool) {
 	w.Partition = o.part
-	w.Epoch = o.h.epoch(o.part)
+	w.Epoch = o.epoch
 	w.Chain = o.chain
 	t := o.h.pipe.Submit(w)
 	o.ov.record(w, t, readBack)
@@ -322,6 +333,42 @@ func (o *object) idle(c actor.Context) {
 	if len(o.subs) == 0 && o.push.inflight == 0 && (o.last == nil || o.last.Applied()) && o.h.release(o.act) {
 		c.Stop(c.Self())
 	}
+}
+
+// dropPartition tells an activation that its partition left this node (or its
+// epoch moved on): the host already forgot it.
+type dropPartition struct{}
+
+// errMoved is the answer of an activation whose partition's epoch moved on.
+func errMoved() error {
+	return &Error{Kind: KindUnavailable, Code: CodeNotServed, Msg: "the object's partition is moving between nodes; retry", RetryAfter: 100 * time.Millisecond}
+}
+
+// moved retires an activation whose partition is no longer served under its
+// epoch: requests already in its mailbox get 503, subscribers are told to resume
+// elsewhere, and the host routes new requests to a fresh activation.
+func (o *object) moved() {
+	o.broken = errMoved()
+	o.h.forget(o.act)
+	subs := o.subs
+	o.subs = nil
+	o.act.subscribed.Store(0)
+	lose(subs, o.broken)
+}
+
+// drop stops an activation the host dropped with its partition, once the
+// requests that already reached it were answered.
+func (o *object) drop(c actor.Context) {
+	if o.broken == nil {
+		o.moved()
+	}
+	if o.act.inflight.Load() != 0 || (o.last != nil && !o.last.Done()) || o.push.inflight != 0 {
+		self := c.Self()
+		sys := c.ActorSystem()
+		time.AfterFunc(10*time.Millisecond, func() { sys.Root.Send(self, dropPartition{}) })
+		return
+	}
+	c.Stop(c.Self())
 }
 
 func (o *object) bg() context.Context { return context.Background() }

@@ -205,10 +205,56 @@ func (h *Host) ReplaySummary() (ReplaySummary, bool) {
 // deliveries in flight when the node stopped, and logs one summary.
 func (h *Host) replayQueues() {
 	defer h.swept.Done()
-	start := time.Now()
-	total := ReplaySummary{Errors: []string{}}
-	objects := 0
-	for p := range uint32(h.db.Partitions()) {
+	total, objects, start := h.replayPartitions(h.partitions())
+	h.log.Info("queue replay", "objects", objects, "recovered", total.Recovered, "delayed", total.Delayed, "errors", len(total.Errors),
+		"took", time.Since(start).Round(time.Millisecond))
+	for _, e := range total.Errors {
+		h.log.Warn("queue replay error", "error", e)
+	}
+	h.replay.mu.Lock()
+	h.replay.sum, h.replay.done = total, true
+	h.replay.mu.Unlock()
+}
+
+// TakeUp starts serving the alarms and queues of partition p, which this node
+// just began to serve: the alarm scheduler reloads its index, and the queues
+// whose deliveries were in flight under the previous owner are replayed.
+func (h *Host) TakeUp(p uint32) {
+	if h.closing.Load() {
+		return
+	}
+	if h.sched != nil {
+		h.sched.Reset()
+	}
+	h.swept.Add(1)
+	go func() {
+		defer h.swept.Done()
+		total, objects, start := h.replayPartitions([]uint32{p})
+		if objects > 0 || len(total.Errors) > 0 {
+			h.log.Info("queue replay of a partition taken up", "partition", p, "objects", objects, "recovered", total.Recovered,
+				"errors", len(total.Errors), "took", time.Since(start).Round(time.Millisecond))
+		}
+	}()
+}
+
+// partitions returns the partitions this node serves.
+func (h *Host) partitions() []uint32 {
+	if h.cfg.Partitions != nil {
+		return h.cfg.Partitions()
+	}
+	ps := make([]uint32, h.db.Partitions())
+	for i := range ps {
+		ps[i] = uint32(i)
+	}
+	return ps
+}
+
+// replayPartitions replays the queues of the objects of parts that had
+// deliveries in flight.
+func (h *Host) replayPartitions(parts []uint32) (total ReplaySummary, objects int, start time.Time) {
+	start = time.Now()
+	total = ReplaySummary{Errors: []string{}}
+	for _, p := range parts {
 		prefix := persistence.PartitionIndexPrefix(p, persistence.IndexQueues)
 		var ids []ObjectID
 		err := h.db.Scan(context.Background(), prefix, nil, nil, func(key, _ []byte) (bool, error) {
@@ -225,7 +271,7 @@ func (h *Host) replayQueues() {
 		for _, id := range ids {
 			select {
 			case <-h.stop:
-				return
+				return total, objects, start
 			default:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -239,12 +285,5 @@ func (h *Host) replayQueues() {
 			total.add(r.(*ReplaySummary))
 		}
 	}
-	h.log.Info("queue replay", "objects", objects, "recovered", total.Recovered, "delayed", total.Delayed, "errors", len(total.Errors),
-		"took", time.Since(start).Round(time.Millisecond))
-	for _, e := range total.Errors {
-		h.log.Warn("queue replay error", "error", e)
-	}
-	h.replay.mu.Lock()
-	h.replay.sum, h.replay.done = total, true
-	h.replay.mu.Unlock()
+	return total, objects, start
 }

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/cold"
@@ -36,6 +38,9 @@ type Config struct {
 	// Alarms tunes the node's alarm scheduler (its window and memory bound); the
 	// zero value is the defaults.
 	Alarms alarms.Config
+	// Cluster makes the node a member of a cluster of several nodes; nil means a
+	// single node, which owns every partition.
+	Cluster *ClusterConfig
 }
 
 // ErrNotOwner is returned by the fence for a write whose partition epoch is no
@@ -51,6 +56,8 @@ type Node struct {
 	host  *actors.Host
 	table *partitionTable
 	ready atomic.Bool
+	// member is the cluster half of a node of several; nil for a single node.
+	member *member
 }
 
 // partitionTable says which partitions this node owns and under which epoch. For a
@@ -68,23 +75,32 @@ func (t *partitionTable) fence(p uint32, epoch uint64) error {
 	return nil
 }
 
-// Start opens the node's database and starts its pipeline and actors.
+// Start opens the node's database and starts its pipeline and actors. A member
+// of a cluster then registers in etcd and takes up the partitions the table
+// gives it; it serves nothing until then.
 func Start(cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger}
+	var cli *clientv3.Client
+	if cfg.Cluster != nil {
+		var err error
+		if cli, cfg.Partitions, err = joinCluster(cfg); err != nil {
+			return nil, err
+		}
+	}
 	db, err := persistence.Open(persistence.Config{Dir: cfg.DataDir, Partitions: cfg.Partitions, Logger: cfg.Logger})
 	if err != nil {
+		if cli != nil {
+			_ = cli.Close()
+		}
 		return nil, err
 	}
 	n.db = db
 	n.table = &partitionTable{epochs: make([]atomic.Uint64, db.Partitions())}
-	for i := range n.table.epochs {
-		n.table.epochs[i].Store(1)
-	}
-	n.pipe = persistence.NewPipeline(db, persistence.PipelineConfig{Fence: n.table.fence, Logger: cfg.Logger})
-	n.host = actors.NewHost(db, n.pipe, actors.Config{
+	pc := persistence.PipelineConfig{Fence: n.table.fence, Logger: cfg.Logger}
+	hc := actors.Config{
 		IdleTimeout: cfg.IdleTimeout,
 		TypeOptions: cfg.TypeOptions,
 		Epoch:       n.table.epoch,
@@ -92,7 +108,21 @@ func Start(cfg Config) (*Node, error) {
 		Cold:        cfg.Cold,
 		ColdTimeout: cfg.ColdTimeout,
 		Alarms:      cfg.Alarms,
-	})
+	}
+	if cli == nil {
+		for i := range n.table.epochs {
+			n.table.epochs[i].Store(1)
+		}
+	} else {
+		// Every check goes through the member, made before anything runs.
+		n.member = newMember(n, cli, db.Partitions())
+		pc.Fence = func(p uint32, e uint64) error { return n.member.fence(p, e) }
+		pc.AckFence = func(p uint32, e uint64) error { return n.member.ackFence(p, e) }
+		hc.Epoch = func(p uint32) uint64 { return n.member.servingEpoch(p) }
+		hc.Partitions = func() []uint32 { return n.member.served() }
+	}
+	n.pipe = persistence.NewPipeline(db, pc)
+	n.host = actors.NewHost(db, n.pipe, hc)
 	for _, t := range cfg.Types {
 		if err := n.host.RegisterType(t); err != nil {
 			_ = db.Close()
@@ -101,19 +131,36 @@ func Start(cfg Config) (*Node, error) {
 	}
 	n.pipe.Start()
 	n.host.Start()
+	if cli != nil {
+		if err := n.member.start(); err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = n.host.Close(ctx)
+			n.pipe.Close()
+			_ = db.Close()
+			_ = cli.Close()
+			return nil, err
+		}
+	}
 	n.ready.Store(true)
 	return n, nil
 }
 
 // Request sends msg to object id on the node that owns it and returns the reply.
 func (n *Node) Request(ctx context.Context, id actors.ObjectID, msg any) (any, error) {
-	p := persistence.Partition(id, len(n.table.epochs)) // names are checked by the host
-	if n.table.epoch(p) == 0 {
-		// Not ours: with several nodes this forwards to the owner. A cluster of one
-		// owns every partition, so this is only reached while partitions move.
-		return nil, &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is not served by this node", p), RetryAfter: time.Second}
+	v, _, err := n.RequestServed(ctx, id, msg)
+	return v, err
+}
+
+// RequestServed is Request that also says which node served the request, for
+// which partition, under which epoch (zero when none did).
+func (n *Node) RequestServed(ctx context.Context, id actors.ObjectID, msg any) (any, Served, error) {
+	if n.member != nil {
+		return n.member.request(ctx, id, msg)
 	}
-	return n.host.Request(ctx, id, msg)
+	p := persistence.Partition(id, len(n.table.epochs)) // names are checked by the host
+	v, err := n.host.Request(ctx, id, msg)
+	return v, Served{Partition: p, Epoch: 1}, err
 }
 
 // Ready reports whether the node serves requests: started, not closing, and its
@@ -146,7 +193,15 @@ func (n *Node) Partitions() int { return n.db.Partitions() }
 // Close stops admitting requests, lets every admitted one finish (their writes
 // become durable), then closes the pipeline and the database. ctx bounds the wait.
 func (n *Node) Close(ctx context.Context) error {
+	if n.member != nil {
+		if err := n.member.leave(ctx); err != nil {
+			n.log.Warn("leaving the cluster: not every partition was handed off", "err", err)
+		}
+	}
 	n.ready.Store(false)
+	if n.member != nil {
+		n.member.stop(true)
+	}
 	err := n.host.Close(ctx)
 	n.pipe.Close()
 	if cerr := n.db.Close(); cerr != nil && err == nil {

@@ -45,6 +45,11 @@ func TestNode_RoutesFencesAndCloses(t *testing.T) {
 	if err := n.table.fence(p, 2); err != nil {
 		t.Fatalf("fence of the current epoch: %v", err)
 	}
+	// The activation made at epoch 1 answers no more: it retires, and the next
+	// request activates the object afresh at epoch 2.
+	if _, err := kv.Get(ctx); !actors.NotServed(err) {
+		t.Fatalf("the stale activation after the epoch moved on: %v", err)
+	}
 	if st, err := kv.Get(ctx); err != nil || st.LogID != 1 {
 		t.Fatalf("after the epoch moved on: %+v %v", st, err)
 	}

@@ -77,6 +77,9 @@ type Cluster struct {
 	Etcd      struct {
 		Endpoints []string // at least one
 	}
+	// LeaseTTL (yaml leaseTtl, optional) is the etcd lease a node serves its
+	// partitions under: whole seconds from 2s to 60s; zero means 5s.
+	LeaseTTL time.Duration
 }
 
 // Environment variables that override the file.

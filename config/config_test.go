@@ -301,6 +301,8 @@ func TestLoad_Refusals(t *testing.T) {
 		{"cold true with store none", "cold: {store: none}\ntypes: {x: {log: {cold: true}}}\n", nil, "types.x.log.cold", "cold.store is none"},
 		{"cluster missing", "cluster: {name: c, nodeId: n1, advertise: 'h:7071'}\n", nil, "cluster.etcd.endpoints", "at least one"},
 		{"cluster advertise", "cluster: {name: c, nodeId: n1, advertise: h, etcd: {endpoints: [e:2379]}}\n", nil, "cluster.advertise", "host:port"},
+		{"cluster lease short", "cluster: {name: c, nodeId: n1, advertise: 'h:1', etcd: {endpoints: [e:2379]}, leaseTtl: 1s}\n", nil, "cluster.leaseTtl", "whole seconds"},
+		{"cluster lease fraction", "cluster: {name: c, nodeId: n1, advertise: 'h:1', etcd: {endpoints: [e:2379]}, leaseTtl: 2500ms}\n", nil, "cluster.leaseTtl", "whole seconds"},
 		// apps
 		{"app id prefix", "apps: [{id: demo, key: pk_a, secret: sk_a}]\n", nil, "apps[0].id", "must be app_"},
 		{"app key prefix", "apps: [{id: app_a, key: demo, secret: sk_a}]\n", nil, "apps[0].key", "must be pk_"},
@@ -467,5 +469,25 @@ func TestLoad_BareZeroIsADuration(t *testing.T) {
 	}
 	if got := c.Type("x").Log.Retention.TrimEvery; got != 0 {
 		t.Fatalf("trimEvery = %v, want 0 (off)", got)
+	}
+}
+
+func TestLoad_Cluster(t *testing.T) {
+	body := "cluster: {name: prod, nodeId: n1, advertise: '10.0.0.1:7071', etcd: {endpoints: ['10.0.0.9:2379', '10.0.0.8:2379']}, leaseTtl: 3s}\n"
+	if _, err := Load(writeConfig(t, body), func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "apps") {
+		t.Fatalf("a cluster without apps: %v", err)
+	}
+	path := writeConfig(t, body+"apps: [{id: app_a, key: pk_a, secret: sk_a}]\n")
+	c, err := Load(path, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := c.Cluster
+	if cl == nil || cl.Name != "prod" || cl.NodeID != "n1" || cl.Advertise != "10.0.0.1:7071" || cl.LeaseTTL != 3*time.Second ||
+		!reflect.DeepEqual(cl.Etcd.Endpoints, []string{"10.0.0.9:2379", "10.0.0.8:2379"}) {
+		t.Fatalf("cluster = %+v", cl)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -52,6 +52,7 @@ var (
 		"cold.s3.secure": {kind: kindBool}, "cold.s3.region": {kind: kindString}, "cold.s3.prefix": {kind: kindString},
 		"cluster": {kind: kindSwitch}, "cluster.name": {kind: kindString}, "cluster.nodeId": {kind: kindString},
 		"cluster.advertise": {kind: kindString}, "cluster.etcd": {kind: kindSection}, "cluster.etcd.endpoints": {kind: kindList},
+		"cluster.leaseTtl": {kind: kindDuration},
 	}
 	appKeys = map[string]leaf{"id": {kind: kindString}, "key": {kind: kindString},
 		"secret": {kind: kindString}, "secretEnv": {kind: kindString}}
@@ -129,6 +130,7 @@ func (c *Config) set(top layer) {
 	}
 	s.Secure, _ = top["cold.s3.secure"].(bool)
 	cl.Etcd.Endpoints, _ = top["cluster.etcd.endpoints"].([]string)
+	cl.LeaseTTL, _ = top["cluster.leaseTtl"].(time.Duration)
 	if on, _ := top["cluster"].(bool); on {
 		c.Cluster = &cl
 	}

@@ -124,10 +124,15 @@ func (c *Config) validateCluster(k checker) error {
 		k.check("cluster.advertise", when(err != nil || host == "" || checkPort(port) != nil || port == "0",
 			fmt.Sprintf("expected host:port, got %q", cl.Advertise))),
 		k.check("cluster.etcd.endpoints", when(len(cl.Etcd.Endpoints) == 0, "at least one endpoint is required")),
+		k.check("cluster.leaseTtl", when(cl.LeaseTTL != 0 && (cl.LeaseTTL < 2*time.Second || cl.LeaseTTL > time.Minute || cl.LeaseTTL%time.Second != 0),
+			fmt.Sprintf("expected whole seconds from 2s to 60s, got %v", cl.LeaseTTL))),
 	}
 	for i, e := range cl.Etcd.Endpoints {
 		errs = append(errs, k.check(fmt.Sprintf("cluster.etcd.endpoints[%d]", i), required(e)))
 	}
+	// A node creates an app on first start only when it runs alone: the nodes of
+	// a cluster must share their apps, so the file lists them.
+	errs = append(errs, k.check("apps", when(len(c.Apps) == 0, "a cluster needs its apps listed in the configuration (the same on every node)")))
 	return first(errs...)
 }
 

@@ -137,6 +137,12 @@ type PipelineConfig struct {
 	// Fence, if set, is asked at commit time whether a write tagged with partition
 	// and epoch may still commit; a non-nil error fails that write alone.
 	Fence func(partition uint32, epoch uint64) error
+	// AckFence, if set, is asked again once a write is durable, just before it is
+	// acknowledged: a non-nil error turns the acknowledgement into that error (the
+	// write is on disk, but its writer is told its outcome is unknown). A cluster
+	// node uses it to stop acknowledging when its ownership lease may have lapsed
+	// during the sync.
+	AckFence func(partition uint32, epoch uint64) error
 	// Logger receives commit failures. Nil means slog.Default().
 	Logger *slog.Logger
 	// BeforeCommit, if set, is called on the committer goroutine just before each
@@ -179,6 +185,12 @@ type Pipeline struct {
 	done               sync.WaitGroup
 
 	commits, writes, failed atomic.Uint64
+
+	// hold is the lowest version a handoff still reads changes above (0: none);
+	// see HoldVersions.
+	hold   atomic.Uint64
+	holdMu sync.Mutex
+	holds  map[*uint64]struct{}
 
 	// Owned by the committer goroutine.
 	seq         uint64 // sequence number (Badger version) of the last commit
@@ -368,6 +380,9 @@ func (p *Pipeline) commitRun(run []*Write) {
 			w.fail(failErr)
 			continue
 		}
+		if w.barrier() {
+			continue // nothing to write; it completes after the writes before it
+		}
 		if p.cfg.Fence != nil {
 			if err := p.cfg.Fence(w.Partition, w.Epoch); err != nil {
 				w.fail(err)
@@ -437,7 +452,7 @@ func (p *Pipeline) applyLoop() {
 			// node restarts and replays it.
 			p.fatal(fmt.Errorf("apply seq %d to badger: %w", job.seq, err))
 		} else {
-			p.db.bdb.SetDiscardTs(job.seq)
+			p.db.bdb.SetDiscardTs(p.discardTs(job.seq))
 		}
 		for _, w := range job.writes {
 			w.ticket.applied.Store(true)
@@ -539,6 +554,11 @@ func (p *Pipeline) completeLoop() {
 
 func (p *Pipeline) complete(batch []*Write) {
 	for _, w := range batch {
+		if w.err == nil && p.cfg.AckFence != nil && !w.barrier() {
+			if err := p.cfg.AckFence(w.Partition, w.Epoch); err != nil {
+				w.err = fmt.Errorf("%w (the write is durable but was not acknowledged)", err)
+			}
+		}
 		if w.err != nil {
 			p.failed.Add(1)
 		} else {
@@ -548,9 +568,72 @@ func (p *Pipeline) complete(batch []*Write) {
 	}
 }
 
+// barrier reports whether w changes nothing: it only marks a point in the
+// pipeline's order (see Barrier).
+func (w *Write) barrier() bool { return len(w.Sets) == 0 && len(w.Deletes) == 0 }
+
+// Barrier waits until every write submitted before the call has its outcome:
+// committed and synced, or failed. Writes a fence refuses from now on cannot
+// commit afterwards, so a caller that changed what the fence accepts and then
+// passes a barrier knows that nothing it no longer accepts will reach disk.
+func (p *Pipeline) Barrier(ctx context.Context) error {
+	err := p.Submit(&Write{}).Wait(ctx)
+	if errors.Is(err, ErrClosed) {
+		return nil // closing commits everything submitted before
+	}
+	return err
+}
+
+// HoldVersions keeps every version above seq, deletions included, from Badger's
+// compaction until release is called: a partition handoff reads the changes made
+// after seq, and needs the deletions among them. Holds nest.
+func (p *Pipeline) HoldVersions(seq uint64) (release func()) {
+	p.holdMu.Lock()
+	defer p.holdMu.Unlock()
+	if p.holds == nil {
+		p.holds = map[*uint64]struct{}{}
+	}
+	h := new(uint64)
+	*h = seq
+	p.holds[h] = struct{}{}
+	p.updateHold()
+	return func() {
+		p.holdMu.Lock()
+		defer p.holdMu.Unlock()
+		delete(p.holds, h)
+		p.updateHold()
+	}
+}
+
+// updateHold recomputes the lowest hold (under holdMu); 0 means none.
+func (p *Pipeline) updateHold() {
+	low := uint64(0)
+	for h := range p.holds {
+		if low == 0 || *h < low {
+			low = *h
+		}
+	}
+	p.hold.Store(low)
+	if low != 0 {
+		p.db.bdb.SetDiscardTs(low)
+	}
+}
+
+// discardTs is the version at or below which Badger may drop old versions.
+func (p *Pipeline) discardTs(applied uint64) uint64 {
+	if h := p.hold.Load(); h != 0 && h < applied {
+		return h
+	}
+	return applied
+}
+
 // Failed returns the storage failure that stopped the pipeline, or nil.
 func (p *Pipeline) Failed() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.failErr
 }
+
+// Committed returns the sequence number (Badger version) of the last durable
+// commit.
+func (p *Pipeline) Committed() uint64 { return p.committed.Load() }

@@ -22,6 +22,7 @@ import (
 	colds3 "github.com/holdfast/holdfast/cold/s3"
 	"github.com/holdfast/holdfast/config"
 	"github.com/holdfast/holdfast/gateway"
+	"github.com/holdfast/holdfast/internal/devetcd"
 )
 
 func serveCommand() *cobra.Command {
@@ -31,13 +32,18 @@ func serveCommand() *cobra.Command {
 		listen      string
 		partitions  int
 		idleTimeout time.Duration
+		devCluster  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a Holdfast node with the REST API",
 		Long: `Run a single Holdfast node. Configuration comes from --config FILE, then HOLDFAST_*
 environment variables, then flags; with none of them it serves ./holdfast-data on
-127.0.0.1:7070 and creates an app on first start.`,
+127.0.0.1:7070 and creates an app on first start.
+
+With a cluster section in the configuration the node joins that cluster through
+etcd. --dev-cluster instead starts an embedded single-member etcd in the data
+directory and runs this node as a cluster of one, for trials and tests.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := config.Load(configFile, os.Getenv)
@@ -60,7 +66,18 @@ environment variables, then flags; with none of them it serves ./holdfast-data o
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			return serve(cmd.Context(), cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			if devCluster {
+				if cfg.Cluster != nil {
+					return errors.New("--dev-cluster runs its own etcd; remove the configuration's cluster section")
+				}
+				stop, err := startDevCluster(cfg, log)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
+			return serve(cmd.Context(), cfg, log)
 		},
 	}
 	f := cmd.Flags()
@@ -69,6 +86,7 @@ environment variables, then flags; with none of them it serves ./holdfast-data o
 	f.StringVar(&listen, "listen", "", "HTTP listen address (default 127.0.0.1:7070)")
 	f.IntVar(&partitions, "partitions", 0, "partition count of a new data directory (default 256)")
 	f.DurationVar(&idleTimeout, "idle-timeout", 0, "passivate objects idle this long (default 60s)")
+	f.BoolVar(&devCluster, "dev-cluster", false, "run as a one-node cluster with an embedded etcd (trials and tests)")
 	return cmd
 }
 
@@ -92,6 +110,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var cc *cluster.ClusterConfig
+	if c := cfg.Cluster; c != nil {
+		cc = &cluster.ClusterConfig{Name: c.Name, NodeID: c.NodeID, Advertise: c.Advertise, Endpoints: c.Etcd.Endpoints,
+			LeaseTTL: c.LeaseTTL, HTTP: cfg.Listen}
+	}
 	node, err := cluster.Start(cluster.Config{
 		DataDir:     filepath.Join(cfg.DataDir, "db"),
 		Partitions:  cfg.Partitions,
@@ -100,6 +123,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Logger:      log,
 		Cold:        store,
 		Types:       goTypes,
+		Cluster:     cc,
 	})
 	if err != nil {
 		return err
@@ -140,6 +164,19 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// startDevCluster starts an embedded etcd under the data directory and points
+// cfg at it as a one-node cluster.
+func startDevCluster(cfg *config.Config, log *slog.Logger) (stop func(), err error) {
+	e, err := devetcd.Start(devetcd.Config{Dir: filepath.Join(cfg.DataDir, "etcd")})
+	if err != nil {
+		return nil, err
+	}
+	cfg.Cluster = &config.Cluster{Name: "dev", NodeID: "dev-1", Advertise: "127.0.0.1:0"}
+	cfg.Cluster.Etcd.Endpoints = []string{e.Endpoint()}
+	log.Info("dev cluster: embedded etcd", "endpoint", e.Endpoint())
+	return e.Close, nil
 }
 
 // goTypes are object types with Go code that the server runs. The holdfast

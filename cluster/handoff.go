@@ -1,0 +1,276 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// A handoff moves partition p from its owner A to a target B:
+//
+//  1. A tells B to expect p; B deletes whatever stale data of p it has.
+//  2. A streams p's keyspace (a prefix scan) to B while still serving p, then
+//     the changes made meanwhile, round after round, while Badger keeps every
+//     version above the first round's start (Pipeline.HoldVersions).
+//  3. A stops serving p: new requests wait, the activations go, and a pipeline
+//     barrier makes sure no write of p is still on its way to disk. It sends the
+//     last changes. Every chunk is durable on B before B answers it.
+//  4. A switches the table by compare-and-swap: owner B, same epoch, no lease. B
+//     takes p up under its own lease at the next epoch. A deletes its copy.
+//
+// If anything fails before the switch, A serves p again and B drops what it got.
+
+// handoffMsg is the body of the handoff requests.
+type handoffMsg struct {
+	Partition uint32
+	MoveID    string
+	Changes   []persistence.Change
+	Commit    bool // opHandoffEnd: the table switched (else: given up)
+}
+
+// feedMsg carries live feed events of a remote subscription (see feed.go).
+type feedMsg struct{}
+
+// importState is B's side of one handoff.
+type importState struct {
+	moveID string
+	from   string
+	last   time.Time
+}
+
+// handoffChunkBytes bounds one chunk of a handoff.
+const handoffChunkBytes = 4 << 20
+
+// handoffRounds is how many catch-up rounds run before the owner stops writes.
+const handoffRounds = 4
+
+// handoff runs on A (this node) for partition p, whose entry e asks for a move.
+func (m *member) handoff(p uint32, e PartEntry) {
+	defer m.wg.Done()
+	start := time.Now()
+	err := m.handOff(p, e)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		m.retryAt[p] = time.Now().Add(time.Second)
+		if m.state[p] == stHandoff {
+			// Serve again if the table still says so; otherwise reconcile decides.
+			if m.n.table.epochs[p].Load() == 0 {
+				cur := m.view.part(p)
+				if s := m.sess.Load(); cur.Owner == m.id && cur.Epoch == e.Epoch && s != nil && cur.Lease == int64(s.lease) {
+					m.n.table.epochs[p].Store(e.Epoch)
+					m.n.host.Scheduler().Reset()
+				}
+			}
+			if m.n.table.epochs[p].Load() != 0 {
+				m.state[p] = stServing
+			} else {
+				m.state[p] = stIdle
+			}
+		}
+		if m.ctx.Err() == nil {
+			m.log.Warn("partition handoff failed; the partition stays here", "partition", p, "to", e.Target, "err", err)
+		}
+		return
+	}
+	m.state[p] = stIdle
+	m.stale[p] = true
+	m.log.Info("handed a partition off", "partition", p, "to", e.Target, "took", time.Since(start).Round(time.Millisecond))
+	m.poke()
+}
+
+func (m *member) handOff(p uint32, e PartEntry) error {
+	target, ok := m.view.node(e.Target)
+	if !ok {
+		return fmt.Errorf("target node %s is not live", e.Target)
+	}
+	ctx := m.ctx
+	moveID := newBoot()
+	send := func(op int, msg *handoffMsg) error {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		reply, err := m.tr.call(cctx, target.Addr, &wireRequest{Op: op, From: m.id, Handoff: msg})
+		if err != nil {
+			return err
+		}
+		return reply.Err.err()
+	}
+	abort := func(err error) error {
+		_ = send(opHandoffEnd, &handoffMsg{Partition: p, MoveID: moveID})
+		return err
+	}
+	if err := send(opHandoffBegin, &handoffMsg{Partition: p, MoveID: moveID}); err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	since := m.n.pipe.Committed()
+	release := m.n.pipe.HoldVersions(since)
+	defer release()
+	m.n.pipe.WaitApplied()
+	prefix := persistence.PartitionPrefix(p)
+	stream := func(since uint64) (int, error) {
+		var chunk []persistence.Change
+		size, total := 0, 0
+		flush := func() error {
+			if len(chunk) == 0 {
+				return nil
+			}
+			err := send(opHandoffChunk, &handoffMsg{Partition: p, MoveID: moveID, Changes: chunk})
+			chunk, size = nil, 0
+			return err
+		}
+		_, err := m.n.db.Export(ctx, prefix, since, func(c persistence.Change) error {
+			chunk = append(chunk, c)
+			size += len(c.Key) + len(c.Value) + 16
+			total++
+			if size >= handoffChunkBytes {
+				return flush()
+			}
+			return nil
+		})
+		if err == nil {
+			err = flush()
+		}
+		return total, err
+	}
+	// Round 0 copies everything (since 0); later rounds the changes after the
+	// previous round's start.
+	prev := uint64(0)
+	next := since
+	for round := 0; round < handoffRounds; round++ {
+		n, err := stream(prev)
+		if err != nil {
+			return abort(fmt.Errorf("stream: %w", err))
+		}
+		prev = next
+		next = m.n.pipe.Committed()
+		m.n.pipe.WaitApplied()
+		if round > 0 && n < 1000 {
+			break
+		}
+	}
+	// Stop writes: from here the fence refuses p's writes at the old epoch.
+	m.mu.Lock()
+	m.n.table.epochs[p].Store(0)
+	m.n.host.DropPartition(p)
+	m.mu.Unlock()
+	frozen := time.Now()
+	bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err := m.n.pipe.Barrier(bctx)
+	cancel()
+	if err != nil {
+		return abort(fmt.Errorf("barrier: %w", err))
+	}
+	m.n.pipe.WaitApplied()
+	if _, err := stream(prev); err != nil {
+		return abort(fmt.Errorf("final stream: %w", err))
+	}
+	// Switch the table.
+	cur, err := readPart(ctx, m.cli, m.k, p)
+	if err != nil {
+		return abort(err)
+	}
+	if cur.Owner != m.id || cur.Epoch != e.Epoch || cur.Target != e.Target {
+		return abort(errors.New("the partition's entry changed during the handoff"))
+	}
+	if err := casPart(ctx, m.cli, m.k, p, cur, PartEntry{Owner: e.Target, Epoch: e.Epoch}); err != nil {
+		// Unknown outcome on a transport error: read back what happened.
+		got, rerr := readPart(ctx, m.cli, m.k, p)
+		if rerr != nil || got.Owner != e.Target {
+			return abort(fmt.Errorf("switch: %w", err))
+		}
+	}
+	if err := send(opHandoffEnd, &handoffMsg{Partition: p, MoveID: moveID, Commit: true}); err != nil {
+		m.log.Debug("the handoff's end did not reach the target; it takes the partition up from the table", "err", err)
+	}
+	m.log.Debug("partition writes paused for the switch", "partition", p, "paused", time.Since(frozen).Round(time.Millisecond))
+	return nil
+}
+
+// serveHandoff is B's side.
+func (m *member) serveHandoff(ctx context.Context, req *wireRequest) *wireReply {
+	h := req.Handoff
+	if h == nil || int(h.Partition) >= len(m.state) {
+		return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindBadRequest, Msg: "malformed handoff"})}
+	}
+	p := h.Partition
+	fail := func(format string, a ...any) *wireReply {
+		return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf(format, a...)})}
+	}
+	switch req.Op {
+	case opHandoffBegin:
+		m.mu.Lock()
+		switch m.state[p] {
+		case stServing, stHandoff:
+			m.mu.Unlock()
+			return fail("node %s serves partition %d", m.id, p)
+		case stImporting:
+			m.endImport(p)
+		}
+		aux := m.nextAux()
+		m.aux[p].Store(aux)
+		m.state[p] = stImporting // a running cleanup sees this and stops
+		m.stale[p] = false       // what is there is deleted right below
+		m.imports[p] = &importState{moveID: h.MoveID, from: req.From, last: time.Now()}
+		m.mu.Unlock()
+		// Stale data of an earlier ownership goes first.
+		if err := m.deletePartition(ctx, p, aux, func() bool { return m.importing(p, h.MoveID) }); err != nil {
+			return fail("cannot clear partition %d for the handoff: %v", p, err)
+		}
+		return &wireReply{}
+	case opHandoffChunk:
+		if !m.importing(p, h.MoveID) {
+			return fail("no handoff %s of partition %d in progress", h.MoveID, p)
+		}
+		w := &persistence.Write{Partition: p, Epoch: m.aux[p].Load()}
+		for _, c := range h.Changes {
+			if c.Deleted {
+				w.Deletes = append(w.Deletes, c.Key)
+			} else {
+				w.Sets = append(w.Sets, persistence.KV{Key: c.Key, Value: c.Value})
+			}
+		}
+		if err := m.n.pipe.Submit(w).Wait(ctx); err != nil {
+			return fail("cannot store a handoff chunk: %v", err)
+		}
+		m.mu.Lock()
+		if st := m.imports[p]; st != nil {
+			st.last = time.Now()
+		}
+		m.mu.Unlock()
+		return &wireReply{}
+	case opHandoffEnd:
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if st := m.imports[p]; st == nil || st.moveID != h.MoveID || m.state[p] != stImporting {
+			return &wireReply{}
+		}
+		m.endImport(p)
+		m.stale[p] = !h.Commit // given up: cleaned by the next reconcile
+		m.poke()
+		return &wireReply{}
+	}
+	return fail("unknown handoff request")
+}
+
+// importing reports whether handoff moveID of p is in progress here.
+func (m *member) importing(p uint32, moveID string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := m.imports[p]
+	return m.state[p] == stImporting && st != nil && st.moveID == moveID
+}
+
+// endImport ends p's import (caller holds m.mu).
+func (m *member) endImport(p uint32) {
+	delete(m.imports, p)
+	m.aux[p].Store(0)
+	m.state[p] = stIdle
+}
+
+func zapNop() *zap.Logger { return zap.NewNop() }

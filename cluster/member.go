@@ -1,0 +1,739 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// ClusterConfig makes a node a member of a cluster of several nodes
+// (spec/cluster.md). Nil in Config means a single node.
+type ClusterConfig struct {
+	// Name names the cluster; every node of one cluster uses the same.
+	Name string
+	// NodeID is unique within the cluster and stable across restarts: a node's
+	// partitions wait for the node of that id to come back with its data.
+	NodeID string
+	// Advertise is the host:port other nodes reach this one at (protoactor
+	// remote, gRPC). Port 0 picks a free port (tests).
+	Advertise string
+	// Endpoints are etcd's client endpoints.
+	Endpoints []string
+	// LeaseTTL is the etcd lease a node serves its partitions under: a node cut
+	// off from etcd stops serving within it, and a crashed node's partitions show
+	// as unavailable after it. Whole seconds, at least 2; zero means 5s.
+	LeaseTTL time.Duration
+	// HTTP is the node's HTTP address, shown by `holdfast cluster status`.
+	HTTP string
+	// MaxMoves bounds the partition handoffs the controller runs at once; zero
+	// means 4.
+	MaxMoves int
+	// RequestWait bounds how long a request waits for a partition that is moving
+	// or being taken up before it gets 503 with retryAfterMs; zero means 5s.
+	RequestWait time.Duration
+}
+
+// Served says who answered a request: the node, the object's partition, and the
+// partition's epoch on that node. Tests check ownership with it.
+type Served struct {
+	Node      string
+	Partition uint32
+	Epoch     uint64
+}
+
+// local states of a partition on this node
+const (
+	stIdle      = iota // not served here; may hold stale data until cleaned
+	stServing          // served at table epoch
+	stHandoff          // being handed off (serving until frozen)
+	stImporting        // receiving a handoff
+	stCleaning         // deleting data this node no longer owns
+)
+
+// member is the cluster half of a Node.
+type member struct {
+	n    *Node
+	cfg  ClusterConfig
+	id   string
+	log  *slog.Logger
+	cli  *clientv3.Client
+	k    keys
+	view *view
+	tr   *transport
+
+	sess atomic.Pointer[session]
+	boot string
+
+	mu    sync.Mutex
+	state []uint8
+	// aux is the epoch the writes of an import or a cleanup carry (high bit set,
+	// never a table epoch), per partition; 0 when none runs.
+	aux     []atomic.Uint64
+	auxSeq  atomic.Uint64
+	imports map[uint32]*importState
+	retryAt map[uint32]time.Time // no handoff of p before then (after a failure)
+	stale   map[uint32]bool      // partitions with data this node does not own
+
+	kick    chan struct{}
+	leaving atomic.Bool
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+func newBoot() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// joinCluster connects to etcd and settles the partition count: the cluster's
+// if it exists, else this data directory's (or cfg.Partitions), recorded in etcd.
+func joinCluster(cfg Config) (*clientv3.Client, int, error) {
+	cc := cfg.Cluster
+	if cc.Name == "" || cc.NodeID == "" || cc.Advertise == "" || len(cc.Endpoints) == 0 {
+		return nil, 0, errors.New("cluster: name, nodeId, advertise and etcd endpoints are all required")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cc.Endpoints, DialTimeout: 5 * time.Second, Logger: zapNop()})
+	if err != nil {
+		return nil, 0, fmt.Errorf("cluster: connect to etcd: %w", err)
+	}
+	k := newKeys(cc.Name)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, k.meta())
+	if err != nil {
+		_ = cli.Close()
+		return nil, 0, fmt.Errorf("cluster: read the cluster from etcd %v: %w", cc.Endpoints, err)
+	}
+	if len(resp.Kvs) == 1 {
+		var m clusterMeta
+		if err := json.Unmarshal(resp.Kvs[0].Value, &m); err != nil {
+			_ = cli.Close()
+			return nil, 0, fmt.Errorf("cluster meta: %w", err)
+		}
+		if cfg.Partitions != 0 && cfg.Partitions != m.Partitions {
+			_ = cli.Close()
+			return nil, 0, fmt.Errorf("cluster %q has %d partitions, this node is configured with %d", cc.Name, m.Partitions, cfg.Partitions)
+		}
+		return cli, m.Partitions, nil
+	}
+	return cli, cfg.Partitions, nil
+}
+
+// newMember returns the cluster half of n, serving nothing, before the node's
+// pipeline and actors start (they ask it about every write and request).
+func newMember(n *Node, cli *clientv3.Client, parts int) *member {
+	cc := *n.cfg.Cluster
+	if cc.LeaseTTL == 0 {
+		cc.LeaseTTL = 5 * time.Second
+	}
+	if cc.MaxMoves <= 0 {
+		cc.MaxMoves = 4
+	}
+	if cc.RequestWait <= 0 {
+		cc.RequestWait = 5 * time.Second
+	}
+	m := &member{
+		n: n, cfg: cc, id: cc.NodeID, log: n.log.With("node", cc.NodeID), cli: cli, k: newKeys(cc.Name),
+		view: newView(parts), boot: newBoot(),
+		state: make([]uint8, parts), aux: make([]atomic.Uint64, parts),
+		imports: map[uint32]*importState{}, retryAt: map[uint32]time.Time{}, stale: map[uint32]bool{},
+		kick: make(chan struct{}, 1),
+	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	return m
+}
+
+// start registers the node, starts the transport, follows the cluster's state
+// and takes up the partitions the table gives this node.
+func (m *member) start() error {
+	n, cli := m.n, m.cli
+	parts := len(m.state)
+	if err := ensureMeta(m.ctx, cli, m.k, parts); err != nil {
+		return err
+	}
+	// Data this node holds for partitions it may not own: checked against the
+	// table once it is read, cleaned if someone else owns them.
+	for p := range uint32(parts) {
+		if ok, err := n.db.HasPrefix(m.ctx, persistence.PartitionPrefix(p)); err != nil {
+			return err
+		} else if ok {
+			m.stale[p] = true
+		}
+	}
+	tr, err := startTransport(m.cfg.Name, m.cfg.Advertise, m.cfg.Endpoints, newOwnerLookup(m.resolve), m.serveRemote, false, m.log)
+	if err != nil {
+		return err
+	}
+	m.tr = tr
+	go m.view.follow(m.ctx, cli, m.k, m.log)
+	if err := m.newSession(); err != nil {
+		m.cancel()
+		tr.stop(false)
+		return err
+	}
+	m.wg.Add(3)
+	go m.sessionLoop()
+	go m.reconcileLoop()
+	go m.controllerLoop()
+	return nil
+}
+
+// newSession grants a lease and registers the node under it. A previous run's
+// registration (a crash) is waited out: its lease expires within its TTL.
+func (m *member) newSession() error {
+	deadline := time.Now().Add(3*m.cfg.LeaseTTL + 10*time.Second)
+	for {
+		s, err := newSession(m.ctx, m.cli, m.cfg.LeaseTTL, m.log)
+		if err == nil {
+			info := NodeInfo{ID: m.id, Addr: m.tr.addr, HTTP: m.cfg.HTTP, Boot: m.boot, Lease: int64(s.lease), Leaving: m.leaving.Load()}
+			b, _ := json.Marshal(info)
+			key := m.k.node(m.id)
+			ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
+			var resp *clientv3.TxnResponse
+			resp, err = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+				Then(clientv3.OpPut(key, string(b), clientv3.WithLease(s.lease))).Else(clientv3.OpGet(key)).Commit()
+			cancel()
+			if err == nil && resp.Succeeded {
+				m.sess.Store(s)
+				m.wg.Add(1)
+				go func() { defer m.wg.Done(); s.keepAlive(m.ctx) }()
+				m.log.Info("registered in the cluster", "lease", int64(s.lease), "addr", m.tr.addr)
+				m.poke()
+				return nil
+			}
+			if err == nil {
+				var old NodeInfo
+				if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+					_ = json.Unmarshal(kvs[0].Value, &old)
+				}
+				if old.Boot == m.boot { // our own earlier session: take it over
+					ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
+					_, err = m.cli.Put(ctx, key, string(b), clientv3.WithLease(s.lease))
+					cancel()
+					if err == nil {
+						m.sess.Store(s)
+						m.wg.Add(1)
+						go func() { defer m.wg.Done(); s.keepAlive(m.ctx) }()
+						m.poke()
+						return nil
+					}
+				} else {
+					err = fmt.Errorf("node id %q is registered by another live process (boot %s) or by this node's previous run, whose lease has not expired yet", m.id, old.Boot)
+				}
+			}
+			s.revoke()
+		}
+		if m.ctx.Err() != nil {
+			return m.ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cluster: register node %q: %w", m.id, err)
+		}
+		m.log.Info("waiting to register in the cluster", "err", err)
+		sleep(m.ctx, 500*time.Millisecond)
+	}
+}
+
+// sessionLoop replaces a lost lease: the node stops serving everything (it may
+// have been cut off long enough for etcd to expire it), then registers again and
+// takes its partitions up under new epochs.
+func (m *member) sessionLoop() {
+	defer m.wg.Done()
+	for {
+		s := m.sess.Load()
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-s.Lost():
+		}
+		m.stopServingAll()
+		if m.ctx.Err() != nil {
+			return
+		}
+		if err := m.newSession(); err != nil && m.ctx.Err() == nil {
+			m.log.Error("cannot register in the cluster again", "err", err)
+			sleep(m.ctx, time.Second)
+		}
+	}
+}
+
+func (m *member) poke() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// leaseValid reports whether this node's lease certainly holds now.
+func (m *member) leaseValid() bool {
+	s := m.sess.Load()
+	return s != nil && s.valid()
+}
+
+// servingEpoch is partition p's epoch if this node serves it now, else 0.
+func (m *member) servingEpoch(p uint32) uint64 {
+	e := m.n.table.epochs[p].Load()
+	if e == 0 || !m.leaseValid() {
+		return 0
+	}
+	return e
+}
+
+// fence is the commit pipeline's check: a write commits only under the epoch
+// the partition is served at, while the lease holds, or as part of this node's
+// own import or cleanup of the partition.
+func (m *member) fence(p uint32, epoch uint64) error {
+	if int(p) >= len(m.aux) || epoch == 0 {
+		return notServedErr(p)
+	}
+	if epoch == m.aux[p].Load() {
+		return nil
+	}
+	if m.n.table.epochs[p].Load() != epoch {
+		return notServedErr(p)
+	}
+	if !m.leaseValid() {
+		return &actors.Error{Kind: actors.KindUnavailable, Code: actors.CodeNotServed, Msg: "this node lost its cluster lease; the write was not made", RetryAfter: time.Second}
+	}
+	return nil
+}
+
+// ackFence is asked once a write is durable: it is acknowledged only while the
+// lease still holds.
+func (m *member) ackFence(p uint32, epoch uint64) error {
+	if int(p) < len(m.aux) && epoch == m.aux[p].Load() {
+		return nil
+	}
+	if !m.leaseValid() {
+		return &actors.Error{Kind: actors.KindUnavailable, Msg: "this node lost its cluster lease during the write; its outcome is unknown", RetryAfter: time.Second}
+	}
+	return nil
+}
+
+func notServedErr(p uint32) error {
+	return &actors.Error{Kind: actors.KindUnavailable, Code: actors.CodeNotServed, Msg: fmt.Sprintf("partition %d is not served by this node now", p), RetryAfter: 100 * time.Millisecond}
+}
+
+// served lists the partitions this node serves (alarms and queue replay).
+func (m *member) served() []uint32 {
+	var out []uint32
+	for p := range m.n.table.epochs {
+		if m.n.table.epochs[p].Load() != 0 {
+			out = append(out, uint32(p))
+		}
+	}
+	return out
+}
+
+// stopServing stops serving p: requests get "not served" (and are routed
+// again), activations are dropped. The caller holds m.mu.
+func (m *member) stopServing(p uint32) {
+	if m.n.table.epochs[p].Swap(0) != 0 {
+		m.n.host.DropPartition(p)
+		m.n.host.Scheduler().Reset()
+	}
+}
+
+// stopServingAll stops serving every partition (the lease is lost).
+func (m *member) stopServingAll() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for p := range m.state {
+		if m.state[p] == stServing || m.state[p] == stHandoff {
+			m.stopServing(uint32(p))
+			m.state[p] = stIdle
+		}
+	}
+}
+
+// resolve is the identity lookup's resolver: an object identity to the router
+// address of its partition's live owner.
+func (m *member) resolve(identity string) (string, bool) {
+	id, ok := parseIdentity(identity)
+	if !ok {
+		return "", false
+	}
+	e := m.view.part(persistence.Partition(id, len(m.state)))
+	if e.Owner == "" {
+		return "", false
+	}
+	info, ok := m.view.node(e.Owner)
+	if !ok {
+		return "", false
+	}
+	return info.Addr, true
+}
+
+// identity names an object in protoactor-go's cluster identity.
+func identity(id actors.ObjectID) string { return id.App + "\x00" + id.Type + "\x00" + id.Key }
+
+func parseIdentity(s string) (actors.ObjectID, bool) {
+	var parts [3]string
+	i := 0
+	start := 0
+	for j := 0; j < len(s); j++ {
+		if s[j] == 0 {
+			if i == 2 {
+				return actors.ObjectID{}, false
+			}
+			parts[i] = s[start:j]
+			i++
+			start = j + 1
+		}
+	}
+	if i != 2 {
+		return actors.ObjectID{}, false
+	}
+	parts[2] = s[start:]
+	return actors.ObjectID{App: parts[0], Type: parts[1], Key: parts[2]}, true
+}
+
+// request runs msg on object id wherever its partition is served: here, or on
+// the owner through the transport. A request for a partition that is moving or
+// being taken up waits for it (at most RequestWait); one for a partition whose
+// owner is down gets 503 at once.
+func (m *member) request(ctx context.Context, id actors.ObjectID, msg any) (any, Served, error) {
+	if err := actors.ValidateID(id); err != nil {
+		return nil, Served{}, err
+	}
+	p := persistence.Partition(id, len(m.state))
+	waitUntil := time.Now().Add(m.cfg.RequestWait)
+	for {
+		changed := m.view.wait()
+		var why error
+		if e := m.servingEpoch(p); e != 0 {
+			v, err := m.n.host.Request(ctx, id, msg)
+			if !actors.NotServed(err) {
+				return v, Served{Node: m.id, Partition: p, Epoch: e}, err
+			}
+			why = err
+		} else {
+			entry := m.view.part(p)
+			info, live := m.view.node(entry.Owner)
+			switch {
+			case entry.Owner == "":
+				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d has no owner yet", p), RetryAfter: time.Second}
+			case entry.Owner == m.id:
+				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is being taken up or handed off by this node", p), RetryAfter: 200 * time.Millisecond}
+			case !live:
+				return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is unavailable: its node %s is down", p, entry.Owner), RetryAfter: 2 * time.Second}
+			default:
+				v, served, err, retry := m.forward(ctx, info.Addr, id, msg)
+				if !retry {
+					return v, served, err
+				}
+				why = err
+			}
+		}
+		if ctx.Err() != nil || time.Now().After(waitUntil) {
+			return nil, Served{}, retryLater(why)
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+}
+
+// retryLater turns the last reason a request could not be served into its 503.
+func retryLater(why error) error {
+	var e *actors.Error
+	if errors.As(why, &e) && e.Kind == actors.KindUnavailable {
+		out := *e
+		out.Code = ""
+		if out.RetryAfter == 0 {
+			out.RetryAfter = 500 * time.Millisecond
+		}
+		return &out
+	}
+	return &actors.Error{Kind: actors.KindUnavailable, Msg: "the object's partition is not available now", RetryAfter: 500 * time.Millisecond}
+}
+
+// forward sends a request to the node at addr. retry says the request certainly
+// did not run (the node does not serve the partition, or the message never left)
+// and may be sent again.
+func (m *member) forward(ctx context.Context, addr string, id actors.ObjectID, msg any) (v any, served Served, err error, retry bool) {
+	wm, ptr := wrap(msg)
+	reply, err := m.tr.call(ctx, addr, &wireRequest{Op: opObject, ID: id, Msg: wm, Ptr: ptr, From: m.id})
+	if err != nil {
+		if errors.Is(err, actor.ErrDeadLetter) {
+			return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: "the owner node did not take the request", RetryAfter: 200 * time.Millisecond}, true
+		}
+		m.log.Debug("forwarded request got no reply", "to", addr, "err", err)
+		return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: "no reply from the object's node in time; a write's outcome is unknown", RetryAfter: time.Second}, false
+	}
+	if reply.Err != nil && reply.Err.NotOwner {
+		return nil, Served{}, reply.Err.err(), true
+	}
+	return reply.Val, reply.Served, reply.Err.err(), false
+}
+
+// serveRemote answers a request from another node.
+func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
+	switch req.Op {
+	case opObject:
+		if err := actors.ValidateID(req.ID); err != nil {
+			return &wireReply{Err: toWireError(err)}
+		}
+		p := persistence.Partition(req.ID, len(m.state))
+		e := m.servingEpoch(p)
+		if e == 0 {
+			return &wireReply{Err: toWireError(&notOwnerError{msg: fmt.Sprintf("node %s does not serve partition %d now", m.id, p)})}
+		}
+		v, err := m.n.host.Request(ctx, req.ID, req.Msg)
+		if actors.NotServed(err) {
+			return &wireReply{Err: toWireError(&notOwnerError{msg: fmt.Sprintf("node %s does not serve partition %d now", m.id, p)})}
+		}
+		wv, ptr := wrap(v)
+		return &wireReply{Val: wv, Ptr: ptr, Err: toWireError(err), Served: Served{Node: m.id, Partition: p, Epoch: e}}
+	case opHandoffBegin, opHandoffChunk, opHandoffEnd:
+		return m.serveHandoff(ctx, req)
+	}
+	return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindInternal, Msg: fmt.Sprintf("unknown request %d from node %s", req.Op, req.From)})}
+}
+
+// reconcileLoop brings this node's local partition states in line with the
+// table whenever either changes.
+func (m *member) reconcileLoop() {
+	defer m.wg.Done()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		changed := m.view.wait()
+		m.reconcile()
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-changed:
+		case <-m.kick:
+		case <-tick.C:
+		}
+	}
+}
+
+// reconcile takes up the partitions the table gives this node, stops serving
+// the ones it lost, starts the handoffs the controller asked for, and cleans
+// data of partitions others own.
+func (m *member) reconcile() {
+	s := m.sess.Load()
+	m.view.mu.RLock()
+	synced := m.view.synced
+	m.view.mu.RUnlock()
+	if s == nil || !s.valid() || !synced {
+		return
+	}
+	_, parts, _, _ := m.view.snapshot()
+	var takeUp []uint32
+	m.mu.Lock()
+	for i, e := range parts {
+		p := uint32(i)
+		st := m.state[p]
+		mine := e.Owner == m.id
+		switch st {
+		case stServing:
+			local := m.n.table.epochs[p].Load()
+			if !mine || e.Epoch != local || e.Lease != int64(s.lease) {
+				if mine && e.Epoch == local-1 {
+					continue // our own take-up's write is not in the view yet
+				}
+				m.log.Info("stopped serving a partition", "partition", p, "owner", e.Owner, "epoch", e.Epoch)
+				m.stopServing(p)
+				m.state[p] = stIdle
+				if !mine {
+					m.stale[p] = true
+				}
+				continue
+			}
+			if e.Target != "" && e.Target != m.id && time.Now().After(m.retryAt[p]) {
+				m.state[p] = stHandoff
+				m.wg.Add(1)
+				go m.handoff(p, e)
+			}
+		case stIdle:
+			if mine {
+				takeUp = append(takeUp, p)
+			} else if m.stale[p] {
+				m.state[p] = stCleaning
+				m.wg.Add(1)
+				go m.clean(p)
+			}
+		case stImporting:
+			if mine { // the handoff's end was lost, but the table says it is ours
+				m.endImport(p)
+				takeUp = append(takeUp, p)
+			} else if st := m.imports[p]; st == nil || time.Since(st.last) > importTimeout {
+				m.log.Warn("gave up a partition handoff that stopped arriving", "partition", p)
+				m.endImport(p)
+				m.stale[p] = true
+			}
+		}
+	}
+	m.mu.Unlock()
+	for _, p := range takeUp {
+		m.takeUp(p, s)
+	}
+}
+
+// importTimeout is how long an import waits for its next chunk.
+const importTimeout = time.Minute
+
+// takeUp starts serving partition p under this node's lease: the table's epoch
+// goes up by one, by compare-and-swap, and the node serves at the new epoch.
+func (m *member) takeUp(p uint32, s *session) {
+	e, err := readPart(m.ctx, m.cli, m.k, p)
+	if err != nil || e.Owner != m.id {
+		return
+	}
+	next := e
+	next.Epoch = e.Epoch + 1
+	next.Lease = int64(s.lease)
+	if err := casPart(m.ctx, m.cli, m.k, p, e, next); err != nil {
+		return // the next reconcile looks again
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sess.Load() != s || m.state[p] != stIdle && m.state[p] != stImporting {
+		return
+	}
+	m.aux[p].Store(0)
+	m.stale[p] = false
+	m.n.table.epochs[p].Store(next.Epoch)
+	m.state[p] = stServing
+	m.n.host.TakeUp(p)
+	m.log.Debug("serving a partition", "partition", p, "epoch", next.Epoch)
+}
+
+// nextAux returns a fresh epoch for this node's own import or cleanup writes.
+func (m *member) nextAux() uint64 { return 1<<63 | m.auxSeq.Add(1) }
+
+// clean deletes this node's data of partition p, which another node owns.
+func (m *member) clean(p uint32) {
+	defer m.wg.Done()
+	aux := m.nextAux()
+	m.aux[p].Store(aux)
+	err := m.deletePartition(m.ctx, p, aux, func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.state[p] == stCleaning
+	})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.aux[p].Load() == aux {
+		m.aux[p].Store(0)
+	}
+	if m.state[p] != stCleaning {
+		return
+	}
+	m.state[p] = stIdle
+	if err == nil {
+		m.stale[p] = false
+		m.log.Debug("deleted the data of a partition owned elsewhere", "partition", p)
+	} else if m.ctx.Err() == nil {
+		m.log.Warn("cannot delete the data of a partition owned elsewhere; retrying later", "partition", p, "err", err)
+	}
+}
+
+// deletePartition deletes every key of partition p through the pipeline, in
+// chunks, with writes tagged aux; it stops early when keepOn says so.
+func (m *member) deletePartition(ctx context.Context, p uint32, aux uint64, keepOn func() bool) error {
+	prefix := persistence.PartitionPrefix(p)
+	for keepOn() {
+		var dels [][]byte
+		size := 0
+		err := m.n.db.Scan(ctx, prefix, nil, nil, func(k, _ []byte) (bool, error) {
+			dels = append(dels, append([]byte(nil), k...))
+			size += len(k)
+			return len(dels) < 4096 && size < 1<<20, nil
+		})
+		if err != nil {
+			return err
+		}
+		if len(dels) == 0 {
+			return nil
+		}
+		t := m.n.pipe.Submit(&persistence.Write{Partition: p, Epoch: aux, Deletes: dels})
+		if err := t.Wait(ctx); err != nil {
+			return err
+		}
+		m.n.pipe.WaitApplied()
+	}
+	return errors.New("stopped")
+}
+
+// stop ends the member: background work stops, the lease is revoked (a
+// graceful stop) or left to expire (revoke false), and the transport closes.
+func (m *member) stop(revoke bool) {
+	m.cancel()
+	if s := m.sess.Load(); s != nil && revoke {
+		s.revoke()
+	}
+	m.wg.Wait()
+	m.tr.stop(revoke)
+	_ = m.cli.Close()
+}
+
+// leave hands every partition of this node to the others (graceful leave):
+// the node marks itself leaving, the controller gives each of its partitions a
+// target, and the node hands them off. It returns once the node owns none, or
+// when no other node can take them, or when ctx ends.
+func (m *member) leave(ctx context.Context) error {
+	if !m.leaving.CompareAndSwap(false, true) {
+		return nil
+	}
+	s := m.sess.Load()
+	if s == nil {
+		return errors.New("not registered")
+	}
+	info := NodeInfo{ID: m.id, Addr: m.tr.addr, HTTP: m.cfg.HTTP, Boot: m.boot, Lease: int64(s.lease), Leaving: true}
+	b, _ := json.Marshal(info)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err := m.cli.Put(pctx, m.k.node(m.id), string(b), clientv3.WithLease(s.lease))
+	cancel()
+	if err != nil {
+		return fmt.Errorf("mark the node leaving: %w", err)
+	}
+	m.log.Info("leaving the cluster: handing partitions off")
+	start := time.Now()
+	for {
+		changed := m.view.wait()
+		nodes, parts, _, _ := m.view.snapshot()
+		owned := ownedBy(parts, m.id)
+		others := 0
+		for _, n := range nodes {
+			if n.ID != m.id && !n.Client && !n.Leaving {
+				others++
+			}
+		}
+		if len(owned) == 0 {
+			m.log.Info("left the cluster: every partition handed off", "took", time.Since(start).Round(time.Millisecond))
+			return nil
+		}
+		if others == 0 {
+			return fmt.Errorf("no other node can take this node's %d partitions; they stay unavailable until it returns", len(owned))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d partitions not handed off: %w", len(owned), ctx.Err())
+		case <-changed:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,231 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	protocluster "github.com/asynkron/protoactor-go/cluster"
+	etcdprovider "github.com/asynkron/protoactor-go/cluster/clusterproviders/etcd"
+	"github.com/asynkron/protoactor-go/remote"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/internal/slogx"
+)
+
+// routerName is the name of every node's router actor: the one process a remote
+// node sends requests for this node's objects to.
+const routerName = "holdfast-router"
+
+// maxWireMessage bounds one message between nodes (a handoff chunk, the largest
+// write the API accepts and its reply).
+const maxWireMessage = 80 << 20
+
+// transport is a node's protoactor-go cluster member: remote messaging over gRPC,
+// membership through protoactor-go's etcd provider, and our own identity lookup.
+type transport struct {
+	system  *actor.ActorSystem
+	cluster *protocluster.Cluster
+	lookup  *ownerLookup
+	log     *slog.Logger
+	addr    string
+}
+
+// handler serves one request that arrived from another node.
+type handler func(ctx context.Context, req *wireRequest) *wireReply
+
+// startTransport starts the member on advertise (host:port; port 0 picks one).
+// client members own nothing and activate nothing.
+func startTransport(name, advertise string, endpoints []string, lookup *ownerLookup, serve handler, client bool, log *slog.Logger) (*transport, error) {
+	host, portStr, err := net.SplitHostPort(advertise)
+	if err != nil {
+		return nil, fmt.Errorf("cluster advertise %q: %w", advertise, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("cluster advertise %q: bad port", advertise)
+	}
+	// protoactor logs routine events (and normal retries) at info and error: keep
+	// its warnings and above, at debug level in our log, tagged.
+	plog := slog.New(slogx.MinLevel(log.Handler(), slog.LevelWarn)).With("component", "protoactor")
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return plog }))
+	provider, err := etcdprovider.NewWithConfig(newKeys(name).members(), clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: etcd provider: %w", err)
+	}
+	rc := remote.Configure(host, port,
+		remote.WithServerOptions(grpc.MaxRecvMsgSize(maxWireMessage), grpc.MaxSendMsgSize(maxWireMessage)),
+		remote.WithDialOptions(grpc.WithInsecure(), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage))),
+		remote.WithCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage)))
+	cc := protocluster.Configure(name, provider, lookup, rc)
+	c := protocluster.New(system, cc)
+	t := &transport{system: system, cluster: c, lookup: lookup, log: log}
+	// StartMember panics on errors (a port in use, etcd unreachable).
+	if err := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("cluster: start member: %v", r)
+			}
+		}()
+		if client {
+			c.StartClient()
+		} else {
+			c.StartMember()
+		}
+		return nil
+	}(); err != nil {
+		return nil, err
+	}
+	t.addr = system.Address()
+	props := actor.PropsFromFunc(func(ctx actor.Context) {
+		req, ok := ctx.Message().(*protocluster.GrainRequest)
+		if !ok {
+			return
+		}
+		sender := ctx.Sender()
+		go func() {
+			reply := t.serve(req, serve)
+			if sender != nil {
+				system.Root.Send(sender, reply)
+			}
+		}()
+	})
+	if _, err := system.Root.SpawnNamed(props, routerName); err != nil {
+		c.Shutdown(false)
+		return nil, fmt.Errorf("cluster: spawn the router: %w", err)
+	}
+	// Forget cached addresses on every membership change.
+	system.EventStream.Subscribe(func(evt any) {
+		if _, ok := evt.(*protocluster.ClusterTopology); ok {
+			lookup.forget()
+		}
+	})
+	return t, nil
+}
+
+// serve decodes one request, runs it, and encodes the reply.
+func (t *transport) serve(req *protocluster.GrainRequest, serve handler) *protocluster.GrainResponse {
+	var w wireRequest
+	var reply *wireReply
+	if err := decodeGob(req.MessageData, &w); err != nil {
+		reply = &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindInternal, Msg: "cannot decode a request from another node"})}
+		t.log.Error("cannot decode a request from another node", "err", err)
+	} else {
+		w.Msg = unwrap(w.Msg, w.Ptr)
+		wait := w.Wait
+		if wait <= 0 || wait > time.Minute {
+			wait = time.Minute
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		reply = serve(ctx, &w)
+		cancel()
+	}
+	data, err := encodeGob(reply)
+	if err != nil {
+		t.log.Error("cannot encode a reply for another node", "err", err)
+		data, _ = encodeGob(&wireReply{Err: &wireError{Kind: actors.KindInternal, Msg: "internal error: the reply cannot cross between nodes"}})
+	}
+	return &protocluster.GrainResponse{MessageData: data}
+}
+
+// errUnreachable is a request that got no reply from the other node.
+var errUnreachable = errors.New("cluster: no reply from the node")
+
+// call sends req to the router at addr and waits for its reply until ctx ends.
+func (t *transport) call(ctx context.Context, addr string, req *wireRequest) (*wireReply, error) {
+	wait := time.Minute
+	if dl, ok := ctx.Deadline(); ok {
+		wait = time.Until(dl)
+	}
+	if wait <= 0 {
+		return nil, ctx.Err()
+	}
+	req.Wait = wait
+	data, err := encodeGob(req)
+	if err != nil {
+		return nil, err
+	}
+	f := t.system.Root.RequestFuture(actor.NewPID(addr, routerName), &protocluster.GrainRequest{MessageData: data}, wait)
+	res, err := f.Result()
+	if err != nil {
+		return nil, fmt.Errorf("%w %s: %v", errUnreachable, addr, err)
+	}
+	resp, ok := res.(*protocluster.GrainResponse)
+	if !ok {
+		return nil, fmt.Errorf("%w %s: unexpected %T", errUnreachable, addr, res)
+	}
+	var reply wireReply
+	if err := decodeGob(resp.MessageData, &reply); err != nil {
+		return nil, err
+	}
+	reply.Val = unwrap(reply.Val, reply.Ptr)
+	return &reply, nil
+}
+
+// stop leaves the protoactor cluster.
+func (t *transport) stop(graceful bool) {
+	t.cluster.Shutdown(graceful)
+}
+
+// ownerLookup is the identity lookup: an object identity resolves to the router
+// of the node that owns the object's partition under the current table, never to
+// a node that merely had it activated once (protoactor-go's disthash lookup
+// routes by each member's own hash ring and can leave one identity active on two
+// members). The owner itself refuses requests for partitions it does not serve,
+// so a stale answer costs a retry, never a second activation. Cached router
+// addresses are dropped on every membership or partition table change.
+type ownerLookup struct {
+	resolve func(identity string) (addr string, ok bool)
+	mu      sync.Mutex
+	cache   map[string]*actor.PID
+}
+
+func newOwnerLookup(resolve func(identity string) (string, bool)) *ownerLookup {
+	return &ownerLookup{resolve: resolve, cache: map[string]*actor.PID{}}
+}
+
+// Get returns the PID of the router of the identity's owner, or nil when the
+// partition has no live owner.
+func (l *ownerLookup) Get(ci *protocluster.ClusterIdentity) *actor.PID {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if pid, ok := l.cache[ci.Identity]; ok {
+		return pid
+	}
+	addr, ok := l.resolve(ci.Identity)
+	if !ok {
+		return nil
+	}
+	pid := actor.NewPID(addr, routerName)
+	if len(l.cache) > 100_000 {
+		clear(l.cache)
+	}
+	l.cache[ci.Identity] = pid
+	return pid
+}
+
+// RemovePid forgets a cached PID that turned out dead.
+func (l *ownerLookup) RemovePid(ci *protocluster.ClusterIdentity, _ *actor.PID) {
+	l.mu.Lock()
+	delete(l.cache, ci.Identity)
+	l.mu.Unlock()
+}
+
+func (l *ownerLookup) Setup(*protocluster.Cluster, []string, bool) {}
+
+func (l *ownerLookup) Shutdown() {}
+
+// forget drops every cached PID.
+func (l *ownerLookup) forget() {
+	l.mu.Lock()
+	clear(l.cache)
+	l.mu.Unlock()
+}

@@ -1,0 +1,315 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The cluster's state in etcd, under /holdfast/<cluster name>/:
+//
+//	meta            {"partitions": P}: fixed when the first node creates the cluster
+//	nodes/<id>      NodeInfo of a live node, attached to the node's lease
+//	parts/<p>       PartEntry: owner and epoch of partition p; absent = no owner yet
+//	controller      the node id of the placement controller, attached to its lease
+//	members/...     protoactor-go's own member list (its etcd provider)
+//
+// Every change of a parts/ entry is a compare-and-swap on its mod revision.
+
+// keys builds the etcd keys of one cluster.
+type keys struct{ root string }
+
+func newKeys(cluster string) keys { return keys{root: "/holdfast/" + cluster + "/"} }
+
+func (k keys) meta() string               { return k.root + "meta" }
+func (k keys) nodes() string              { return k.root + "nodes/" }
+func (k keys) node(id string) string      { return k.root + "nodes/" + id }
+func (k keys) parts() string              { return k.root + "parts/" }
+func (k keys) part(p uint32) string       { return fmt.Sprintf("%sparts/%05d", k.root, p) }
+func (k keys) controller() string         { return k.root + "controller" }
+func (k keys) members() string            { return k.root + "members" }
+func (k keys) forgotten(id string) string { return k.root + "forgotten/" + id }
+
+// clusterMeta is what is fixed when the cluster is created.
+type clusterMeta struct {
+	Partitions int `json:"partitions"`
+}
+
+// NodeInfo is a live node's entry.
+type NodeInfo struct {
+	ID      string `json:"id"`
+	Addr    string `json:"addr"`           // protoactor remote address (host:port)
+	HTTP    string `json:"http,omitempty"` // its HTTP listener, for operators
+	Boot    string `json:"boot"`           // names this run of the node
+	Lease   int64  `json:"lease"`          // the etcd lease the node serves under
+	Leaving bool   `json:"leaving,omitempty"`
+	Client  bool   `json:"client,omitempty"` // a client member: owns no partitions
+}
+
+// PartEntry is one partition's row of the partition table.
+type PartEntry struct {
+	Owner string `json:"owner,omitempty"`
+	// Epoch grows by one every time a node takes the partition up: each serving
+	// period of each node has its own epoch.
+	Epoch uint64 `json:"epoch"`
+	// Lease is the owner's lease while it serves the partition; 0 until the
+	// owner takes it up under its current lease.
+	Lease int64 `json:"lease,omitempty"`
+	// Target is where the controller asked the owner to hand the partition off.
+	Target string `json:"target,omitempty"`
+
+	rev int64 // etcd mod revision; 0 when the key does not exist
+}
+
+// view is a node's copy of the cluster's state, kept current by one watch.
+type view struct {
+	mu      sync.RWMutex
+	rev     int64
+	nodes   map[string]NodeInfo
+	parts   []PartEntry
+	ctrl    string
+	changed chan struct{} // closed and replaced on every change
+	synced  bool
+}
+
+func newView(partitions int) *view {
+	return &view{nodes: map[string]NodeInfo{}, parts: make([]PartEntry, partitions), changed: make(chan struct{})}
+}
+
+// part returns partition p's entry.
+func (v *view) part(p uint32) PartEntry {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.parts[p]
+}
+
+// node returns a live node's entry.
+func (v *view) node(id string) (NodeInfo, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	n, ok := v.nodes[id]
+	return n, ok
+}
+
+// wait returns a channel closed at the next change.
+func (v *view) wait() <-chan struct{} {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.changed
+}
+
+// snapshot copies the whole view.
+func (v *view) snapshot() (nodes map[string]NodeInfo, parts []PartEntry, ctrl string, rev int64) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	nodes = make(map[string]NodeInfo, len(v.nodes))
+	for k, n := range v.nodes {
+		nodes[k] = n
+	}
+	return nodes, append([]PartEntry(nil), v.parts...), v.ctrl, v.rev
+}
+
+// notify wakes the waiters (under v.mu).
+func (v *view) notify() {
+	close(v.changed)
+	v.changed = make(chan struct{})
+}
+
+// apply records one key's new value (nil: deleted) at mod revision rev.
+func (v *view) apply(k keys, key string, value []byte, rev int64) {
+	switch {
+	case strings.HasPrefix(key, k.nodes()):
+		id := key[len(k.nodes()):]
+		if value == nil {
+			delete(v.nodes, id)
+			return
+		}
+		var n NodeInfo
+		if json.Unmarshal(value, &n) == nil {
+			v.nodes[id] = n
+		}
+	case strings.HasPrefix(key, k.parts()):
+		p, err := strconv.ParseUint(key[len(k.parts()):], 10, 32)
+		if err != nil || int(p) >= len(v.parts) {
+			return
+		}
+		if value == nil {
+			v.parts[p] = PartEntry{}
+			return
+		}
+		var e PartEntry
+		if json.Unmarshal(value, &e) == nil {
+			e.rev = rev
+			v.parts[p] = e
+		}
+	case key == k.controller():
+		v.ctrl = string(value)
+	}
+}
+
+// load replaces the view with the state at one revision.
+func (v *view) load(k keys, resp *clientv3.GetResponse) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.nodes = map[string]NodeInfo{}
+	for i := range v.parts {
+		v.parts[i] = PartEntry{}
+	}
+	v.ctrl = ""
+	for _, kv := range resp.Kvs {
+		v.apply(k, string(kv.Key), kv.Value, kv.ModRevision)
+	}
+	v.rev = resp.Header.Revision
+	v.synced = true
+	v.notify()
+}
+
+// follow keeps v current until ctx ends: one read of everything, then a watch
+// from the next revision; after any watch failure, again from a fresh read.
+func (v *view) follow(ctx context.Context, cli *clientv3.Client, k keys, log *slog.Logger) {
+	for ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := cli.Get(rctx, k.root, clientv3.WithPrefix())
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Debug("cannot read the cluster state; retrying", "err", err)
+			}
+			sleep(ctx, 200*time.Millisecond)
+			continue
+		}
+		v.load(k, resp)
+		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		for wr := range cli.Watch(wctx, k.root, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+			if err := wr.Err(); err != nil {
+				log.Debug("cluster watch ended; reading again", "err", err)
+				break
+			}
+			v.mu.Lock()
+			for _, ev := range wr.Events {
+				var val []byte
+				if ev.Type == clientv3.EventTypePut {
+					val = ev.Kv.Value
+				}
+				v.apply(k, string(ev.Kv.Key), val, ev.Kv.ModRevision)
+			}
+			v.rev = wr.Header.Revision
+			v.notify()
+			v.mu.Unlock()
+		}
+		wcancel()
+		sleep(ctx, 100*time.Millisecond)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// errConflict is a compare-and-swap that lost to another change.
+var errConflict = errors.New("cluster: the partition table changed meanwhile")
+
+// casPart replaces partition p's entry old (as read, with its revision) by e.
+func casPart(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old PartEntry, e PartEntry) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	key := k.part(p)
+	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", old.rev)
+	if old.rev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(b))).Commit()
+	if err != nil {
+		return fmt.Errorf("update partition %d: %w", p, err)
+	}
+	if !resp.Succeeded {
+		return errConflict
+	}
+	return nil
+}
+
+// readPart reads partition p's entry from etcd (not from a view).
+func readPart(ctx context.Context, cli *clientv3.Client, k keys, p uint32) (PartEntry, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, k.part(p))
+	if err != nil {
+		return PartEntry{}, err
+	}
+	if len(resp.Kvs) == 0 {
+		return PartEntry{}, nil
+	}
+	var e PartEntry
+	if err := json.Unmarshal(resp.Kvs[0].Value, &e); err != nil {
+		return PartEntry{}, fmt.Errorf("partition %d: %w", p, err)
+	}
+	e.rev = resp.Kvs[0].ModRevision
+	return e, nil
+}
+
+// ensureMeta creates the cluster with partitions partitions, or checks that the
+// existing cluster has as many.
+func ensureMeta(ctx context.Context, cli *clientv3.Client, k keys, partitions int) error {
+	b, _ := json.Marshal(clusterMeta{Partitions: partitions})
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k.meta()), "=", 0)).
+		Then(clientv3.OpPut(k.meta(), string(b))).Else(clientv3.OpGet(k.meta())).Commit()
+	if err != nil {
+		return fmt.Errorf("create the cluster in etcd: %w", err)
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return errors.New("cluster meta vanished")
+	}
+	var m clusterMeta
+	if err := json.Unmarshal(kvs[0].Value, &m); err != nil {
+		return fmt.Errorf("cluster meta: %w", err)
+	}
+	if m.Partitions != partitions {
+		return fmt.Errorf("the cluster has %d partitions and this node's data directory %d; partitions are fixed when a cluster is created", m.Partitions, partitions)
+	}
+	return nil
+}
+
+// ownedBy lists the partitions whose owner is id, in order.
+func ownedBy(parts []PartEntry, id string) []uint32 {
+	var out []uint32
+	for p, e := range parts {
+		if e.Owner == id {
+			out = append(out, uint32(p))
+		}
+	}
+	return out
+}
+
+// sortedIDs returns the ids of nodes in order.
+func sortedIDs(nodes map[string]NodeInfo) []string {
+	ids := make([]string, 0, len(nodes))
+	for id := range nodes {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}

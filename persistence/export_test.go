@@ -1,0 +1,156 @@
+package persistence
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+)
+
+// collect exports prefix since a version into a map (nil value: deleted).
+func collect(t *testing.T, db *DB, prefix []byte, since uint64) (map[string][]byte, uint64) {
+	t.Helper()
+	out := map[string][]byte{}
+	top, err := db.Export(context.Background(), prefix, since, func(c Change) error {
+		if c.Deleted {
+			if c.Value != nil {
+				t.Fatalf("deletion of %q carries a value", c.Key)
+			}
+			out[string(c.Key)] = nil
+		} else {
+			out[string(c.Key)] = c.Value
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, top
+}
+
+func TestExport_CopyThenChangesWithDeletions(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	defer db.Close()
+	p := startPipeline(t, db, PipelineConfig{})
+	ctx := context.Background()
+	pre := PartitionPrefix(3)
+	key := func(s string) string { return string(pre) + s }
+	for _, w := range []*Write{set(key("a"), "1"), set(key("b"), "1"), set(key("c"), "1"), set("other", "x")} {
+		if err := p.Submit(w).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	since := p.Committed()
+	release := p.HoldVersions(since)
+	defer release()
+	p.WaitApplied()
+	full, top := collect(t, db, pre, 0)
+	if len(full) != 3 || string(full[key("a")]) != "1" || top != since-1 { // "other", outside the prefix, came last
+		t.Fatalf("full copy = %q (top %d, committed %d)", full, top, since)
+	}
+	// Changes after since: b changes, c goes, d comes; a stays out.
+	for _, w := range []*Write{set(key("b"), "2"), {Deletes: [][]byte{[]byte(key("c"))}}, set(key("d"), "1"), set(key("b"), "3")} {
+		if err := p.Submit(w).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.WaitApplied()
+	delta, _ := collect(t, db, pre, since)
+	want := map[string]string{key("b"): "3", key("d"): "1"}
+	if len(delta) != 3 || delta[key("c")] != nil {
+		t.Fatalf("delta = %q", delta)
+	}
+	if _, ok := delta[key("c")]; !ok {
+		t.Fatalf("delta lacks the deletion of c: %q", delta)
+	}
+	for k, v := range want {
+		if string(delta[k]) != v {
+			t.Fatalf("delta[%q] = %q, want %q", k, delta[k], v)
+		}
+	}
+	// A full copy leaves deletions out.
+	if full, _ := collect(t, db, pre, 0); len(full) != 3 || full[key("c")] != nil && len(full[key("c")]) > 0 {
+		t.Fatalf("full copy after changes = %q", full)
+	} else if _, ok := full[key("c")]; ok {
+		t.Fatalf("full copy holds the deleted c")
+	}
+	if ok, _ := db.HasPrefix(ctx, PartitionPrefix(4)); ok {
+		t.Fatal("HasPrefix of an empty partition")
+	}
+	if ok, _ := db.HasPrefix(ctx, pre); !ok {
+		t.Fatal("HasPrefix of a partition with data")
+	}
+}
+
+func TestPipeline_BarrierWaitsForEarlierWritesAndFenceHolds(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	defer db.Close()
+	var epoch atomic.Uint64
+	epoch.Store(1)
+	hold := make(chan struct{})
+	held := make(chan struct{}, 1)
+	p := startPipeline(t, db, PipelineConfig{
+		Fence: func(_ uint32, e uint64) error {
+			if e != epoch.Load() {
+				return errors.New("fenced")
+			}
+			return nil
+		},
+		BeforeCommit: func(int) {
+			select {
+			case held <- struct{}{}:
+				<-hold
+			default:
+			}
+		},
+	})
+	ctx := context.Background()
+	first := p.Submit(&Write{Epoch: 1, Sets: []KV{{Key: []byte("a"), Value: []byte("1")}}})
+	<-held // the first commit passed the fence and is held before its sync
+	late := p.Submit(&Write{Epoch: 1, Sets: []KV{{Key: []byte("b"), Value: []byte("1")}}})
+	epoch.Store(2) // the partition moves on: late must not commit
+	done := make(chan error, 1)
+	go func() { done <- p.Barrier(ctx) }()
+	select {
+	case <-done:
+		t.Fatal("the barrier passed a write still on its way to disk")
+	default:
+	}
+	close(hold)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !first.Done() || first.Err() != nil {
+		t.Fatalf("first: done=%v err=%v", first.Done(), first.Err())
+	}
+	if !late.Done() || late.Err() == nil {
+		t.Fatalf("late write after the fence moved: done=%v err=%v", late.Done(), late.Err())
+	}
+}
+
+func TestPipeline_AckFenceWithholdsTheAcknowledgement(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	defer db.Close()
+	var lapsed atomic.Bool
+	p := startPipeline(t, db, PipelineConfig{
+		AckFence: func(uint32, uint64) error {
+			if lapsed.Load() {
+				return errors.New("lease lapsed")
+			}
+			return nil
+		},
+	})
+	ctx := context.Background()
+	if err := p.Submit(set("a", "1")).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lapsed.Store(true)
+	if err := p.Submit(set("b", "1")).Wait(ctx); err == nil {
+		t.Fatal("a write was acknowledged after the ack fence refused")
+	}
+	// The write itself is durable (its outcome was unknown to the writer).
+	p.WaitApplied()
+	if _, found, _ := db.Get(ctx, []byte("b")); !found {
+		t.Fatal("the unacknowledged write is not on disk")
+	}
+}
