@@ -48,11 +48,7 @@ type ClusterConfig struct {
 
 // Served says who answered a request: the node, the object's partition, and the
 // partition's epoch on that node. Tests check ownership with it.
-type Served struct {
-	Node      string
-	Partition uint32
-	Epoch     uint64
-}
+type Served = actors.Served
 
 // local states of a partition on this node
 const (
@@ -89,9 +85,12 @@ type member struct {
 
 	kick    chan struct{}
 	leaving atomic.Bool
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	// leaveAsked is closed when an operator asked this node to leave.
+	leaveAsked chan struct{}
+	askedOnce  sync.Once
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
 }
 
 func newBoot() string {
@@ -152,7 +151,7 @@ func newMember(n *Node, cli *clientv3.Client, parts int) *member {
 		view: newView(parts), boot: newBoot(),
 		state: make([]uint8, parts), aux: make([]atomic.Uint64, parts),
 		imports: map[uint32]*importState{}, retryAt: map[uint32]time.Time{}, stale: map[uint32]bool{},
-		kick: make(chan struct{}, 1),
+		kick: make(chan struct{}, 1), leaveAsked: make(chan struct{}),
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	return m
@@ -432,6 +431,8 @@ func (m *member) request(ctx context.Context, id actors.ObjectID, msg any) (any,
 				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is being taken up or handed off by this node", p), RetryAfter: 200 * time.Millisecond}
 			case !live:
 				return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is unavailable: its node %s is down", p, entry.Owner), RetryAfter: 2 * time.Second}
+			case m.tr.isDown(info.Addr):
+				return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is unavailable: its node %s does not answer", p, entry.Owner), RetryAfter: time.Second}
 			default:
 				v, served, err, retry := m.forward(ctx, info.Addr, id, msg)
 				if !retry {
@@ -506,6 +507,8 @@ func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 		return &wireReply{Val: wv, Ptr: ptr, Err: toWireError(err), Served: Served{Node: m.id, Partition: p, Epoch: e}}
 	case opHandoffBegin, opHandoffChunk, opHandoffEnd:
 		return m.serveHandoff(ctx, req)
+	case opPing:
+		return &wireReply{}
 	}
 	return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindInternal, Msg: fmt.Sprintf("unknown request %d from node %s", req.Op, req.From)})}
 }
@@ -539,6 +542,12 @@ func (m *member) reconcile() {
 	m.view.mu.RUnlock()
 	if s == nil || !s.valid() || !synced {
 		return
+	}
+	if m.view.leaveRequested(m.id) {
+		m.askedOnce.Do(func() {
+			m.log.Info("an operator asked this node to leave the cluster")
+			close(m.leaveAsked)
+		})
 	}
 	_, parts, _, _ := m.view.snapshot()
 	var takeUp []uint32
@@ -724,6 +733,9 @@ func (m *member) leave(ctx context.Context) error {
 		}
 		if len(owned) == 0 {
 			m.log.Info("left the cluster: every partition handed off", "took", time.Since(start).Round(time.Millisecond))
+			dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			_, _ = m.cli.Delete(dctx, m.k.leave(m.id)) // the request is done
+			cancel()
 			return nil
 		}
 		if others == 0 {

@@ -154,13 +154,29 @@ func (n *Node) Request(ctx context.Context, id actors.ObjectID, msg any) (any, e
 
 // RequestServed is Request that also says which node served the request, for
 // which partition, under which epoch (zero when none did).
-func (n *Node) RequestServed(ctx context.Context, id actors.ObjectID, msg any) (any, Served, error) {
+func (n *Node) RequestServed(ctx context.Context, id actors.ObjectID, msg any) (v any, s Served, err error) {
 	if n.member != nil {
-		return n.member.request(ctx, id, msg)
+		v, s, err = n.member.request(ctx, id, msg)
+	} else {
+		v, err = n.host.Request(ctx, id, msg)
+		if err == nil || !actors.NotServed(err) {
+			s = Served{Partition: persistence.Partition(id, len(n.table.epochs)), Epoch: 1}
+		}
 	}
-	p := persistence.Partition(id, len(n.table.epochs)) // names are checked by the host
-	v, err := n.host.Request(ctx, id, msg)
-	return v, Served{Partition: p, Epoch: 1}, err
+	if s.Epoch != 0 {
+		actors.RecordServed(ctx, s)
+	}
+	return v, s, err
+}
+
+// LeaveRequested is closed when an operator asked this node to leave its
+// cluster (`holdfast cluster leave`): the program should stop as on SIGTERM
+// (Close hands the partitions off first). Never closed for a single node.
+func (n *Node) LeaveRequested() <-chan struct{} {
+	if n.member == nil {
+		return nil
+	}
+	return n.member.leaveAsked
 }
 
 // Ready reports whether the node serves requests: started, not closing, and its

@@ -37,6 +37,26 @@ type transport struct {
 	lookup  *ownerLookup
 	log     *slog.Logger
 	addr    string
+
+	downMu sync.Mutex
+	down   map[string]time.Time // addresses whose connection failed, and when
+}
+
+// downFor is how long an address whose connection failed is taken for down:
+// requests for it get 503 at once instead of waiting for a reply that cannot
+// come. By then a crashed node's lease has expired and it shows as down anyway.
+var downFor = 2 * time.Second
+
+// isDown reports whether the connection to addr failed lately.
+func (t *transport) isDown(addr string) bool {
+	t.downMu.Lock()
+	defer t.downMu.Unlock()
+	at, ok := t.down[addr]
+	if ok && time.Since(at) > downFor {
+		delete(t.down, addr)
+		return false
+	}
+	return ok
 }
 
 // handler serves one request that arrived from another node.
@@ -57,7 +77,7 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 	// its warnings and above, at debug level in our log, tagged.
 	plog := slog.New(slogx.MinLevel(log.Handler(), slog.LevelWarn)).With("component", "protoactor")
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return plog }))
-	provider, err := etcdprovider.NewWithConfig(newKeys(name).members(), clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	provider, err := etcdprovider.NewWithConfig(newKeys(name).members(), clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zapNop()})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: etcd provider: %w", err)
 	}
@@ -67,7 +87,7 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 		remote.WithCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage)))
 	cc := protocluster.Configure(name, provider, lookup, rc)
 	c := protocluster.New(system, cc)
-	t := &transport{system: system, cluster: c, lookup: lookup, log: log}
+	t := &transport{system: system, cluster: c, lookup: lookup, log: log, down: map[string]time.Time{}}
 	// StartMember panics on errors (a port in use, etcd unreachable).
 	if err := func() (err error) {
 		defer func() {
@@ -102,10 +122,18 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 		c.Shutdown(false)
 		return nil, fmt.Errorf("cluster: spawn the router: %w", err)
 	}
-	// Forget cached addresses on every membership change.
+	// Forget cached addresses on every membership change; note lost connections.
 	system.EventStream.Subscribe(func(evt any) {
-		if _, ok := evt.(*protocluster.ClusterTopology); ok {
+		switch e := evt.(type) {
+		case *protocluster.ClusterTopology:
 			lookup.forget()
+		case *remote.EndpointTerminatedEvent:
+			t.markDown(e.Address)
+			lookup.forget()
+		case *remote.EndpointConnectedEvent:
+			t.downMu.Lock()
+			delete(t.down, e.Address)
+			t.downMu.Unlock()
 		}
 	})
 	return t, nil
@@ -154,7 +182,22 @@ func (t *transport) call(ctx context.Context, addr string, req *wireRequest) (*w
 		return nil, err
 	}
 	f := t.system.Root.RequestFuture(actor.NewPID(addr, routerName), &protocluster.GrainRequest{MessageData: data}, wait)
-	res, err := f.Result()
+	var res any
+	done := make(chan struct{})
+	go func() { res, err = f.Result(); close(done) }()
+	probe := time.NewTimer(probeAfter)
+	select {
+	case <-done:
+	case <-probe.C:
+		// A slow reply is fine (a long poll); a node that does not answer a ping
+		// is down or cut off, and waiting longer only delays the 503.
+		if !t.ping(addr) {
+			t.markDown(addr)
+			return nil, fmt.Errorf("%w %s: it does not answer a ping", errUnreachable, addr)
+		}
+		<-done
+	}
+	probe.Stop()
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %v", errUnreachable, addr, err)
 	}
@@ -170,9 +213,39 @@ func (t *transport) call(ctx context.Context, addr string, req *wireRequest) (*w
 	return &reply, nil
 }
 
-// stop leaves the protoactor cluster.
+// probeAfter is how long a call waits for its reply before it pings the node.
+const probeAfter = 500 * time.Millisecond
+
+// ping reports whether the router at addr answers within a second.
+func (t *transport) ping(addr string) bool {
+	data, err := encodeGob(&wireRequest{Op: opPing})
+	if err != nil {
+		return false
+	}
+	_, err = t.system.Root.RequestFuture(actor.NewPID(addr, routerName), &protocluster.GrainRequest{MessageData: data}, time.Second).Result()
+	return err == nil
+}
+
+func (t *transport) markDown(addr string) {
+	t.downMu.Lock()
+	t.down[addr] = time.Now()
+	t.downMu.Unlock()
+}
+
+// stop leaves the protoactor cluster. protoactor-go's etcd provider
+// deregisters with no deadline: with etcd unreachable it would wait forever, so
+// the wait is bounded (the registration then expires with its lease).
 func (t *transport) stop(graceful bool) {
-	t.cluster.Shutdown(graceful)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t.cluster.Shutdown(graceful)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.log.Warn("the protoactor cluster did not stop within 10s (etcd unreachable?); leaving it behind")
+	}
 }
 
 // ownerLookup is the identity lookup: an object identity resolves to the router

@@ -21,6 +21,7 @@ import (
 //	nodes/<id>      NodeInfo of a live node, attached to the node's lease
 //	parts/<p>       PartEntry: owner and epoch of partition p; absent = no owner yet
 //	controller      the node id of the placement controller, attached to its lease
+//	leave/<id>      an operator asked node id to leave (holdfast cluster leave)
 //	members/...     protoactor-go's own member list (its etcd provider)
 //
 // Every change of a parts/ entry is a compare-and-swap on its mod revision.
@@ -30,14 +31,15 @@ type keys struct{ root string }
 
 func newKeys(cluster string) keys { return keys{root: "/holdfast/" + cluster + "/"} }
 
-func (k keys) meta() string               { return k.root + "meta" }
-func (k keys) nodes() string              { return k.root + "nodes/" }
-func (k keys) node(id string) string      { return k.root + "nodes/" + id }
-func (k keys) parts() string              { return k.root + "parts/" }
-func (k keys) part(p uint32) string       { return fmt.Sprintf("%sparts/%05d", k.root, p) }
-func (k keys) controller() string         { return k.root + "controller" }
-func (k keys) members() string            { return k.root + "members" }
-func (k keys) forgotten(id string) string { return k.root + "forgotten/" + id }
+func (k keys) meta() string           { return k.root + "meta" }
+func (k keys) nodes() string          { return k.root + "nodes/" }
+func (k keys) node(id string) string  { return k.root + "nodes/" + id }
+func (k keys) parts() string          { return k.root + "parts/" }
+func (k keys) part(p uint32) string   { return fmt.Sprintf("%sparts/%05d", k.root, p) }
+func (k keys) controller() string     { return k.root + "controller" }
+func (k keys) members() string        { return k.root + "members" }
+func (k keys) leaves() string         { return k.root + "leave/" }
+func (k keys) leave(id string) string { return k.root + "leave/" + id }
 
 // clusterMeta is what is fixed when the cluster is created.
 type clusterMeta struct {
@@ -77,12 +79,13 @@ type view struct {
 	nodes   map[string]NodeInfo
 	parts   []PartEntry
 	ctrl    string
-	changed chan struct{} // closed and replaced on every change
+	leaves  map[string]bool // nodes asked to leave
+	changed chan struct{}   // closed and replaced on every change
 	synced  bool
 }
 
 func newView(partitions int) *view {
-	return &view{nodes: map[string]NodeInfo{}, parts: make([]PartEntry, partitions), changed: make(chan struct{})}
+	return &view{nodes: map[string]NodeInfo{}, parts: make([]PartEntry, partitions), leaves: map[string]bool{}, changed: make(chan struct{})}
 }
 
 // part returns partition p's entry.
@@ -98,6 +101,13 @@ func (v *view) node(id string) (NodeInfo, bool) {
 	defer v.mu.RUnlock()
 	n, ok := v.nodes[id]
 	return n, ok
+}
+
+// leaveRequested reports whether an operator asked node id to leave.
+func (v *view) leaveRequested(id string) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.leaves[id]
 }
 
 // wait returns a channel closed at the next change.
@@ -153,6 +163,8 @@ func (v *view) apply(k keys, key string, value []byte, rev int64) {
 		}
 	case key == k.controller():
 		v.ctrl = string(value)
+	case strings.HasPrefix(key, k.leaves()):
+		v.leaves[key[len(k.leaves()):]] = value != nil
 	}
 }
 
@@ -161,6 +173,7 @@ func (v *view) load(k keys, resp *clientv3.GetResponse) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.nodes = map[string]NodeInfo{}
+	v.leaves = map[string]bool{}
 	for i := range v.parts {
 		v.parts[i] = PartEntry{}
 	}

@@ -27,6 +27,7 @@ const (
 	opSubscribe               // subscribe a remote socket to an object's feed
 	opUnsubscribe             // end a remote subscription
 	opFeed                    // events of a remote subscription (owner to subscriber node)
+	opPing                    // are you there?
 )
 
 type wireRequest struct {

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -36,6 +37,9 @@ type Config struct {
 	SocketIdleTimeout time.Duration
 	// Logger is the gateway's logger; nil means slog.Default().
 	Logger *slog.Logger
+	// ServedHeader adds X-Holdfast-Served-By: node/partition/epoch to every
+	// reply an object gave, for the cluster's ownership tests. Off in production.
+	ServedHeader bool
 }
 
 // Server is the HTTP API of one node.
@@ -109,6 +113,11 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	id := randomHex(8)
 	w.Header().Set("X-Request-Id", id)
 	r = r.WithContext(context.WithValue(r.Context(), requestIDKey, id))
+	if s.cfg.ServedHeader && r.URL.Path != "/socket/websocket" {
+		ctx, served := actors.WithServedRecord(r.Context())
+		r = r.WithContext(ctx)
+		w = &servedWriter{ResponseWriter: w, served: served}
+	}
 	// Checked as sent and as decoded: %2F or %2E can make an empty or dot segment.
 	bad := badSegment(r.URL.EscapedPath())
 	if bad == "" {
@@ -221,3 +230,30 @@ type recorder struct {
 func (r *recorder) Header() http.Header         { return r.header }
 func (r *recorder) Write(b []byte) (int, error) { return len(b), nil }
 func (r *recorder) WriteHeader(code int)        { r.code = code }
+
+// servedWriter adds the X-Holdfast-Served-By header as the reply starts.
+type servedWriter struct {
+	http.ResponseWriter
+	served  func() actors.Served
+	written bool
+}
+
+func (w *servedWriter) WriteHeader(code int) {
+	if !w.written {
+		w.written = true
+		if s := w.served(); s.Epoch != 0 {
+			w.Header().Set("X-Holdfast-Served-By", fmt.Sprintf("%s/%d/%d", s.Node, s.Partition, s.Epoch))
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *servedWriter) Write(b []byte) (int, error) {
+	if !w.written {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection (websockets).
+func (w *servedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

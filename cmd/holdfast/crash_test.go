@@ -23,6 +23,10 @@ import (
 // The test binary doubles as the server: run with HOLDFAST_TEST_MAIN=1 it is
 // `holdfast` with the arguments after "--".
 func TestMain(m *testing.M) {
+	if os.Getenv("HOLDFAST_TEST_ETCD") != "" {
+		runTestEtcd()
+		os.Exit(0)
+	}
 	if os.Getenv("HOLDFAST_TEST_MAIN") == "1" {
 		for i, a := range os.Args {
 			if a == "--" {

@@ -16,7 +16,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCommand(), versionCommand())
+	root.AddCommand(serveCommand(), versionCommand(), clusterCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "holdfast:", err)
 		os.Exit(1)

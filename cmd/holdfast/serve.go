@@ -133,7 +133,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		_ = node.Close(context.Background())
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps(apps), Logger: log})
+	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps(apps), Logger: log,
+		ServedHeader: os.Getenv("HOLDFAST_TEST_SERVED_HEADER") == "1"})
 	srv := &http.Server{
 		Handler:           gw.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -151,6 +152,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		_ = node.Close(context.Background())
 		return fmt.Errorf("http server: %w", err)
 	case <-sig.Done():
+	case <-node.LeaveRequested():
+		log.Info("leaving the cluster on an operator's request")
 	}
 	log.Info("shutting down: no new requests, finishing in-flight ones")
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

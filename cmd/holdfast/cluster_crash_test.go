@@ -1,0 +1,399 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/cluster"
+	"github.com/holdfast/holdfast/internal/devetcd"
+	"github.com/holdfast/holdfast/internal/ownership"
+)
+
+// The multi-process tier: an etcd process and several `holdfast serve`
+// processes on 127.0.0.1, with SIGKILL, joins and graceful leaves under load.
+
+// runTestEtcd is the etcd process: the test binary run with HOLDFAST_TEST_ETCD
+// set to the data directory, serving until it is signalled.
+func runTestEtcd() {
+	e, err := devetcd.Start(devetcd.Config{Dir: os.Getenv("HOLDFAST_TEST_ETCD")})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "etcd:", err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "etcd ready %s\n", e.Endpoint())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	e.Close()
+}
+
+var etcdReadyRE = regexp.MustCompile(`etcd ready (\S+)`)
+
+// startEtcd starts the etcd process and returns its client endpoint.
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "HOLDFAST_TEST_ETCD="+t.TempDir())
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := etcdReadyRE.FindStringSubmatch(sc.Text()); m != nil {
+				ready <- m[1]
+			}
+		}
+	}()
+	select {
+	case ep := <-ready:
+		return ep
+	case <-time.After(60 * time.Second):
+		t.Fatal("etcd did not start")
+	}
+	return ""
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// procCluster is a cluster of holdfast processes.
+type procCluster struct {
+	t       *testing.T
+	etcd    string
+	name    string
+	dir     string
+	mu      sync.Mutex
+	servers map[string]*server
+	check   *ownership.Checker
+}
+
+func newProcCluster(t *testing.T) *procCluster {
+	t.Setenv("HOLDFAST_TEST_SERVED_HEADER", "1")
+	return &procCluster{t: t, etcd: startEtcd(t), name: "mp", dir: t.TempDir(), servers: map[string]*server{}, check: ownership.New()}
+}
+
+// start starts (or restarts, on its data) node id.
+func (pc *procCluster) start(id string) *server {
+	pc.t.Helper()
+	cfgFile := filepath.Join(pc.dir, id+".yaml")
+	if _, err := os.Stat(cfgFile); err != nil {
+		cfg := fmt.Sprintf("apps:\n  - {id: app_crash, key: %s, secret: %s}\n"+
+			"partitions: 32\n"+
+			"types:\n  \"*\":\n    objects: {changeLogEntries: 1000000}\n"+
+			"cluster: {name: %s, nodeId: %s, advertise: '%s', etcd: {endpoints: ['%s']}, leaseTtl: 2s}\n",
+			crashAppKey, crashAppSecret, pc.name, id, freeAddr(pc.t), pc.etcd)
+		if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
+			pc.t.Fatal(err)
+		}
+	}
+	s := startServer(pc.t, filepath.Join(pc.dir, id), cfgFile)
+	pc.mu.Lock()
+	pc.servers[id] = s
+	pc.mu.Unlock()
+	return s
+}
+
+func (pc *procCluster) kill(id string) {
+	pc.mu.Lock()
+	s := pc.servers[id]
+	delete(pc.servers, id)
+	pc.mu.Unlock()
+	s.kill(pc.t)
+}
+
+// leave stops node id with SIGTERM: it hands its partitions off, then exits 0.
+func (pc *procCluster) leave(id string) {
+	pc.mu.Lock()
+	s := pc.servers[id]
+	delete(pc.servers, id)
+	pc.mu.Unlock()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		pc.t.Fatal(err)
+	}
+	select {
+	case err := <-s.exited:
+		if err != nil {
+			pc.t.Fatalf("node %s after SIGTERM: %v\n%s", id, err, s.stderr)
+		}
+	case <-time.After(90 * time.Second):
+		pc.t.Fatalf("node %s did not leave within 90s", id)
+	}
+}
+
+func (pc *procCluster) urls() []string {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	var out []string
+	for _, s := range pc.servers {
+		out = append(out, s.url)
+	}
+	return out
+}
+
+// waitStable waits until etcd shows every partition available, no move in
+// progress, and exactly the running nodes, each with a fair share.
+func (pc *procCluster) waitStable(timeout time.Duration) *cluster.Status {
+	pc.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var why string
+	for time.Now().Before(deadline) {
+		st, err := cluster.ReadStatus(context.Background(), []string{pc.etcd}, pc.name)
+		if err != nil {
+			why = err.Error()
+		} else if why = pc.unstable(st); why == "" {
+			return st
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	pc.t.Fatalf("cluster not stable after %v: %s", timeout, why)
+	return nil
+}
+
+func (pc *procCluster) unstable(st *cluster.Status) string {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if len(st.Nodes) != len(pc.servers) {
+		return fmt.Sprintf("%d nodes registered, %d running", len(st.Nodes), len(pc.servers))
+	}
+	count := map[string]int{}
+	for _, p := range st.Parts {
+		if !p.Available || p.Target != "" {
+			return fmt.Sprintf("partition %+v", p)
+		}
+		count[p.Owner]++
+	}
+	lo, hi := st.Partitions, 0
+	for id := range pc.servers {
+		lo, hi = min(lo, count[id]), max(hi, count[id])
+	}
+	if hi-lo > 1 {
+		return fmt.Sprintf("unbalanced %v", count)
+	}
+	return ""
+}
+
+// servedRE parses X-Holdfast-Served-By.
+var servedRE = regexp.MustCompile(`^([^/]+)/(\d+)/(\d+)$`)
+
+// callServed is call that also records, in the ownership checker, who served.
+func (pc *procCluster) callServed(ctx context.Context, c *http.Client, method, url string, body any) (int, map[string]any, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("X-App-Key", crashAppKey)
+	req.Header.Set("X-App-Secret", crashAppSecret)
+	start := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	end := time.Now()
+	if err != nil {
+		return resp.StatusCode, nil, err
+	}
+	if resp.StatusCode == http.StatusOK {
+		m := servedRE.FindStringSubmatch(resp.Header.Get("X-Holdfast-Served-By"))
+		if m == nil {
+			pc.t.Errorf("%s %s: no X-Holdfast-Served-By header (%q)", method, url, resp.Header.Get("X-Holdfast-Served-By"))
+		} else {
+			p, _ := strconv.ParseUint(m[2], 10, 32)
+			e, _ := strconv.ParseUint(m[3], 10, 64)
+			if err := pc.check.Record(m[1], uint32(p), e, start, end); err != nil {
+				pc.t.Error(err)
+			}
+		}
+	}
+	var reply map[string]any
+	if len(b) > 0 {
+		if err := json.Unmarshal(b, &reply); err != nil {
+			return resp.StatusCode, nil, fmt.Errorf("reply %q: %w", b, err)
+		}
+	}
+	return resp.StatusCode, reply, nil
+}
+
+// workload runs KV writers through every running node until stop is closed;
+// the ops acknowledged must all survive (verify). A 503 or a lost connection
+// leaves an op's outcome unknown.
+func (pc *procCluster) workload(stop <-chan struct{}, writers, objects, round int, seed int64) (wait func() ([]op, map[string]bool)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	client := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: writers}}
+	var mu sync.Mutex
+	var acked []op
+	issued := map[string]bool{}
+	var wg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(seed + int64(w)))
+			for seq := 0; ctx.Err() == nil; seq++ {
+				urls := pc.urls()
+				if len(urls) == 0 {
+					time.Sleep(50 * time.Millisecond)
+					continue
+				}
+				url := urls[rng.Intn(len(urls))]
+				o := op{object: fmt.Sprintf("o%d", rng.Intn(objects)), token: fmt.Sprintf("r%d-w%d-%d", round, w, seq)}
+				base := url + "/api/v1/objects/app_crash/crash/" + o.object
+				var method, path string
+				var body any
+				switch rng.Intn(3) {
+				case 0:
+					o.kind, o.slot = "set", fmt.Sprintf("s%d", w)
+					method, path, body = "PUT", base+"/"+o.slot, map[string]any{"value": o.token}
+				case 1:
+					o.kind, o.slot = "increment", "n"
+					method, path, body = "POST", base+"/n/increment", map[string]any{"by": 1}
+				case 2:
+					o.kind, o.slot = "append", "l"
+					method, path, body = "POST", base+"/l/append", map[string]any{"value": o.token}
+				}
+				mu.Lock()
+				issued[o.token] = true
+				mu.Unlock()
+				status, reply, err := pc.callServed(ctx, client, method, path, body)
+				if err != nil || status != http.StatusOK {
+					if err == nil && status != http.StatusServiceUnavailable && ctx.Err() == nil {
+						pc.t.Errorf("%s %s: status %d %v", method, path, status, reply)
+					}
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				var id json.Number
+				if err := decodeNumber(reply["log_id"], &id); err != nil {
+					pc.t.Errorf("reply %v: %v", reply, err)
+					continue
+				}
+				n, _ := id.Int64()
+				o.logID = uint64(n)
+				if o.kind == "increment" {
+					_ = decodeNumber(reply["value"], &o.value)
+				}
+				mu.Lock()
+				acked = append(acked, o)
+				mu.Unlock()
+			}
+		}(w)
+	}
+	go func() { <-stop; cancel() }()
+	return func() ([]op, map[string]bool) {
+		wg.Wait()
+		return acked, issued
+	}
+}
+
+// TestCluster_ProcessesLoseNoAcknowledgedWrite runs KV writers through every
+// node of a 3-node cluster of processes while nodes are SIGKILLed and restarted,
+// a node joins and a node leaves; no acknowledged write is lost, and no two
+// nodes ever served one partition at once.
+func TestCluster_ProcessesLoseNoAcknowledgedWrite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an etcd process and several server processes")
+	}
+	const writers, objects = 16, 60
+	pc := newProcCluster(t)
+	for _, id := range []string{"a", "b", "c"} {
+		pc.start(id)
+	}
+	pc.waitStable(60 * time.Second)
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewSource(seed))
+	issued := map[string]bool{}
+	var acked []op
+	collect := func(a []op, is map[string]bool) {
+		acked = append(acked, a...)
+		for tok := range is {
+			issued[tok] = true
+		}
+	}
+	round := 0
+	run := func(what string, action func()) {
+		stop := make(chan struct{})
+		wait := pc.workload(stop, writers, objects, round, rng.Int63())
+		time.Sleep(time.Duration(300+rng.Intn(700)) * time.Millisecond)
+		action()
+		time.Sleep(300 * time.Millisecond)
+		close(stop)
+		a, is := wait()
+		collect(a, is)
+		t.Logf("round %d (%s): %d writes acknowledged", round, what, len(a))
+		if len(a) == 0 {
+			t.Fatalf("round %d acknowledged nothing", round)
+		}
+		round++
+	}
+	// SIGKILL a node under load; it comes back with its data.
+	for range 2 {
+		victim := []string{"a", "b", "c"}[rng.Intn(3)]
+		run("kill "+victim, func() {
+			pc.kill(victim)
+			pc.start(victim)
+			pc.waitStable(60 * time.Second)
+		})
+	}
+	// A node joins under load; another leaves under load.
+	run("join d", func() {
+		pc.start("d")
+		pc.waitStable(60 * time.Second)
+	})
+	run("leave a", func() {
+		pc.leave("a")
+		pc.waitStable(60 * time.Second)
+	})
+	// Every acknowledged write is there, read through each node.
+	urls := pc.urls()
+	verify(t, urls[rng.Intn(len(urls))], objects, acked, issued)
+	c := &http.Client{Timeout: 10 * time.Second}
+	for _, url := range urls {
+		for i := range objects {
+			if status, _, err := pc.callServed(context.Background(), c, "GET", fmt.Sprintf("%s/api/v1/objects/app_crash/crash/o%d", url, i), nil); err != nil || status != http.StatusOK {
+				t.Fatalf("read o%d via %s: %d %v", i, url, status, err)
+			}
+		}
+	}
+	if err := pc.check.Verify(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d acknowledged writes checked; %d serving periods recorded", len(acked), pc.check.Periods())
+}
