@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -377,4 +378,55 @@ func TestCluster_JoinAndLeaveUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d increments acknowledged across a join and a leave", total)
+}
+
+// TestCluster_OneNode is a cluster of one (the shape of serve --dev-cluster):
+// the node takes every partition up, serves it, and after a restart takes it
+// up again at a new epoch with its data, and the operator commands read and
+// refuse what they should.
+func TestCluster_OneNode(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a")
+	tc.waitStable(30 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				if _, err := tc.set(ctx, a, fmt.Sprintf("k%d", w), "v", i); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	_, served, err := tc.get(ctx, a, "k3")
+	if err != nil || served.Node != "a" {
+		t.Fatalf("get: %+v %v", served, err)
+	}
+	st, err := ReadStatus(ctx, []string{tc.etcd.Endpoint()}, tc.name)
+	if err != nil || len(st.Nodes) != 1 || len(st.Unavailable()) != 0 || st.Controller != "a" {
+		t.Fatalf("status %+v %v", st, err)
+	}
+	tc.leave("a") // nobody to hand off to: the partitions stay a's
+	st, err = ReadStatus(ctx, []string{tc.etcd.Endpoint()}, tc.name)
+	if err != nil || len(st.Nodes) != 0 || len(st.Unavailable()) != testPartitions {
+		t.Fatalf("status after a left alone: %+v %v", st, err)
+	}
+	if _, err := ForgetNode(ctx, []string{tc.etcd.Endpoint()}, tc.name, "zz"); err != nil {
+		t.Fatalf("forget a node that owns nothing: %v", err)
+	}
+	a = tc.start("a")
+	tc.waitStable(30 * time.Second)
+	s, served2, err := tc.get(ctx, a, "k3")
+	if err != nil || string(s.State["v"]) != "19" || served2.Epoch <= served.Epoch {
+		t.Fatalf("after the restart: %+v %+v (epoch before %d) %v", s, served2, served.Epoch, err)
+	}
+	if _, err := ForgetNode(ctx, []string{tc.etcd.Endpoint()}, tc.name, "a"); !errors.Is(err, ErrNodeLive) {
+		t.Fatalf("forget a live node: %v", err)
+	}
 }
