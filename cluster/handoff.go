@@ -34,9 +34,6 @@ type handoffMsg struct {
 	Commit    bool // opHandoffEnd: the table switched (else: given up)
 }
 
-// feedMsg carries live feed events of a remote subscription (see feed.go).
-type feedMsg struct{}
-
 // importState is B's side of one handoff.
 type importState struct {
 	moveID string

@@ -83,6 +83,7 @@ type member struct {
 	retryAt map[uint32]time.Time // no handoff of p before then (after a failure)
 	stale   map[uint32]bool      // partitions with data this node does not own
 
+	subs    *remoteSubs
 	kick    chan struct{}
 	leaving atomic.Bool
 	// leaveAsked is closed when an operator asked this node to leave.
@@ -151,7 +152,7 @@ func newMember(n *Node, cli *clientv3.Client, parts int) *member {
 		view: newView(parts), boot: newBoot(),
 		state: make([]uint8, parts), aux: make([]atomic.Uint64, parts),
 		imports: map[uint32]*importState{}, retryAt: map[uint32]time.Time{}, stale: map[uint32]bool{},
-		kick: make(chan struct{}, 1), leaveAsked: make(chan struct{}),
+		kick: make(chan struct{}, 1), leaveAsked: make(chan struct{}), subs: newRemoteSubs(),
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	return m
@@ -174,7 +175,7 @@ func (m *member) start() error {
 			m.stale[p] = true
 		}
 	}
-	tr, err := startTransport(m.cfg.Name, m.cfg.Advertise, m.cfg.Endpoints, newOwnerLookup(m.resolve), m.serveRemote, false, m.log)
+	tr, err := startTransport(m.cfg.Name, m.cfg.Advertise, m.cfg.Endpoints, newOwnerLookup(m.resolve), m.serveRemote, m.serveFeed, false, m.log)
 	if err != nil {
 		return err
 	}
@@ -410,6 +411,9 @@ func (m *member) request(ctx context.Context, id actors.ObjectID, msg any) (any,
 	if err := actors.ValidateID(id); err != nil {
 		return nil, Served{}, err
 	}
+	if u, ok := msg.(actors.KVUnsubscribe); ok && m.unsubscribeRemote(ctx, u.Sub) {
+		return nil, Served{}, nil // it was subscribed at another node
+	}
 	p := persistence.Partition(id, len(m.state))
 	waitUntil := time.Now().Add(m.cfg.RequestWait)
 	for {
@@ -434,7 +438,15 @@ func (m *member) request(ctx context.Context, id actors.ObjectID, msg any) (any,
 			case m.tr.isDown(info.Addr):
 				return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is unavailable: its node %s does not answer", p, entry.Owner), RetryAfter: time.Second}
 			default:
-				v, served, err, retry := m.forward(ctx, info.Addr, id, msg)
+				var v any
+				var served Served
+				var err error
+				var retry bool
+				if sub, ok := msg.(actors.KVSubscribe); ok {
+					v, served, err, retry = m.subscribeRemote(ctx, info, id, sub)
+				} else {
+					v, served, err, retry = m.forward(ctx, info.Addr, id, msg)
+				}
 				if !retry {
 					return v, served, err
 				}
@@ -509,6 +521,8 @@ func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 		return m.serveHandoff(ctx, req)
 	case opPing:
 		return &wireReply{}
+	case opSubscribe, opUnsubscribe:
+		return m.serveSubscribe(ctx, req)
 	}
 	return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindInternal, Msg: fmt.Sprintf("unknown request %d from node %s", req.Op, req.From)})}
 }
@@ -522,6 +536,7 @@ func (m *member) reconcileLoop() {
 	for {
 		changed := m.view.wait()
 		m.reconcile()
+		m.sweepSubs()
 		select {
 		case <-m.ctx.Done():
 			return

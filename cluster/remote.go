@@ -64,7 +64,9 @@ type handler func(ctx context.Context, req *wireRequest) *wireReply
 
 // startTransport starts the member on advertise (host:port; port 0 picks one).
 // client members own nothing and activate nothing.
-func startTransport(name, advertise string, endpoints []string, lookup *ownerLookup, serve handler, client bool, log *slog.Logger) (*transport, error) {
+// feed, called on the router's goroutine in arrival order, takes one-way feed
+// messages (they must not be reordered, and it must not block).
+func startTransport(name, advertise string, endpoints []string, lookup *ownerLookup, serve handler, feed func(*wireRequest), client bool, log *slog.Logger) (*transport, error) {
 	host, portStr, err := net.SplitHostPort(advertise)
 	if err != nil {
 		return nil, fmt.Errorf("cluster advertise %q: %w", advertise, err)
@@ -110,9 +112,21 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 		if !ok {
 			return
 		}
+		var w wireRequest
+		if err := decodeGob(req.MessageData, &w); err != nil {
+			t.log.Error("cannot decode a request from another node", "err", err)
+			if s := ctx.Sender(); s != nil {
+				ctx.Respond(encodeReply(t.log, &wireReply{Err: &wireError{Kind: actors.KindInternal, Msg: "cannot decode a request from another node"}}))
+			}
+			return
+		}
+		if w.Op == opFeed {
+			feed(&w)
+			return
+		}
 		sender := ctx.Sender()
 		go func() {
-			reply := t.serve(req, serve)
+			reply := t.serve(&w, serve)
 			if sender != nil {
 				system.Root.Send(sender, reply)
 			}
@@ -139,29 +153,36 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 	return t, nil
 }
 
-// serve decodes one request, runs it, and encodes the reply.
-func (t *transport) serve(req *protocluster.GrainRequest, serve handler) *protocluster.GrainResponse {
-	var w wireRequest
-	var reply *wireReply
-	if err := decodeGob(req.MessageData, &w); err != nil {
-		reply = &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindInternal, Msg: "cannot decode a request from another node"})}
-		t.log.Error("cannot decode a request from another node", "err", err)
-	} else {
-		w.Msg = unwrap(w.Msg, w.Ptr)
-		wait := w.Wait
-		if wait <= 0 || wait > time.Minute {
-			wait = time.Minute
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		reply = serve(ctx, &w)
-		cancel()
+// serve runs one decoded request and encodes its reply.
+func (t *transport) serve(w *wireRequest, serve handler) *protocluster.GrainResponse {
+	w.Msg = unwrap(w.Msg, w.Ptr)
+	wait := w.Wait
+	if wait <= 0 || wait > time.Minute {
+		wait = time.Minute
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	reply := serve(ctx, w)
+	cancel()
+	return encodeReply(t.log, reply)
+}
+
+func encodeReply(log *slog.Logger, reply *wireReply) *protocluster.GrainResponse {
 	data, err := encodeGob(reply)
 	if err != nil {
-		t.log.Error("cannot encode a reply for another node", "err", err)
+		log.Error("cannot encode a reply for another node", "err", err)
 		data, _ = encodeGob(&wireReply{Err: &wireError{Kind: actors.KindInternal, Msg: "internal error: the reply cannot cross between nodes"}})
 	}
 	return &protocluster.GrainResponse{MessageData: data}
+}
+
+// send sends req to the router at addr without waiting for a reply.
+func (t *transport) send(addr string, req *wireRequest) {
+	data, err := encodeGob(req)
+	if err != nil {
+		t.log.Error("cannot encode a message for another node", "err", err)
+		return
+	}
+	t.system.Root.Send(actor.NewPID(addr, routerName), &protocluster.GrainRequest{MessageData: data})
 }
 
 // errUnreachable is a request that got no reply from the other node.

@@ -118,7 +118,7 @@ func init() {
 	for _, v := range []any{
 		json.RawMessage(nil), map[string]any(nil), []any(nil), map[string]json.RawMessage(nil),
 		actors.KVGet{}, actors.KVGetSlot{}, actors.KVWrite{}, actors.KVReadLog{}, actors.KVState{},
-		actors.WriteResult{}, actors.LogPage{}, actors.Publish{}, actors.Published{},
+		actors.WriteResult{}, actors.LogPage{}, actors.Publish{}, actors.Published{}, actors.Subscribed{},
 		actors.LogAppend{}, actors.LogAppended{}, actors.LogRead{}, actors.RecordPage{},
 		actors.LogBoundsGet{}, actors.LogBounds{}, actors.LogCommit{}, actors.LogCursorGet{},
 		actors.LogCursor{}, actors.LogCursorsGet{}, actors.LogCursors{}, actors.LogLoadGet{},

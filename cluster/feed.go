@@ -1,0 +1,233 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// Live feeds across nodes. A websocket on node S subscribes to an object owned
+// by node O: S keeps the socket's subscriber under a subscription id and asks O
+// to subscribe a stand-in (remoteSub) in its place. The stand-in sends every
+// event to S's router, in the feed's order, one-way; S's router hands them to
+// the subscriber on its own goroutine, in arrival order (protoactor remote keeps
+// the order of one sender to one address). When O's activation drops its
+// subscribers (a failed write, a handoff), the stand-in sends Lost and the
+// socket's client joins again, resuming after its last log_id, wherever the
+// object lives now. Each side also drops the other's subscriptions when the
+// other node is no longer live.
+
+// feedMsg carries events of one remote subscription, or its end.
+type feedMsg struct {
+	SubID  uint64
+	After  *uint64 // opSubscribe: resume after this log_id
+	Events []actors.Event
+	Lost   *wireError // the subscription ended (last message)
+}
+
+// remoteSubs is both sides' bookkeeping.
+type remoteSubs struct {
+	mu   sync.Mutex
+	next uint64
+	// subscriber side: our subscribers at other nodes, by id and by subscriber
+	out   map[uint64]*outSub
+	outBy map[actors.Subscriber]uint64
+	// owner side: stand-ins for other nodes' subscribers
+	in map[inKey]*remoteSub
+}
+
+type outSub struct {
+	sub       actors.Subscriber
+	node      string // the owner it subscribed at
+	boot      string
+	addr      string
+	partition uint32
+}
+
+type inKey struct {
+	node string
+	id   uint64
+}
+
+func newRemoteSubs() *remoteSubs {
+	return &remoteSubs{out: map[uint64]*outSub{}, outBy: map[actors.Subscriber]uint64{}, in: map[inKey]*remoteSub{}}
+}
+
+// remoteSub stands in, at the owner, for a subscriber on another node.
+type remoteSub struct {
+	m    *member
+	key  inKey
+	boot string // the subscriber node's run
+	addr string
+	obj  actors.ObjectID
+	once sync.Once
+}
+
+func (r *remoteSub) Deliver(ev actors.Event) {
+	r.m.tr.send(r.addr, &wireRequest{Op: opFeed, From: r.m.id, Feed: &feedMsg{SubID: r.key.id, Events: []actors.Event{ev}}})
+}
+
+func (r *remoteSub) Lost(err error) {
+	r.once.Do(func() {
+		r.m.subs.mu.Lock()
+		delete(r.m.subs.in, r.key)
+		r.m.subs.mu.Unlock()
+		r.m.tr.send(r.addr, &wireRequest{Op: opFeed, From: r.m.id, Feed: &feedMsg{SubID: r.key.id, Lost: toWireError(err)}})
+	})
+}
+
+// subscribeRemote subscribes sub to object id at the owner at addr.
+func (m *member) subscribeRemote(ctx context.Context, owner NodeInfo, id actors.ObjectID, msg actors.KVSubscribe) (any, Served, error, bool) {
+	m.subs.mu.Lock()
+	if _, dup := m.subs.outBy[msg.Sub]; dup {
+		m.subs.mu.Unlock()
+		return nil, Served{}, &actors.Error{Kind: actors.KindInvalid, Msg: "already subscribed"}, false
+	}
+	m.subs.next++
+	subID := m.subs.next
+	m.subs.out[subID] = &outSub{sub: msg.Sub, node: owner.ID, boot: owner.Boot, addr: owner.Addr, partition: persistence.Partition(id, len(m.state))}
+	m.subs.outBy[msg.Sub] = subID
+	m.subs.mu.Unlock()
+	forget := func() {
+		m.subs.mu.Lock()
+		delete(m.subs.out, subID)
+		delete(m.subs.outBy, msg.Sub)
+		m.subs.mu.Unlock()
+	}
+	reply, err := m.tr.call(ctx, owner.Addr, &wireRequest{Op: opSubscribe, ID: id, From: m.id, Feed: &feedMsg{SubID: subID, After: msg.After}})
+	if err != nil {
+		forget()
+		return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: "no reply from the object's node in time", RetryAfter: time.Second}, false
+	}
+	if reply.Err != nil {
+		forget()
+		return nil, Served{}, reply.Err.err(), reply.Err.NotOwner
+	}
+	return reply.Val, reply.Served, nil, false
+}
+
+// unsubscribeRemote ends sub's subscription at another node; ok is false when
+// sub has none (it may be subscribed here).
+func (m *member) unsubscribeRemote(ctx context.Context, sub actors.Subscriber) bool {
+	m.subs.mu.Lock()
+	subID, ok := m.subs.outBy[sub]
+	var o *outSub
+	if ok {
+		o = m.subs.out[subID]
+		delete(m.subs.out, subID)
+		delete(m.subs.outBy, sub)
+	}
+	m.subs.mu.Unlock()
+	if !ok {
+		return false
+	}
+	_, _ = m.tr.call(ctx, o.addr, &wireRequest{Op: opUnsubscribe, From: m.id, Feed: &feedMsg{SubID: subID}})
+	return true
+}
+
+// serveSubscribe is the owner's side of opSubscribe and opUnsubscribe.
+func (m *member) serveSubscribe(ctx context.Context, req *wireRequest) *wireReply {
+	if req.Feed == nil {
+		return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindBadRequest, Msg: "malformed subscription"})}
+	}
+	key := inKey{node: req.From, id: req.Feed.SubID}
+	if req.Op == opUnsubscribe {
+		m.subs.mu.Lock()
+		rs := m.subs.in[key]
+		delete(m.subs.in, key)
+		m.subs.mu.Unlock()
+		if rs != nil {
+			_, _ = m.n.host.Request(ctx, rs.obj, actors.KVUnsubscribe{Sub: rs})
+		}
+		return &wireReply{}
+	}
+	info, live := m.view.node(req.From)
+	if !live {
+		return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("node %s is not live", req.From)})}
+	}
+	p := persistence.Partition(req.ID, len(m.state))
+	e := m.servingEpoch(p)
+	if e == 0 {
+		return &wireReply{Err: toWireError(&notOwnerError{msg: fmt.Sprintf("node %s does not serve partition %d now", m.id, p)})}
+	}
+	rs := &remoteSub{m: m, key: key, boot: info.Boot, addr: info.Addr, obj: req.ID}
+	m.subs.mu.Lock()
+	m.subs.in[key] = rs
+	m.subs.mu.Unlock()
+	v, err := m.n.host.Request(ctx, req.ID, actors.KVSubscribe{Sub: rs, After: req.Feed.After})
+	if err != nil {
+		m.subs.mu.Lock()
+		delete(m.subs.in, key)
+		m.subs.mu.Unlock()
+		if actors.NotServed(err) {
+			return &wireReply{Err: toWireError(&notOwnerError{msg: err.Error()})}
+		}
+		return &wireReply{Err: toWireError(err)}
+	}
+	wv, ptr := wrap(v)
+	return &wireReply{Val: wv, Ptr: ptr, Served: Served{Node: m.id, Partition: p, Epoch: e}}
+}
+
+// serveFeed is the subscriber node's side of opFeed: it runs on the router's
+// goroutine, in arrival order, and must not block.
+func (m *member) serveFeed(req *wireRequest) {
+	f := req.Feed
+	if f == nil {
+		return
+	}
+	m.subs.mu.Lock()
+	o := m.subs.out[f.SubID]
+	if o != nil && f.Lost != nil {
+		delete(m.subs.out, f.SubID)
+		delete(m.subs.outBy, o.sub)
+	}
+	m.subs.mu.Unlock()
+	if o == nil || o.node != req.From {
+		return // unsubscribed meanwhile
+	}
+	for _, ev := range f.Events {
+		o.sub.Deliver(ev)
+	}
+	if f.Lost != nil {
+		o.sub.Lost(f.Lost.err())
+	}
+}
+
+// sweepSubs drops the subscriptions whose other side is gone: here, stand-ins
+// for subscribers on nodes that are no longer live (or restarted); there,
+// subscriptions at owners that are no longer live or no longer own the
+// object's partition (their Lost may never come).
+func (m *member) sweepSubs() {
+	nodes, parts, _, _ := m.view.snapshot()
+	var drop []*remoteSub
+	var lost []*outSub
+	m.subs.mu.Lock()
+	for k, rs := range m.subs.in {
+		if n, ok := nodes[k.node]; !ok || n.Boot != rs.boot {
+			delete(m.subs.in, k)
+			drop = append(drop, rs)
+		}
+	}
+	for id, o := range m.subs.out {
+		n, ok := nodes[o.node]
+		if !ok || n.Boot != o.boot || parts[o.partition].Owner != o.node {
+			delete(m.subs.out, id)
+			delete(m.subs.outBy, o.sub)
+			lost = append(lost, o)
+		}
+	}
+	m.subs.mu.Unlock()
+	for _, rs := range drop {
+		rs.once.Do(func() {})
+		ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
+		_, _ = m.n.host.Request(ctx, rs.obj, actors.KVUnsubscribe{Sub: rs})
+		cancel()
+	}
+	for _, o := range lost {
+		o.sub.Lost(&actors.Error{Kind: actors.KindUnavailable, Msg: "the object's node is gone", RetryAfter: time.Second})
+	}
+}

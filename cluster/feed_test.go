@@ -1,0 +1,172 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// collector is a live feed subscriber that keeps what it got.
+type collector struct {
+	mu      sync.Mutex
+	events  []actors.Event
+	lost    error
+	gotLost chan struct{}
+}
+
+func newCollector() *collector { return &collector{gotLost: make(chan struct{})} }
+
+func (c *collector) Deliver(ev actors.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lost != nil {
+		panic("Deliver after Lost")
+	}
+	c.events = append(c.events, ev)
+}
+
+func (c *collector) Lost(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lost = err
+	close(c.gotLost)
+}
+
+// logIDs returns the log_ids of the live changes received, and the snapshot's.
+func (c *collector) logIDs(t *testing.T) (snapshot uint64, live []uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ev := range c.events {
+		var body struct {
+			LogID uint64 `json:"log_id"`
+		}
+		switch ev.Kind {
+		case actors.EventSnapshot:
+			if err := json.Unmarshal(ev.Payload, &body); err != nil {
+				t.Fatal(err)
+			}
+			snapshot = body.LogID
+		case actors.EventLive:
+			if err := json.Unmarshal(ev.Payload, &body); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, body.LogID)
+		}
+	}
+	return snapshot, live
+}
+
+func TestCluster_LiveFeedAcrossNodesFollowsTheObject(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a")
+	tc.start("b")
+	c := tc.start("c")
+	tc.waitStable(30 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// An object owned by b, watched from a, written through c.
+	var key string
+	for i := 0; ; i++ {
+		key = fmt.Sprintf("feed%d", i)
+		p := persistence.Partition(actors.ObjectID{App: "app_t", Type: "kv", Key: key}, testPartitions)
+		if a.member.view.part(p).Owner == "b" {
+			break
+		}
+	}
+	id := actors.ObjectID{App: "app_t", Type: "kv", Key: key}
+	for i := range 3 {
+		if _, err := tc.set(ctx, c, key, "v", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub := newCollector()
+	v, err := a.Request(ctx, id, actors.KVSubscribe{Sub: sub})
+	if err != nil {
+		t.Fatalf("subscribe across nodes: %v", err)
+	}
+	if s := v.(*actors.Subscribed); s.LogID != 3 {
+		t.Fatalf("subscribed at %d, want 3", s.LogID)
+	}
+	for i := range 20 {
+		if _, err := tc.set(ctx, c, key, "v", 100+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { _, live := sub.logIDs(t); return len(live) == 20 })
+	snap, live := sub.logIDs(t)
+	if snap != 3 || live[0] != 4 || live[19] != 23 {
+		t.Fatalf("snapshot %d, live %v", snap, live)
+	}
+	for i := 1; i < len(live); i++ {
+		if live[i] != live[i-1]+1 {
+			t.Fatalf("live log_ids not contiguous: %v", live)
+		}
+	}
+	// The object's partition leaves b: the subscription is lost, and a new one
+	// resuming after the last log_id misses nothing.
+	tc.leave("b")
+	select {
+	case <-sub.gotLost:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the subscription was not lost when its object moved")
+	}
+	if actors.KindOf(sub.lost) != actors.KindUnavailable {
+		t.Fatalf("lost with %v", sub.lost)
+	}
+	tc.waitStable(60 * time.Second)
+	if _, err := tc.set(ctx, c, key, "v", 200); err != nil { // log_id 24, while nobody watches
+		t.Fatal(err)
+	}
+	again := newCollector()
+	after := uint64(23)
+	if _, err := a.Request(ctx, id, actors.KVSubscribe{Sub: again, After: &after}); err != nil {
+		t.Fatalf("subscribe again: %v", err)
+	}
+	if _, err := tc.set(ctx, c, key, "v", 201); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, live := again.logIDs(t); return len(live) == 1 })
+	again.mu.Lock()
+	replayed := 0
+	for _, ev := range again.events {
+		if ev.Kind == actors.EventReplay {
+			replayed++
+		}
+	}
+	again.mu.Unlock()
+	if replayed != 1 {
+		t.Fatalf("replay after 23 gave %d items, want the one change of log_id 24", replayed)
+	}
+	// Unsubscribed, it gets nothing more.
+	if _, err := a.Request(ctx, id, actors.KVUnsubscribe{Sub: again}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.set(ctx, c, key, "v", 202); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if _, live := again.logIDs(t); len(live) != 1 {
+		t.Fatalf("events after unsubscribe: %v", live)
+	}
+	if _, err := a.Request(ctx, id, actors.KVSubscribe{Sub: again}); err != nil && !errors.Is(err, actors.ErrBadRequest) {
+		t.Fatalf("subscribe a third time: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
