@@ -66,6 +66,15 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// testTypeOptions: type "leased" has leases; the others the defaults.
+func testTypeOptions(typ string) actors.TypeOptions {
+	o := actors.DefaultTypeOptions()
+	if typ == "leased" {
+		o.Log.Leases = &actors.LeaseOptions{MaxParallelism: 4, LeaseDuration: 30 * time.Second}
+	}
+	return o
+}
+
 // start starts node id (again, with its data directory, if it ran before).
 func (tc *testCluster) start(id string) *Node {
 	tc.t.Helper()
@@ -75,7 +84,7 @@ func (tc *testCluster) start(id string) *Node {
 		tc.dirs[id] = dir
 	}
 	n, err := Start(Config{
-		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t),
+		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t), TypeOptions: testTypeOptions,
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second},
 	})
 	if err != nil {

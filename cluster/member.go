@@ -287,6 +287,9 @@ func (m *member) leaseValid() bool {
 
 // servingEpoch is partition p's epoch if this node serves it now, else 0.
 func (m *member) servingEpoch(p uint32) uint64 {
+	if m.n == nil {
+		return 0 // a client member serves nothing
+	}
 	e := m.n.table.epochs[p].Load()
 	if e == 0 || !m.leaseValid() {
 		return 0

@@ -34,6 +34,7 @@ const maxWireMessage = 80 << 20
 type transport struct {
 	system  *actor.ActorSystem
 	cluster *protocluster.Cluster
+	client  bool
 	lookup  *ownerLookup
 	log     *slog.Logger
 	addr    string
@@ -89,7 +90,7 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 		remote.WithCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage)))
 	cc := protocluster.Configure(name, provider, lookup, rc)
 	c := protocluster.New(system, cc)
-	t := &transport{system: system, cluster: c, lookup: lookup, log: log, down: map[string]time.Time{}}
+	t := &transport{system: system, cluster: c, client: client, lookup: lookup, log: log, down: map[string]time.Time{}}
 	// StartMember panics on errors (a port in use, etcd unreachable).
 	if err := func() (err error) {
 		defer func() {
@@ -260,6 +261,13 @@ func (t *transport) stop(graceful bool) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		if t.client {
+			// Cluster.Shutdown assumes gossip, which a client does not start.
+			_ = t.cluster.Config.ClusterProvider.Shutdown(false)
+			t.system.Shutdown()
+			t.cluster.Remote.Shutdown(false)
+			return
+		}
 		t.cluster.Shutdown(graceful)
 	}()
 	select {
