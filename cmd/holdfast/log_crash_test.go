@@ -20,12 +20,20 @@ func TestCrash_LogAppendsWithDedupKeysSurviveSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("crash test starts server processes")
 	}
-	const producers, rounds = 6, 4
 	cfgFile, dataDir, rng := crashSetup(t, ``)
+	runLogCrash(t, newSingleTarget(t, dataDir, cfgFile), rng)
+}
+
+// runLogCrash is the log's crash checker: producers append batches with
+// deduplication keys, retrying each until it is acknowledged, and a consumer
+// commits its cursor, while tgt is killed and restarted; at the end every key is
+// in the log exactly once at the offset acknowledged, offsets are contiguous,
+// and the cursor holds the highest acknowledged commit.
+func runLogCrash(t *testing.T, tgt crashTarget, rng *rand.Rand) {
+	const producers, rounds = 6, 4
 	const logPath = "/api/v1/logs/app_crash/events/l1"
 
 	type batch struct{ keys []string }
-	var base string // the current server's URL; set between rounds only
 	var (
 		mu         sync.Mutex
 		ackedKeys  = map[string]uint64{} // key -> offset the server acknowledged
@@ -43,7 +51,7 @@ func TestCrash_LogAppendsWithDedupKeysSurviveSIGKILL(t *testing.T) {
 		return b
 	}
 	// appendBatch sends b; true when acknowledged (its offsets recorded).
-	appendBatch := func(ctx context.Context, c *http.Client, b *batch) bool {
+	appendBatch := func(ctx context.Context, c *http.Client, b *batch, base string) bool {
 		recs := make([]map[string]any, len(b.keys))
 		for i, k := range b.keys {
 			recs[i] = map[string]any{"body": map[string]any{"key": k}, "deduplicationKey": k}
@@ -73,8 +81,6 @@ func TestCrash_LogAppendsWithDedupKeysSurviveSIGKILL(t *testing.T) {
 	}
 
 	for round := 0; round <= rounds; round++ {
-		srv := startServer(t, dataDir, cfgFile)
-		base = srv.url
 		final := round == rounds
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
@@ -94,7 +100,7 @@ func TestCrash_LogAppendsWithDedupKeysSurviveSIGKILL(t *testing.T) {
 					}
 					b := pending[p]
 					mu.Unlock()
-					if appendBatch(ctx, c, b) {
+					if appendBatch(ctx, c, b, tgt.url(r)) {
 						mu.Lock()
 						pending[p] = nil
 						mu.Unlock()
@@ -117,7 +123,7 @@ func TestCrash_LogAppendsWithDedupKeysSurviveSIGKILL(t *testing.T) {
 				mu.Lock()
 				commitSent[target] = true
 				mu.Unlock()
-				status, reply, err := call(ctx, c, "PUT", base+logPath+"/cursors/indexer", map[string]any{"offset": target})
+				status, reply, err := call(ctx, c, "PUT", tgt.url(r)+logPath+"/cursors/indexer", map[string]any{"offset": target})
 				if err == nil && status == 200 {
 					mu.Lock()
 					maxAcked = max(maxAcked, uint64(reply["offset"].(float64)))
@@ -131,7 +137,7 @@ func TestCrash_LogAppendsWithDedupKeysSurviveSIGKILL(t *testing.T) {
 			cancel()
 		} else {
 			time.Sleep(time.Duration(300+rng.Intn(1200)) * time.Millisecond)
-			srv.kill(t)
+			tgt.fault(t, rng)
 			cancel()
 			wg.Wait()
 			mu.Lock()
@@ -140,7 +146,8 @@ func TestCrash_LogAppendsWithDedupKeysSurviveSIGKILL(t *testing.T) {
 			continue
 		}
 
-		// Verify on the last server.
+		// Verify on the last server (a node of the cluster).
+		base := tgt.url(rng)
 		c := &http.Client{Timeout: 10 * time.Second}
 		seen := map[string]uint64{}
 		var next uint64
@@ -189,6 +196,6 @@ func TestCrash_LogAppendsWithDedupKeysSurviveSIGKILL(t *testing.T) {
 			t.Fatalf("cursor %d: the highest acknowledged commit was %d", cur, maxAcked)
 		}
 		t.Logf("%d records, contiguous, each once; cursor %d (highest acknowledged commit %d)", len(seen), cur, maxAcked)
-		srv.kill(t)
+		tgt.close(t)
 	}
 }
