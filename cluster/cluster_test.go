@@ -30,7 +30,6 @@ type testCluster struct {
 	nodes map[string]*Node
 	check *ownership.Checker
 	hook  func(s Served, start, end time.Time)
-	proxy map[string]*etcdProxy
 }
 
 func newTestCluster(t *testing.T) *testCluster {

@@ -4,86 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/internal/tcpproxy"
 	"github.com/holdfast/holdfast/persistence"
 )
 
-// etcdProxy stands between one node and etcd, so that a test can cut the node
-// off from etcd (and only from etcd) and connect it again.
-type etcdProxy struct {
-	ln      net.Listener
-	target  string
-	mu      sync.Mutex
-	blocked bool
-	conns   map[net.Conn]struct{}
-}
-
-func newEtcdProxy(t *testing.T, target string) *etcdProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &etcdProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	t.Cleanup(func() { ln.Close() }) // connections stay: the nodes stop first
-	go p.accept()
-	return p
-}
-
-func (p *etcdProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *etcdProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.blocked {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); up.Close(); c.Close() }()
-		go func() { _, _ = io.Copy(c, up); up.Close(); c.Close() }()
-	}
-}
-
-// block cuts every connection and refuses new ones.
-func (p *etcdProxy) block() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.blocked = true
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-func (p *etcdProxy) unblock() {
-	p.mu.Lock()
-	p.blocked = false
-	p.mu.Unlock()
-}
-
 // startVia starts node id with its etcd connection through a proxy.
-func (tc *testCluster) startVia(id string) (*Node, *etcdProxy) {
+func (tc *testCluster) startVia(id string) (*Node, *tcpproxy.Proxy) {
 	tc.t.Helper()
-	px := newEtcdProxy(tc.t, tc.etcd.Endpoint())
+	px, err := tcpproxy.Start(tc.etcd.Endpoint())
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.t.Cleanup(func() { px.Close() }) // connections stay: the nodes stop first
 	dir, ok := tc.dirs[id]
 	if !ok {
 		dir = filepath.Join(tc.t.TempDir(), id)
@@ -91,7 +29,7 @@ func (tc *testCluster) startVia(id string) (*Node, *etcdProxy) {
 	}
 	n, err := Start(Config{
 		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t),
-		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{px.addr()}, LeaseTTL: 2 * time.Second},
+		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{px.Addr()}, LeaseTTL: 2 * time.Second},
 	})
 	if err != nil {
 		tc.t.Fatalf("start %s: %v", id, err)
@@ -250,7 +188,7 @@ func TestCluster_NodeCutOffFromEtcdStopsServing(t *testing.T) {
 	cutAt = time.Now()
 	before := servedByC
 	mu.Unlock()
-	px.block()
+	px.Block()
 	// Within its lease, c stops serving everything.
 	deadline := cutAt.Add(ttl + time.Second)
 	for time.Now().Before(deadline) && len(c.member.served()) > 0 && c.member.leaseValid() {
@@ -276,7 +214,7 @@ func TestCluster_NodeCutOffFromEtcdStopsServing(t *testing.T) {
 		}
 	}
 	// Connected again, c serves its partitions again, at new epochs.
-	px.unblock()
+	px.Unblock()
 	tc.waitStable(30 * time.Second)
 	time.Sleep(500 * time.Millisecond)
 	close(stop)
