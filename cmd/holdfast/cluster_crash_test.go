@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -398,8 +399,23 @@ func TestCluster_ProcessesLoseNoAcknowledgedWrite(t *testing.T) {
 		pc.start("d")
 		pc.waitStable(60 * time.Second)
 	})
-	run("leave a", func() {
-		pc.leave("a")
+	run("leave a (holdfast cluster leave)", func() {
+		pc.mu.Lock()
+		s := pc.servers["a"]
+		delete(pc.servers, "a")
+		pc.mu.Unlock()
+		out, err := pc.holdfast("cluster", "leave", "a")
+		if err != nil {
+			t.Fatalf("cluster leave: %v\n%s", err, out)
+		}
+		select {
+		case err := <-s.exited:
+			if err != nil {
+				t.Fatalf("node a after cluster leave: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("node a did not exit after cluster leave")
+		}
 		pc.waitStable(60 * time.Second)
 	})
 	// Every acknowledged write is there, read through each node.
@@ -417,6 +433,47 @@ func TestCluster_ProcessesLoseNoAcknowledgedWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d acknowledged writes checked; %d serving periods recorded", len(acked), pc.check.Periods())
+
+	// The operator's view, then giving up a dead node on purpose.
+	out, err := pc.holdfast("cluster", "status")
+	if err != nil || !strings.Contains(out, "PARTITION") || !strings.Contains(out, "\nd ") || strings.Contains(out, "unavailable") {
+		t.Fatalf("cluster status: %v\n%s", err, out)
+	}
+	pc.kill("b")
+	if out, err := pc.holdfast("cluster", "forget-node", "b"); err == nil || !strings.Contains(out, "accept-data-loss") {
+		t.Fatalf("forget-node without --accept-data-loss: %v\n%s", err, out)
+	}
+	if out, err := pc.holdfast("cluster", "forget-node", "c", "--accept-data-loss"); err == nil || !strings.Contains(out, "live") {
+		t.Fatalf("forget-node of a live node: %v\n%s", err, out)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		out, err = pc.holdfast("cluster", "status") // b shows down once its lease expired
+		if err == nil && strings.Contains(out, "partitions unavailable") && strings.Contains(out, "down") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster status with b down: %v\n%s", err, out)
+		}
+	}
+	if out, err := pc.holdfast("cluster", "forget-node", "b", "--accept-data-loss"); err != nil || !strings.Contains(out, "gave up") {
+		t.Fatalf("forget-node: %v\n%s", err, out)
+	}
+	pc.waitStable(60 * time.Second) // c and d took b's partitions up
+	for i := range objects {
+		url := pc.urls()[0]
+		if status, _, err := pc.callServed(context.Background(), c, "PUT", fmt.Sprintf("%s/api/v1/objects/app_crash/crash/o%d/after", url, i), map[string]any{"value": 1}); err != nil || status != http.StatusOK {
+			t.Fatalf("write o%d after forget-node: %d %v", i, status, err)
+		}
+	}
+}
+
+// holdfast runs the holdfast command (the test binary) with args and the
+// cluster's etcd and name, and returns its combined output.
+func (pc *procCluster) holdfast(args ...string) (string, error) {
+	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, append(args, "--etcd", pc.etcd, "--name", pc.name)...)...)
+	cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // startThree starts nodes a, b and c and waits until they share the partitions.

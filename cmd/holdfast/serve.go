@@ -110,10 +110,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
 	var cc *cluster.ClusterConfig
 	if c := cfg.Cluster; c != nil {
 		cc = &cluster.ClusterConfig{Name: c.Name, NodeID: c.NodeID, Advertise: c.Advertise, Endpoints: c.Etcd.Endpoints,
-			LeaseTTL: c.LeaseTTL, HTTP: cfg.Listen}
+			LeaseTTL: c.LeaseTTL, HTTP: ln.Addr().String()}
 	}
 	node, err := cluster.Start(cluster.Config{
 		DataDir:     filepath.Join(cfg.DataDir, "db"),
@@ -126,12 +130,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Cluster:     cc,
 	})
 	if err != nil {
+		ln.Close()
 		return err
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		_ = node.Close(context.Background())
-		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps(apps), Logger: log,
 		ServedHeader: os.Getenv("HOLDFAST_TEST_SERVED_HEADER") == "1"})
