@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/internal/devetcd"
 	"github.com/holdfast/holdfast/internal/ownership"
@@ -614,4 +616,130 @@ func TestCluster_ProcessesNodeCutOffFromEtcd(t *testing.T) {
 		t.Fatalf("c served nothing under a new epoch after it reconnected")
 	}
 	t.Logf("%d acknowledged writes checked; c served %d replies under new epochs after reconnecting", len(acked), servedByCAfter)
+}
+
+// TestCluster_ProcessesWebsocketFollowsTheObject: a websocket on node a joins
+// an object owned by node b and receives, live and in order, the changes
+// written through node c; when b leaves, the channel gets phx_error, and a join
+// again after the last log_id seen misses nothing.
+func TestCluster_ProcessesWebsocketFollowsTheObject(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an etcd process and several server processes")
+	}
+	pc := newProcCluster(t, "")
+	pc.startThree()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c := &http.Client{Timeout: 10 * time.Second}
+	// An object owned by b: ask through a and read who served it.
+	var obj string
+	for i := 0; obj == ""; i++ {
+		o := fmt.Sprintf("ws%d", i)
+		req, _ := http.NewRequestWithContext(ctx, "GET", pc.servers["a"].url+"/api/v1/objects/app_crash/crash/"+o, nil)
+		req.Header.Set("X-App-Key", crashAppKey)
+		req.Header.Set("X-App-Secret", crashAppSecret)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if strings.HasPrefix(resp.Header.Get("X-Holdfast-Served-By"), "b/") {
+			obj = o
+		}
+	}
+	write := func(n int) {
+		for range n {
+			if st, reply, err := call(ctx, c, "POST", pc.servers["c"].url+"/api/v1/objects/app_crash/crash/"+obj+"/n/increment", map[string]any{"by": 1}); err != nil || st != 200 {
+				t.Fatalf("increment: %d %v %v", st, reply, err)
+			}
+		}
+	}
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(pc.servers["a"].url, "http")+"/socket/websocket?vsn=2.0.0&app_key="+crashAppKey, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	topic := "durable:" + crashAppKey + ":crash:" + obj
+	send := func(frame []any) {
+		b, _ := json.Marshal(frame)
+		if err := ws.Write(ctx, websocket.MessageText, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// next returns the next frame of the topic: event and payload.
+	next := func() (string, map[string]any) {
+		for {
+			rctx, rcancel := context.WithTimeout(ctx, 15*time.Second)
+			_, b, err := ws.Read(rctx)
+			rcancel()
+			if err != nil {
+				t.Fatalf("read: %v", err)
+			}
+			var f []json.RawMessage
+			if err := json.Unmarshal(b, &f); err != nil || len(f) != 5 {
+				t.Fatalf("frame %s", b)
+			}
+			var tp, ev string
+			_ = json.Unmarshal(f[2], &tp)
+			_ = json.Unmarshal(f[3], &ev)
+			if tp != topic {
+				continue
+			}
+			var payload map[string]any
+			_ = json.Unmarshal(f[4], &payload)
+			return ev, payload
+		}
+	}
+	expect := func(event string) map[string]any {
+		ev, p := next()
+		if ev != event {
+			t.Fatalf("got %s %v, want %s", ev, p, event)
+		}
+		return p
+	}
+	send([]any{"1", "1", topic, "phx_join", map[string]any{"app_secret": crashAppSecret}})
+	if p := expect("phx_reply"); p["status"] != "ok" {
+		t.Fatalf("join: %v", p)
+	}
+	expect("snapshot")
+	write(20)
+	last := 0.0
+	for i := range 20 {
+		p := expect("change")
+		if id := p["log_id"].(float64); id != float64(i+1) {
+			t.Fatalf("change %d has log_id %v", i, id)
+		}
+		last = p["log_id"].(float64)
+	}
+	// b leaves: the object moves, the channel errs, a new join resumes.
+	pc.leave("b")
+	expect("phx_error")
+	pc.waitStable(60 * time.Second)
+	write(5) // log_ids 21..25 while nobody watches
+	send([]any{"2", "2", topic, "phx_join", map[string]any{"app_secret": crashAppSecret, "after_log_id": last}})
+	ev, p := next()
+	if ev == "phx_close" { // the errored channel's, as for any duplicate join
+		ev, p = next()
+	}
+	if ev != "phx_reply" || p["status"] != "ok" {
+		t.Fatalf("join again: %s %v", ev, p)
+	}
+	got := []float64{}
+	for {
+		ev, p := next()
+		if ev == "snapshot" {
+			break
+		}
+		if ev != "change" && ev != "replay" {
+			t.Fatalf("after the rejoin: %s %v", ev, p)
+		}
+		got = append(got, p["log_id"].(float64))
+	}
+	if len(got) != 5 || got[0] != 21 || got[4] != 25 {
+		t.Fatalf("replayed %v, want log_ids 21..25", got)
+	}
+	write(1)
+	if p := expect("change"); p["log_id"].(float64) != 26 {
+		t.Fatalf("live after the rejoin: %v", p)
+	}
 }
