@@ -83,6 +83,8 @@ func main() {
 		aWindow  = flag.Duration("alarm-window", 30*time.Second, "alarms: how long firing is measured")
 		aLead    = flag.Duration("alarm-lead", 90*time.Second, "alarms: the first alarm is due this long after the set phase starts")
 		aT0      = flag.Int64("alarm-t0", 0, "internal: unix ms of the first alarm")
+		clMode   = flag.Bool("cluster", false, "run the cluster benchmark (a cluster's nodes in one child process per phase) instead of the write cases")
+		cMiB     = flag.Int("cluster-mib", 256, "cluster: MiB of log data the leaving node hands off")
 		leasePar = flag.Int("lease-parallelism", 64, "internal: the http-server child's maxParallelism of leases")
 	)
 	flag.Parse()
@@ -95,6 +97,10 @@ func main() {
 	}
 	if *only == "http-server" {
 		os.Exit(httpServer(*dirFlag, *leasePar))
+	}
+	ccfg := clusterConfig{rounds: *rounds, d: *duration, warmup: *warmup, mib: *cMiB}
+	if strings.HasPrefix(*only, "cluster-") {
+		os.Exit(clusterChild(*only, *dirFlag, ccfg))
 	}
 	if *only != "" {
 		os.Exit(runChild(*only, *dirFlag, *duration, *warmup, *memObjs, *logRecs))
@@ -142,6 +148,9 @@ func main() {
 	}
 	if *coldMode {
 		os.Exit(runCold(base, *coldRecs, *rounds))
+	}
+	if *clMode {
+		os.Exit(runCluster(base, ccfg, *mdOut, *jsonOut))
 	}
 	if *alarmsOn {
 		os.Exit(runAlarms(base, acfg, *jsonOut))
