@@ -448,6 +448,7 @@ func runCluster(base string, cfg clusterConfig, mdOut, jsonOut string) int {
 				fatal(err)
 			}
 		}
+		os.RemoveAll(dir("probe"))
 		round.Probe = (before.OpsPerSec + after.OpsPerSec) / 2
 		rounds = append(rounds, round)
 		b, _ := json.Marshal(round)
