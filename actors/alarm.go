@@ -297,6 +297,9 @@ func (o *object) alarmFire(m alarmFire) (any, error) {
 	if _, busy := a.running[name]; busy {
 		return nil, nil // its predecessor is running; it wakes this one when it ends
 	}
+	if f := o.h.cfg.Hooks.AlarmRan; f != nil {
+		f(time.Duration(now-r.At) * time.Millisecond)
+	}
 	if name == QueueAlarm {
 		o.alarmSettle(a, name, r.Gen, nil, nil, 0)
 		o.queueCompact() // each re-arms the alarm for its next need

@@ -50,6 +50,20 @@ type Config struct {
 	// Alarms configures the node's alarm scheduler; its DB, Fire and clock are
 	// the host's.
 	Alarms alarms.Config
+	// Hooks observe the host's work (metrics); nil fields are skipped.
+	Hooks Hooks
+}
+
+// Hooks observe a host's work for metrics. Each is called on an object's turn
+// or a pipeline goroutine and must not block. Nil fields are skipped.
+type Hooks struct {
+	// Passivated: an idle activation went away.
+	Passivated func()
+	// AlarmRan: an alarm ran, late by this much after its time.
+	AlarmRan func(late time.Duration)
+	// Queue: n queue messages made a transition: "enqueued", "delivered",
+	// "completed" or "dead_lettered" (counted as their change is submitted).
+	Queue func(event string, n int)
 }
 
 // TypeOptions are the per-type settings the actors use.

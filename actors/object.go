@@ -331,6 +331,9 @@ func (o *object) idle(c actor.Context) {
 	// Applied, not only durable: the next activation loads from Badger. An object
 	// with subscribers stays: its feed lives in this activation.
 	if len(o.subs) == 0 && o.push.inflight == 0 && (o.last == nil || o.last.Applied()) && o.h.release(o.act) {
+		if f := o.h.cfg.Hooks.Passivated; f != nil {
+			f()
+		}
 		c.Stop(c.Self())
 	}
 }

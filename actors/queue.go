@@ -157,6 +157,8 @@ type queueTxn struct {
 	saved queueMetaRec
 	// wake is when the queue wants its alarm (QueueAlarm) next; 0: no need.
 	wake int64
+	// enqueued counts the pairs this transaction enqueued (metrics).
+	enqueued int
 }
 
 // wakeAt asks for the queue's alarm at at (the earliest asked wins).
@@ -196,6 +198,17 @@ func (o *object) queueCommit(t *queueTxn) {
 	o.queueFinish(t)
 	o.submit(&t.w, nil)
 	o.alarmNotify(notify)
+	if f := o.h.cfg.Hooks.Queue; f != nil {
+		for _, c := range [...]struct {
+			event string
+			n     int
+		}{{"enqueued", t.enqueued}, {"delivered", t.q.meta.Processing - t.saved.Processing},
+			{"completed", t.q.meta.Complete - t.saved.Complete}, {"dead_lettered", t.q.meta.Failed - t.saved.Failed}} {
+			if c.n > 0 {
+				f(c.event, c.n)
+			}
+		}
+	}
 }
 
 // queueFinish adds the meta and the partition index to t's write.
@@ -276,6 +289,7 @@ func (o *object) queueEnqueue(m QueueEnqueue) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.enqueued = t.q.meta.Pending - t.saved.Pending // new pairs (one per target)
 	o.queueCommit(t)
 	o.queuePump()
 	return &QueueEnqueued{IDs: ids}, nil

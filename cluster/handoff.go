@@ -52,6 +52,13 @@ func (m *member) handoff(p uint32, e PartEntry) {
 	defer m.wg.Done()
 	start := time.Now()
 	err := m.handOff(p, e)
+	if mt := m.n.cfg.Metrics; mt != nil {
+		if err != nil {
+			mt.Handoff("failed")
+		} else {
+			mt.Handoff("ok")
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {

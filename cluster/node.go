@@ -13,6 +13,7 @@ import (
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/cold"
+	"github.com/holdfast/holdfast/metrics"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -41,6 +42,8 @@ type Config struct {
 	// Cluster makes the node a member of a cluster of several nodes; nil means a
 	// single node, which owns every partition.
 	Cluster *ClusterConfig
+	// Metrics, if set, receives the node's measurements (GET /metrics).
+	Metrics *metrics.Metrics
 }
 
 // ErrNotOwner is returned by the fence for a write whose partition epoch is no
@@ -99,6 +102,10 @@ func Start(cfg Config) (*Node, error) {
 	}
 	n.db = db
 	n.table = &partitionTable{epochs: make([]atomic.Uint64, db.Partitions())}
+	if cfg.Metrics != nil {
+		cfg.Cold = cfg.Metrics.Cold(cfg.Cold)
+		n.cfg.Cold = cfg.Cold
+	}
 	pc := persistence.PipelineConfig{Fence: n.table.fence, Logger: cfg.Logger}
 	hc := actors.Config{
 		IdleTimeout: cfg.IdleTimeout,
@@ -108,6 +115,10 @@ func Start(cfg Config) (*Node, error) {
 		Cold:        cfg.Cold,
 		ColdTimeout: cfg.ColdTimeout,
 		Alarms:      cfg.Alarms,
+	}
+	if m := cfg.Metrics; m != nil {
+		pc.OnCommit = m.Commit
+		hc.Hooks = actors.Hooks{Passivated: m.Passivated, AlarmRan: m.AlarmRan, Queue: m.Queue}
 	}
 	if cli == nil {
 		for i := range n.table.epochs {
@@ -142,8 +153,28 @@ func Start(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
+	if m := cfg.Metrics; m != nil {
+		n.registerMetrics(m)
+	}
 	n.ready.Store(true)
 	return n, nil
+}
+
+// registerMetrics registers the gauges and counters that read the node's own
+// state at scrape time.
+func (n *Node) registerMetrics(m *metrics.Metrics) {
+	m.CounterFunc("holdfast_commits_total", "Commits, each covered by one sync.", func() float64 { return float64(n.pipe.Stats().Commits) })
+	m.CounterFunc("holdfast_writes_total", "Writes made durable.", func() float64 { return float64(n.pipe.Stats().Writes) })
+	m.CounterFunc("holdfast_write_failures_total", "Writes that failed (fenced, too large, storage failure).", func() float64 { return float64(n.pipe.Stats().Failed) })
+	m.GaugeFunc("holdfast_commit_queue_writes", "Writes waiting for the committer (every object's mailbox feeds it).", func() float64 { return float64(n.pipe.Queued()) })
+	m.GaugeFunc("holdfast_objects_active", "Active objects (activations in memory).", func() float64 { return float64(n.host.Active()) })
+	m.GaugeFunc("holdfast_alarms_resident", "Alarm index entries held in memory by the scheduler.", func() float64 { return float64(n.host.Scheduler().Stats().Resident) })
+	m.GaugeFunc("holdfast_partitions_served", "Partitions this node serves now.", func() float64 {
+		if n.member == nil {
+			return float64(len(n.table.epochs))
+		}
+		return float64(len(n.member.served()))
+	})
 }
 
 // Request sends msg to object id on the node that owns it and returns the reply.

@@ -37,9 +37,21 @@ type Config struct {
 	SocketIdleTimeout time.Duration
 	// Logger is the gateway's logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Metrics, if set, observes every request; MetricsHandler, if set, serves
+	// GET /metrics.
+	Metrics        Metrics
+	MetricsHandler http.Handler
 	// ServedHeader adds X-Holdfast-Served-By: node/partition/epoch to every
 	// reply an object gave, for the cluster's ownership tests. Off in production.
 	ServedHeader bool
+}
+
+// Metrics is what the gateway reports to the node's metrics.
+type Metrics interface {
+	// Request observes one request: its behaviour, route pattern, status, time.
+	Request(behaviour, route string, code int, d time.Duration)
+	// SlowSocketClosed counts a websocket closed for falling behind.
+	SlowSocketClosed()
 }
 
 // Server is the HTTP API of one node.
@@ -87,6 +99,9 @@ func (s *Server) routes() {
 	s.queueRoutes()
 	s.mux.HandleFunc("POST /api/v1/tokens/{app}", s.mintToken)
 	s.mux.HandleFunc("GET /socket/websocket", s.serveSocket)
+	if s.cfg.MetricsHandler != nil {
+		s.mux.Handle("GET /metrics", s.cfg.MetricsHandler)
+	}
 }
 
 // now is the clock of token expiry: time.Now unless a test set another.
@@ -129,6 +144,16 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h, pattern := s.mux.Handler(r)
+	if m := s.cfg.Metrics; m != nil && pattern != "GET /socket/websocket" {
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		w = sw
+		start := time.Now()
+		route := pattern
+		if route == "" {
+			route = "unmatched"
+		}
+		defer func() { m.Request(behaviourOf(pattern), route, sw.code, time.Since(start)) }()
+	}
 	if pattern == "" {
 		s.unmatched(w, r, h)
 		return
@@ -257,3 +282,47 @@ func (w *servedWriter) Write(b []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the connection (websockets).
 func (w *servedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// statusWriter remembers the status of a reply, for the metrics.
+type statusWriter struct {
+	http.ResponseWriter
+	code    int
+	written bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.written {
+		w.code, w.written = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.written = true
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// behaviourOf names the behaviour a route pattern serves (a metrics label).
+func behaviourOf(pattern string) string {
+	_, path, _ := strings.Cut(pattern, " ")
+	switch {
+	case strings.HasPrefix(path, "/api/v1/objects/"):
+		if strings.Contains(path, "/alarms") {
+			return "alarms"
+		}
+		return "kv"
+	case strings.HasPrefix(path, "/api/v1/logs/"):
+		return "log"
+	case strings.HasPrefix(path, "/api/v1/queues/"):
+		return "queue"
+	case strings.HasPrefix(path, "/api/v1/tokens/"):
+		return "tokens"
+	case strings.HasPrefix(path, "/api/v1/admin/"):
+		return "admin"
+	case path == "":
+		return "none"
+	}
+	return "node"
+}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -65,6 +66,17 @@ func (s *Server) Sockets() int {
 	s.hub.mu.Lock()
 	defer s.hub.mu.Unlock()
 	return len(s.hub.sockets)
+}
+
+// Subscriptions returns the number of channels joined on the open websockets.
+func (s *Server) Subscriptions() int {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	n := 0
+	for sk := range s.hub.sockets {
+		n += int(sk.nchans.Load())
+	}
+	return n
 }
 
 // Close closes every websocket (status 1001, going away) and refuses new ones.
@@ -151,6 +163,8 @@ type socket struct {
 
 	// Only the reader goroutine touches chans.
 	chans map[string]*channel
+	// nchans is len(chans), for the metrics (read from other goroutines).
+	nchans atomic.Int32
 }
 
 // enqueue adds f to the queue. A live frame that would take the socket's queued
@@ -167,6 +181,9 @@ func (sk *socket) enqueue(f frame) {
 		if sk.queued > 0 && sk.queued+f.size() > sk.srv.cfg.SocketBuffer {
 			sk.mu.Unlock()
 			sk.srv.log.Warn("closing a slow websocket: its outgoing buffer is full", "socket_id", sk.id, "buffer_bytes", sk.srv.cfg.SocketBuffer)
+			if m := sk.srv.cfg.Metrics; m != nil {
+				m.SlowSocketClosed()
+			}
 			sk.shut(closeSlowConsumer, "slow consumer: outgoing buffer full; rejoin with after_log_id")
 			return
 		}
@@ -356,6 +373,7 @@ func (sk *socket) handle(data []byte) {
 	case m.event == "phx_leave":
 		if ch := sk.chans[m.topic]; ch != nil {
 			delete(sk.chans, m.topic)
+			sk.nchans.Store(int32(len(sk.chans)))
 			sk.leave(ch)
 		}
 		sk.reply(m.joinRef, m.ref, m.topic, "ok", struct{}{})
@@ -455,6 +473,7 @@ func (sk *socket) join(m inMsg) {
 	cancel()
 	if err != nil {
 		delete(sk.chans, m.topic)
+		sk.nchans.Store(int32(len(sk.chans)))
 		sk.leave(ch)
 		sk.replyError(m, userMessage(err))
 	}
@@ -472,6 +491,7 @@ func (sk *socket) replaceChannel(topic string, ch *channel) {
 	if ch != nil {
 		sk.chans[topic] = ch
 	}
+	sk.nchans.Store(int32(len(sk.chans)))
 }
 
 // authorize checks a durable join's credentials and returns the refusal reason,

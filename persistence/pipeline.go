@@ -149,6 +149,10 @@ type PipelineConfig struct {
 	// Badger commit with the number of writes it covers. For instrumentation and
 	// tests (a test may block in it to hold the pipeline).
 	BeforeCommit func(writes int)
+	// OnCommit, if set, is called on the committer goroutine after each commit
+	// that reached disk, with the writes it covered and the time of its log
+	// write and sync (metrics).
+	OnCommit func(writes int, sync time.Duration)
 	// BeforeApply, if set, is called on the applier goroutine before each record is
 	// applied to Badger. For tests (a test may block in it to hold the applier).
 	BeforeApply func(seq uint64)
@@ -402,9 +406,13 @@ func (p *Pipeline) commitRun(run []*Write) {
 	seq := p.seq + 1
 	// The applier works on Badger while the log writes and syncs.
 	p.applies <- applyJob{seq: seq, writes: live}
+	syncStart := time.Now()
 	err := p.db.wal.append(seq, payload)
 	if err == nil {
 		err = p.db.wal.sync()
+	}
+	if err == nil && p.cfg.OnCommit != nil {
+		p.cfg.OnCommit(len(live), time.Since(syncStart))
 	}
 	if err != nil {
 		p.fatal(fmt.Errorf("commit of %d writes: %w", len(live), err))

@@ -23,6 +23,7 @@ import (
 	"github.com/holdfast/holdfast/config"
 	"github.com/holdfast/holdfast/gateway"
 	"github.com/holdfast/holdfast/internal/devetcd"
+	"github.com/holdfast/holdfast/metrics"
 )
 
 func serveCommand() *cobra.Command {
@@ -119,6 +120,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		cc = &cluster.ClusterConfig{Name: c.Name, NodeID: c.NodeID, Advertise: c.Advertise, Endpoints: c.Etcd.Endpoints,
 			LeaseTTL: c.LeaseTTL, HTTP: ln.Addr().String()}
 	}
+	mt := metrics.New()
 	node, err := cluster.Start(cluster.Config{
 		DataDir:     filepath.Join(cfg.DataDir, "db"),
 		Partitions:  cfg.Partitions,
@@ -128,13 +130,17 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Cold:        store,
 		Types:       goTypes,
 		Cluster:     cc,
+		Metrics:     mt,
 	})
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps(apps), Logger: log,
+		Metrics: mt, MetricsHandler: mt.Handler(),
 		ServedHeader: os.Getenv("HOLDFAST_TEST_SERVED_HEADER") == "1"})
+	mt.GaugeFunc("holdfast_websocket_sockets", "Open websockets.", func() float64 { return float64(gw.Sockets()) })
+	mt.GaugeFunc("holdfast_websocket_subscriptions", "Channels joined on the open websockets.", func() float64 { return float64(gw.Subscriptions()) })
 	srv := &http.Server{
 		Handler:           gw.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
