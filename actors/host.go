@@ -333,6 +333,10 @@ func (h *Host) Close(ctx context.Context) error {
 	return err
 }
 
+// Inflight returns the requests queued in or run by objects now (the sum of
+// their mailbox depths).
+func (h *Host) Inflight() int64 { return h.inflight() }
+
 func (h *Host) inflight() int64 {
 	var n int64
 	for i := range h.shards {

@@ -168,8 +168,7 @@ func (m *member) serveSubscribe(ctx context.Context, req *wireRequest) *wireRepl
 		}
 		return &wireReply{Err: toWireError(err)}
 	}
-	wv, ptr := wrap(v)
-	return &wireReply{Val: wv, Ptr: ptr, Served: Served{Node: m.id, Partition: p, Epoch: e}}
+	return &wireReply{Val: v, Served: Served{Node: m.id, Partition: p, Epoch: e}}
 }
 
 // serveFeed is the subscriber node's side of opFeed: it runs on the router's

@@ -487,9 +487,11 @@ func retryLater(why error) error {
 // did not run (the node does not serve the partition, or the message never left)
 // and may be sent again.
 func (m *member) forward(ctx context.Context, addr string, id actors.ObjectID, msg any) (v any, served Served, err error, retry bool) {
-	wm, ptr := wrap(msg)
-	reply, err := m.tr.call(ctx, addr, &wireRequest{Op: opObject, ID: id, Msg: wm, Ptr: ptr, From: m.id})
+	reply, err := m.tr.call(ctx, addr, &wireRequest{Op: opObject, ID: id, Msg: msg, From: m.id})
 	if err != nil {
+		if errors.Is(err, errNotWire) {
+			return nil, Served{}, &actors.Error{Kind: actors.KindInternal, Msg: err.Error()}, false
+		}
 		if errors.Is(err, actor.ErrDeadLetter) {
 			return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: "the owner node did not take the request", RetryAfter: 200 * time.Millisecond}, true
 		}
@@ -518,8 +520,7 @@ func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 		if actors.NotServed(err) {
 			return &wireReply{Err: toWireError(&notOwnerError{msg: fmt.Sprintf("node %s does not serve partition %d now", m.id, p)})}
 		}
-		wv, ptr := wrap(v)
-		return &wireReply{Val: wv, Ptr: ptr, Err: toWireError(err), Served: Served{Node: m.id, Partition: p, Epoch: e}}
+		return &wireReply{Val: v, Err: toWireError(err), Served: Served{Node: m.id, Partition: p, Epoch: e}}
 	case opHandoffBegin, opHandoffChunk, opHandoffEnd:
 		return m.serveHandoff(ctx, req)
 	case opPing:

@@ -168,6 +168,7 @@ func (n *Node) registerMetrics(m *metrics.Metrics) {
 	m.CounterFunc("holdfast_write_failures_total", "Writes that failed (fenced, too large, storage failure).", func() float64 { return float64(n.pipe.Stats().Failed) })
 	m.GaugeFunc("holdfast_commit_queue_writes", "Writes waiting for the committer (every object's mailbox feeds it).", func() float64 { return float64(n.pipe.Queued()) })
 	m.GaugeFunc("holdfast_objects_active", "Active objects (activations in memory).", func() float64 { return float64(n.host.Active()) })
+	m.GaugeFunc("holdfast_objects_mailbox_requests", "Requests queued in or run by objects now (their mailboxes' depth).", func() float64 { return float64(n.host.Inflight()) })
 	m.GaugeFunc("holdfast_alarms_resident", "Alarm index entries held in memory by the scheduler.", func() float64 { return float64(n.host.Scheduler().Stats().Resident) })
 	m.GaugeFunc("holdfast_partitions_served", "Partitions this node serves now.", func() float64 {
 		if n.member == nil {

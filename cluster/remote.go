@@ -114,7 +114,7 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 			return
 		}
 		var w wireRequest
-		if err := decodeGob(req.MessageData, &w); err != nil {
+		if err := decodeRequest(req.MessageData, &w); err != nil {
 			t.log.Error("cannot decode a request from another node", "err", err)
 			if s := ctx.Sender(); s != nil {
 				ctx.Respond(encodeReply(t.log, &wireReply{Err: &wireError{Kind: actors.KindInternal, Msg: "cannot decode a request from another node"}}))
@@ -156,7 +156,6 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 
 // serve runs one decoded request and encodes its reply.
 func (t *transport) serve(w *wireRequest, serve handler) *protocluster.GrainResponse {
-	w.Msg = unwrap(w.Msg, w.Ptr)
 	wait := w.Wait
 	if wait <= 0 || wait > time.Minute {
 		wait = time.Minute
@@ -168,17 +167,17 @@ func (t *transport) serve(w *wireRequest, serve handler) *protocluster.GrainResp
 }
 
 func encodeReply(log *slog.Logger, reply *wireReply) *protocluster.GrainResponse {
-	data, err := encodeGob(reply)
+	data, err := encodeReplyData(reply)
 	if err != nil {
 		log.Error("cannot encode a reply for another node", "err", err)
-		data, _ = encodeGob(&wireReply{Err: &wireError{Kind: actors.KindInternal, Msg: "internal error: the reply cannot cross between nodes"}})
+		data, _ = encodeReplyData(&wireReply{Err: &wireError{Kind: actors.KindInternal, Msg: "internal error: the reply cannot cross between nodes"}})
 	}
 	return &protocluster.GrainResponse{MessageData: data}
 }
 
 // send sends req to the router at addr without waiting for a reply.
 func (t *transport) send(addr string, req *wireRequest) {
-	data, err := encodeGob(req)
+	data, err := encodeRequest(req)
 	if err != nil {
 		t.log.Error("cannot encode a message for another node", "err", err)
 		return
@@ -199,7 +198,7 @@ func (t *transport) call(ctx context.Context, addr string, req *wireRequest) (*w
 		return nil, ctx.Err()
 	}
 	req.Wait = wait
-	data, err := encodeGob(req)
+	data, err := encodeRequest(req)
 	if err != nil {
 		return nil, err
 	}
@@ -228,10 +227,9 @@ func (t *transport) call(ctx context.Context, addr string, req *wireRequest) (*w
 		return nil, fmt.Errorf("%w %s: unexpected %T", errUnreachable, addr, res)
 	}
 	var reply wireReply
-	if err := decodeGob(resp.MessageData, &reply); err != nil {
+	if err := decodeReply(resp.MessageData, &reply); err != nil {
 		return nil, err
 	}
-	reply.Val = unwrap(reply.Val, reply.Ptr)
 	return &reply, nil
 }
 
@@ -240,7 +238,7 @@ const probeAfter = 500 * time.Millisecond
 
 // ping reports whether the router at addr answers within a second.
 func (t *transport) ping(addr string) bool {
-	data, err := encodeGob(&wireRequest{Op: opPing})
+	data, err := encodeRequest(&wireRequest{Op: opPing})
 	if err != nil {
 		return false
 	}

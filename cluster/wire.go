@@ -1,22 +1,27 @@
 package cluster
 
 import (
-	"bytes"
-	"encoding/gob"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
+	"sync"
 	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/holdfast/holdfast/actors"
 )
 
 // What travels between nodes. The envelope is protoactor-go's protobuf
-// GrainRequest/GrainResponse; its bytes are a gob of wireRequest/wireReply, so
-// that every message type of the actors package crosses as it is, with no
-// second schema to keep in step. A user-defined object type's messages and
-// replies cross too once registered with RegisterWireType.
+// GrainRequest/GrainResponse; its bytes are a MessagePack of
+// wireRequest/wireReply, whose message and reply are MessagePack of the actors
+// package's own types, named by a registry: every exported field crosses as it
+// is (JSON tags play no part), with no second schema to keep in step. A
+// user-defined object type's messages and replies cross too once registered
+// with RegisterWireType. (encoding/gob did the same at 143 µs and 913
+// allocations per round trip, since each message carried its type
+// descriptions; MessagePack needs a few µs.)
 
 // request kinds
 const (
@@ -31,22 +36,26 @@ const (
 )
 
 type wireRequest struct {
-	Op   int
-	ID   actors.ObjectID
-	Msg  any
-	Ptr  bool          // Msg was a pointer (gob sends what it points at)
-	Wait time.Duration // how long the caller waits for the reply
-	From string        // the sending node
+	Op      int
+	ID      actors.ObjectID
+	Msg     any    `msgpack:"-"`
+	MsgType string // Msg's registered type name
+	MsgData []byte // Msg, encoded
+	Ptr     bool          // Msg was a pointer
+	Wait    time.Duration // how long the caller waits for the reply
+	From    string        // the sending node
 
 	Handoff *handoffMsg
 	Feed    *feedMsg
 }
 
 type wireReply struct {
-	Val    any
-	Ptr    bool
-	Err    *wireError
-	Served Served
+	Val     any `msgpack:"-"`
+	ValType string
+	ValData []byte
+	Ptr     bool
+	Err     *wireError
+	Served  Served
 }
 
 // wireError carries an error across nodes with everything callers match on.
@@ -104,19 +113,74 @@ type notOwnerError struct{ msg string }
 func (e *notOwnerError) Error() string { return e.msg }
 
 // RegisterWireType lets values of v's type cross between nodes as messages or
-// replies of a user-defined object type (encoding/gob, exported fields only).
-// Call it at start-up, on every node, before the first request.
+// replies of a user-defined object type (MessagePack, exported fields). Call it
+// at start-up, on every node, before the first request.
 func RegisterWireType(v any) {
 	t := reflect.TypeOf(v)
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	gob.Register(reflect.Zero(t).Interface())
+	wireTypes.Lock()
+	defer wireTypes.Unlock()
+	name := t.String()
+	if prev, ok := wireTypes.byName[name]; ok && prev != t {
+		panic(fmt.Sprintf("cluster: two wire types named %s", name))
+	}
+	wireTypes.byName[name] = t
+	wireTypes.names[t] = name
+}
+
+// wireTypes is the registry of the types that cross between nodes.
+var wireTypes = struct {
+	sync.RWMutex
+	byName map[string]reflect.Type
+	names  map[reflect.Type]string
+}{byName: map[string]reflect.Type{}, names: map[reflect.Type]string{}}
+
+// errNotWire is a value whose type is not registered to cross between nodes.
+var errNotWire = errors.New("cluster: this type cannot cross between nodes")
+
+// packValue encodes v (pointers followed) with its type's registered name.
+func packValue(v any) (name string, data []byte, ptr bool, err error) {
+	v, ptr = wrap(v)
+	if v == nil {
+		return "", nil, ptr, nil
+	}
+	t := reflect.TypeOf(v)
+	wireTypes.RLock()
+	name, ok := wireTypes.names[t]
+	wireTypes.RUnlock()
+	if !ok {
+		return "", nil, false, fmt.Errorf("%w: %s (register it with cluster.RegisterWireType)", errNotWire, t)
+	}
+	data, err = msgpack.Marshal(v)
+	return name, data, ptr, err
+}
+
+// unpackValue decodes what packValue encoded.
+func unpackValue(name string, data []byte, ptr bool) (any, error) {
+	if name == "" {
+		return nil, nil
+	}
+	wireTypes.RLock()
+	t, ok := wireTypes.byName[name]
+	wireTypes.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("cluster: unknown wire type %s (not registered on this node)", name)
+	}
+	p := reflect.New(t)
+	if err := msgpack.Unmarshal(data, p.Interface()); err != nil {
+		return nil, fmt.Errorf("cluster: decode %s: %w", name, err)
+	}
+	if ptr {
+		return p.Interface(), nil
+	}
+	return p.Elem().Interface(), nil
 }
 
 func init() {
 	for _, v := range []any{
-		json.RawMessage(nil), map[string]any(nil), []any(nil), map[string]json.RawMessage(nil),
+		json.RawMessage(nil),
 		actors.KVGet{}, actors.KVGetSlot{}, actors.KVWrite{}, actors.KVReadLog{}, actors.KVState{},
 		actors.WriteResult{}, actors.LogPage{}, actors.Publish{}, actors.Published{}, actors.Subscribed{},
 		actors.LogAppend{}, actors.LogAppended{}, actors.LogRead{}, actors.RecordPage{},
@@ -139,8 +203,8 @@ func init() {
 	}
 }
 
-// wrap returns v as gob carries it (pointers followed) and whether it was a
-// pointer; unwrap turns it back.
+// wrap returns what v points at (v itself if it is not a pointer) and whether
+// it was a pointer.
 func wrap(v any) (any, bool) {
 	rv := reflect.ValueOf(v)
 	if !rv.IsValid() || rv.Kind() != reflect.Pointer {
@@ -152,33 +216,44 @@ func wrap(v any) (any, bool) {
 	return rv.Elem().Interface(), true
 }
 
-func unwrap(v any, ptr bool) any {
-	if v == nil {
-		return nil
+// encodeRequest encodes a request, its message included.
+func encodeRequest(req *wireRequest) ([]byte, error) {
+	if req.Msg != nil {
+		var err error
+		if req.MsgType, req.MsgData, req.Ptr, err = packValue(req.Msg); err != nil {
+			return nil, err
+		}
 	}
-	rv := reflect.ValueOf(v)
-	if ptr && rv.Kind() != reflect.Pointer {
-		p := reflect.New(rv.Type())
-		p.Elem().Set(rv)
-		return p.Interface()
-	}
-	if !ptr && rv.Kind() == reflect.Pointer {
-		return rv.Elem().Interface()
-	}
-	return v
+	return msgpack.Marshal(req)
 }
 
-func encodeGob(v any) ([]byte, error) {
-	var b bytes.Buffer
-	if err := gob.NewEncoder(&b).Encode(v); err != nil {
-		return nil, fmt.Errorf("cluster: encode %T: %w", v, err)
+// decodeRequest decodes a request, its message included.
+func decodeRequest(data []byte, req *wireRequest) error {
+	if err := msgpack.Unmarshal(data, req); err != nil {
+		return fmt.Errorf("cluster: decode a request: %w", err)
 	}
-	return b.Bytes(), nil
+	var err error
+	req.Msg, err = unpackValue(req.MsgType, req.MsgData, req.Ptr)
+	return err
 }
 
-func decodeGob(data []byte, v any) error {
-	if err := gob.NewDecoder(bytes.NewReader(data)).Decode(v); err != nil {
-		return fmt.Errorf("cluster: decode: %w", err)
+// encodeReplyData encodes a reply, its value included.
+func encodeReplyData(reply *wireReply) ([]byte, error) {
+	if reply.Val != nil {
+		var err error
+		if reply.ValType, reply.ValData, reply.Ptr, err = packValue(reply.Val); err != nil {
+			return nil, err
+		}
 	}
-	return nil
+	return msgpack.Marshal(reply)
+}
+
+// decodeReply decodes a reply, its value included.
+func decodeReply(data []byte, reply *wireReply) error {
+	if err := msgpack.Unmarshal(data, reply); err != nil {
+		return fmt.Errorf("cluster: decode a reply: %w", err)
+	}
+	var err error
+	reply.Val, err = unpackValue(reply.ValType, reply.ValData, reply.Ptr)
+	return err
 }

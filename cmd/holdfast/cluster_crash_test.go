@@ -743,3 +743,75 @@ func TestCluster_ProcessesWebsocketFollowsTheObject(t *testing.T) {
 		t.Fatalf("live after the rejoin: %v", p)
 	}
 }
+
+// TestCluster_ProcessesRepliesAreTheSameThroughAnyNode: the reply through a
+// node that forwards is byte for byte the reply through the owner (empty lists
+// stay empty lists, absent fields stay absent).
+func TestCluster_ProcessesRepliesAreTheSameThroughAnyNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an etcd process and several server processes")
+	}
+	pc := newProcCluster(t, "  leased:\n    log: {leases: {maxParallelism: 2, leaseDuration: 30s}}\n")
+	pc.startThree()
+	ctx := context.Background()
+	c := &http.Client{Timeout: 10 * time.Second}
+	get := func(url string) (int, string, string) {
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		req.Header.Set("X-App-Key", crashAppKey)
+		req.Header.Set("X-App-Secret", crashAppSecret)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header.Get("X-Holdfast-Served-By")
+	}
+	// Some state to read: a KV object, a log with a cursor, a queue, an alarm.
+	for _, w := range []struct {
+		method, path string
+		body         any
+	}{
+		{"PUT", "/api/v1/objects/app_crash/kv/full/a", map[string]any{"value": map[string]any{"x": []any{1, "two", nil}}}},
+		{"POST", "/api/v1/logs/app_crash/leased/l/append", map[string]any{"records": []map[string]any{{"body": 1}, {"body": 2, "deduplicationKey": "d"}}}},
+		{"PUT", "/api/v1/logs/app_crash/leased/l/cursors/c1", map[string]any{"offset": 1}},
+		{"POST", "/api/v1/queues/app_crash/jobs/q/messages", map[string]any{"messages": []map[string]any{{"id": "m1", "payload": "p"}}}},
+		{"PUT", "/api/v1/alarms/app_crash/kv/full/a1", map[string]any{"at": time.Now().Add(time.Hour).UnixMilli(), "action": map[string]any{"kind": "trim"}}},
+	} {
+		if st, reply, err := call(ctx, c, w.method, pc.servers["a"].url+w.path, w.body); err != nil || st != 200 {
+			t.Fatalf("%s %s: %d %v %v", w.method, w.path, st, reply, err)
+		}
+	}
+	paths := []string{
+		"/api/v1/objects/app_crash/kv/full", "/api/v1/objects/app_crash/kv/empty", "/api/v1/objects/app_crash/kv/full/a",
+		"/api/v1/objects/app_crash/kv/full/missing", "/api/v1/objects/app_crash/kv/full/log?after=0",
+		"/api/v1/objects/app_crash/kv/empty/log?after=0", "/api/v1/alarms/app_crash/kv/full",
+		"/api/v1/alarms/app_crash/kv/empty", "/api/v1/logs/app_crash/leased/l/records?from=0",
+		"/api/v1/logs/app_crash/leased/empty/records?from=0", "/api/v1/logs/app_crash/leased/l",
+		"/api/v1/logs/app_crash/leased/l/cursors", "/api/v1/logs/app_crash/leased/l/consumers/c1/leases",
+		"/api/v1/queues/app_crash/jobs/q/stats", "/api/v1/queues/app_crash/jobs/q/messages/m1",
+		"/api/v1/queues/app_crash/jobs/q/dead-letters",
+	}
+	for _, path := range paths {
+		var owner string
+		replies := map[string]string{}
+		for id, s := range pc.servers {
+			st, body, served := get(s.url + path)
+			if served != "" {
+				owner = strings.SplitN(served, "/", 2)[0]
+			}
+			replies[id] = fmt.Sprintf("%d %s", st, body)
+		}
+		if owner == "" {
+			if st, body, _ := get(pc.servers["a"].url + path); st == 200 {
+				t.Fatalf("%s: 200 without a served-by header: %s", path, body)
+			}
+			owner = "a" // an error reply: every node gives the same
+		}
+		for id, r := range replies {
+			if r != replies[owner] {
+				t.Errorf("%s through %s:\n  %s\nthrough the owner %s:\n  %s", path, id, r, owner, replies[owner])
+			}
+		}
+	}
+}
