@@ -137,5 +137,10 @@ func (e *apiError) write(w http.ResponseWriter) {
 	for k, v := range e.header {
 		w.Header()[k] = v
 	}
+	// Every error repeats the request's id (set as X-Request-Id when it came in),
+	// so that a user can quote it and an operator find it in the log.
+	if id := w.Header().Get("X-Request-Id"); id != "" && e.body["request_id"] == nil {
+		e.body["request_id"] = id
+	}
 	writeJSON(w, e.status, e.body)
 }

@@ -93,7 +93,8 @@ func wantJSON(t *testing.T, r reply, status int, want string) {
 
 // wantError checks an error reply of spec/errors.md: status, a non-empty "error"
 // string, and "code" equal to code (absent when code is noCode). extra lists the
-// further members the body must hold, with their values; no other member is allowed.
+// further members the body must hold, with their values; no other member is
+// allowed but "request_id", which must repeat the X-Request-Id header.
 func wantError(t *testing.T, r reply, status int, code string, extra map[string]any) {
 	t.Helper()
 	if r.status != status {
@@ -115,7 +116,11 @@ func wantError(t *testing.T, r reply, status int, code string, extra map[string]
 	case code != noCode && got != code:
 		t.Errorf("body %s: code %v, want %q", r.body, got, code)
 	}
-	allowed := map[string]bool{"error": true, "code": code != noCode}
+	// Every error body repeats the request's id (X-Request-Id).
+	if id := r.header.Get("X-Request-Id"); id == "" || m["request_id"] != id {
+		t.Errorf("body %s: request_id %v, want the X-Request-Id %q", r.body, m["request_id"], id)
+	}
+	allowed := map[string]bool{"error": true, "code": code != noCode, "request_id": true}
 	for k, v := range extra {
 		allowed[k] = true
 		if g, ok := m[k]; !ok || fmt.Sprint(g) != fmt.Sprint(v) {

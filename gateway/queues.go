@@ -234,9 +234,9 @@ func (s *Server) queueAck(w http.ResponseWriter, r *http.Request, id actors.Obje
 	acked := reply.(*actors.QueueAcked)
 	if acked.NotHeld > 0 {
 		// The others are acked all the same; the reply says how many.
-		e := errBody(actors.ErrReceiptNotHeld.Msg, actors.ErrReceiptNotHeld.Code)
-		e["acked"], e["notHeld"] = acked.Acked, acked.NotHeld
-		writeJSON(w, http.StatusConflict, e)
+		e := &apiError{status: http.StatusConflict, body: errBody(actors.ErrReceiptNotHeld.Msg, actors.ErrReceiptNotHeld.Code)}
+		e.body["acked"], e.body["notHeld"] = acked.Acked, acked.NotHeld
+		e.write(w)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int{"acked": acked.Acked})

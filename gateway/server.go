@@ -185,7 +185,7 @@ func (s *Server) unmatched(w http.ResponseWriter, r *http.Request, h http.Handle
 	switch rec.code {
 	case http.StatusMethodNotAllowed:
 		w.Header().Set("Allow", rec.header.Get("Allow"))
-		writeJSON(w, http.StatusMethodNotAllowed, errBody("method "+r.Method+" is not allowed here", "method_not_allowed"))
+		(&apiError{status: http.StatusMethodNotAllowed, body: errBody("method "+r.Method+" is not allowed here", "method_not_allowed")}).write(w)
 	case http.StatusNotFound:
 		notFound("no route for " + r.Method + " " + r.URL.Path).write(w)
 	default:

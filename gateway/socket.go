@@ -101,12 +101,12 @@ func (s *Server) Close() {
 func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if vsn := q.Get("vsn"); !strings.HasPrefix(vsn, "2.") {
-		writeJSON(w, http.StatusForbidden, errBody("vsn must be 2.x (Phoenix Channels v2 JSON frames)", "forbidden"))
+		(&apiError{status: http.StatusForbidden, body: errBody("vsn must be 2.x (Phoenix Channels v2 JSON frames)", "forbidden")}).write(w)
 		return
 	}
 	app, ok := s.cfg.Apps.ByKey(q.Get("app_key"))
 	if !ok {
-		writeJSON(w, http.StatusForbidden, errBody("unknown app_key", "forbidden"))
+		(&apiError{status: http.StatusForbidden, body: errBody("unknown app_key", "forbidden")}).write(w)
 		return
 	}
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -34,6 +35,8 @@ func serveCommand() *cobra.Command {
 		partitions  int
 		idleTimeout time.Duration
 		devCluster  bool
+		logFormat   string
+		logLevel    string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -67,7 +70,10 @@ directory and runs this node as a cluster of one, for trials and tests.`,
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			log, err := newLogger(os.Stderr, logFormat, logLevel)
+			if err != nil {
+				return err
+			}
 			if devCluster {
 				if cfg.Cluster != nil {
 					return errors.New("--dev-cluster runs its own etcd; remove the configuration's cluster section")
@@ -88,6 +94,8 @@ directory and runs this node as a cluster of one, for trials and tests.`,
 	f.IntVar(&partitions, "partitions", 0, "partition count of a new data directory (default 256)")
 	f.DurationVar(&idleTimeout, "idle-timeout", 0, "passivate objects idle this long (default 60s)")
 	f.BoolVar(&devCluster, "dev-cluster", false, "run as a one-node cluster with an embedded etcd (trials and tests)")
+	f.StringVar(&logFormat, "log-format", envOr("HOLDFAST_LOG_FORMAT", "text"), "log format: text or json (env HOLDFAST_LOG_FORMAT)")
+	f.StringVar(&logLevel, "log-level", envOr("HOLDFAST_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env HOLDFAST_LOG_LEVEL)")
 	return cmd
 }
 
@@ -173,6 +181,29 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// newLogger returns the node's logger: slog text or JSON lines on w.
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 // startDevCluster starts an embedded etcd under the data directory and points

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/json"
 	"context"
 	"fmt"
 	"net/http"
@@ -124,5 +126,44 @@ func TestServe_BadConfigurationStopsStartUp(t *testing.T) {
 				t.Fatalf("error does not name %s:\n%s", c.mention, out)
 			}
 		})
+	}
+}
+
+// TestServe_LogFormats: --log-format json writes JSON lines (the start-up line
+// among them); a bad format or level stops start-up, naming the flag.
+func TestServe_LogFormats(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "serve", "--data-dir", filepath.Join(dir, "data"), "--listen", "127.0.0.1:0", "--log-format", "json")
+	cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	sc := bufio.NewScanner(stderr)
+	found := false
+	for sc.Scan() {
+		var line map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("not a JSON line: %s", sc.Text())
+		}
+		if line["msg"] == "holdfast listening" && line["addr"] != nil && line["level"] == "INFO" {
+			found = true
+			break
+		}
+	}
+	if !found {
+		t.Fatal("no JSON start-up line")
+	}
+	for _, args := range [][]string{{"--log-format", "xml"}, {"--log-level", "loud"}} {
+		cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--", "serve", "--data-dir", filepath.Join(dir, "d2"), "--listen", "127.0.0.1:0"}, args...)...)
+		cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1")
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), args[0]) {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
 	}
 }
