@@ -94,8 +94,17 @@ func New() *Metrics {
 		m.queue, m.coldBytes, m.coldErrors, m.coldSeconds, m.dropped, m.handoffs} {
 		f(c)
 	}
+	// Known label values start at zero, so the series exist from the start.
 	for _, ev := range []string{"enqueued", "delivered", "completed", "dead_lettered"} {
 		m.queue.WithLabelValues(ev)
+	}
+	for _, op := range []string{"flush", "read"} {
+		m.coldBytes.WithLabelValues(op)
+		m.coldErrors.WithLabelValues(op)
+		m.coldSeconds.WithLabelValues(op)
+	}
+	for _, r := range []string{"ok", "failed"} {
+		m.handoffs.WithLabelValues(r)
 	}
 	return m
 }

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -158,5 +161,53 @@ func TestMetrics_CountWhatAWorkloadDid(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestMetrics_DashboardNamesExportedMetrics: every holdfast_* series the
+// Grafana dashboard in docs/ queries is one the node exports.
+func TestMetrics_DashboardNamesExportedMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server process")
+	}
+	b, err := os.ReadFile("../../docs/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	cfgFile, dataDir, _ := crashSetup(t, "")
+	srv := startServer(t, dataDir, cfgFile)
+	if resp, err := http.Get(srv.url + "/healthz"); err == nil { // one request, so request series exist
+		resp.Body.Close()
+	}
+	fams := scrape(t, srv.url)
+	names := regexp.MustCompile(`holdfast_[a-z_]+`)
+	n := 0
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, name := range names.FindAllString(tg.Expr, -1) {
+				n++
+				base := name
+				for _, suf := range []string{"_bucket", "_sum", "_count"} {
+					if f := fams[strings.TrimSuffix(name, suf)]; f != nil && f.GetType() == dto.MetricType_HISTOGRAM {
+						base = strings.TrimSuffix(name, suf)
+					}
+				}
+				if fams[base] == nil {
+					t.Errorf("panel %q queries %s, which the node does not export", p.Title, name)
+				}
+			}
+		}
+	}
+	if n < 20 {
+		t.Fatalf("only %d metric names in the dashboard", n)
 	}
 }
