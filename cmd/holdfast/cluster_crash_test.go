@@ -296,22 +296,7 @@ func (pc *procCluster) workload(stop <-chan struct{}, writers, objects, round in
 					time.Sleep(50 * time.Millisecond)
 					continue
 				}
-				url := urls[rng.Intn(len(urls))]
-				o := op{object: fmt.Sprintf("o%d", rng.Intn(objects)), token: fmt.Sprintf("r%d-w%d-%d", round, w, seq)}
-				base := url + "/api/v1/objects/app_crash/crash/" + o.object
-				var method, path string
-				var body any
-				switch rng.Intn(3) {
-				case 0:
-					o.kind, o.slot = "set", fmt.Sprintf("s%d", w)
-					method, path, body = "PUT", base+"/"+o.slot, map[string]any{"value": o.token}
-				case 1:
-					o.kind, o.slot = "increment", "n"
-					method, path, body = "POST", base+"/n/increment", map[string]any{"by": 1}
-				case 2:
-					o.kind, o.slot = "append", "l"
-					method, path, body = "POST", base+"/l/append", map[string]any{"value": o.token}
-				}
+				o, method, path, body := randomKVOp(rng, urls[rng.Intn(len(urls))], objects, round, w, seq, 4)
 				mu.Lock()
 				issued[o.token] = true
 				mu.Unlock()

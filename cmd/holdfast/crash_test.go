@@ -204,28 +204,7 @@ func runWorkload(t *testing.T, url string, writers, objects, round int, seed int
 			defer wg.Done()
 			rng := rand.New(rand.NewSource(seed + int64(w)))
 			for seq := 0; ctx.Err() == nil; seq++ {
-				o := op{object: fmt.Sprintf("o%d", rng.Intn(objects)), token: fmt.Sprintf("r%d-w%d-%d", round, w, seq)}
-				base := url + "/api/v1/objects/app_crash/crash/" + o.object
-				var method, path string
-				var body any
-				switch rng.Intn(4) {
-				case 0:
-					o.kind, o.slot = "set", fmt.Sprintf("s%d", w)
-					method, path, body = "PUT", base+"/"+o.slot, map[string]any{"value": o.token}
-				case 1:
-					o.kind, o.slot = "increment", "n"
-					method, path, body = "POST", base+"/n/increment", map[string]any{"by": 1}
-				case 2:
-					o.kind, o.slot = "append", "l"
-					method, path, body = "POST", base+"/l/append", map[string]any{"value": o.token}
-				case 3:
-					o.kind = "transaction"
-					method, path, body = "POST", base+"/transaction", []map[string]any{
-						{"op": "set", "key": "ta", "value": o.token},
-						{"op": "set", "key": "tb", "value": o.token},
-						{"op": "increment", "key": "tn"},
-					}
-				}
+				o, method, path, body := randomKVOp(rng, url, objects, round, w, seq, 4)
 				mu.Lock()
 				issued[o.token] = true
 				mu.Unlock()
@@ -257,6 +236,32 @@ func runWorkload(t *testing.T, url string, writers, objects, round int, seed int
 	cancel()
 	wg.Wait()
 	return acked, issued
+}
+
+// randomKVOp picks one write of the KV crash workload for writer w: a set, an
+// increment, an append, or (kinds 4) a transaction, on one of objects objects.
+func randomKVOp(rng *rand.Rand, url string, objects, round, w, seq, kinds int) (o op, method, path string, body any) {
+	o = op{object: fmt.Sprintf("o%d", rng.Intn(objects)), token: fmt.Sprintf("r%d-w%d-%d", round, w, seq)}
+	base := url + "/api/v1/objects/app_crash/crash/" + o.object
+	switch rng.Intn(kinds) {
+	case 0:
+		o.kind, o.slot = "set", fmt.Sprintf("s%d", w)
+		method, path, body = "PUT", base+"/"+o.slot, map[string]any{"value": o.token}
+	case 1:
+		o.kind, o.slot = "increment", "n"
+		method, path, body = "POST", base+"/n/increment", map[string]any{"by": 1}
+	case 2:
+		o.kind, o.slot = "append", "l"
+		method, path, body = "POST", base+"/l/append", map[string]any{"value": o.token}
+	case 3:
+		o.kind = "transaction"
+		method, path, body = "POST", base+"/transaction", []map[string]any{
+			{"op": "set", "key": "ta", "value": o.token},
+			{"op": "set", "key": "tb", "value": o.token},
+			{"op": "increment", "key": "tn"},
+		}
+	}
+	return o, method, path, body
 }
 
 func decodeNumber(v any, dst *json.Number) error {
