@@ -64,6 +64,11 @@ type Hooks struct {
 	// Queue: n queue messages made a transition: "enqueued", "delivered",
 	// "completed" or "dead_lettered" (counted as their change is submitted).
 	Queue func(event string, n int)
+	// Routed: an activation of id entered (true) or left (false) the host's
+	// routing table. Only an activation in the table serves requests: one that
+	// left it answers none of those already in its mailbox (they are refused
+	// or it is idle). Tests check single activity across nodes with it.
+	Routed func(id ObjectID, in bool)
 }
 
 // TypeOptions are the per-type settings the actors use.
@@ -123,6 +128,9 @@ type hostShard struct {
 	mu   sync.RWMutex
 	m    map[ObjectID]*activation
 	peak int // the map's largest size since it was last rebuilt
+	// routed, if set, hears every activation entering (true) and leaving
+	// (false) the map, under mu (Hooks.Routed).
+	routed func(id ObjectID, in bool)
 }
 
 // remove deletes a from the shard (under s.mu). A Go map never gives memory back,
@@ -133,6 +141,9 @@ func (s *hostShard) remove(a *activation) {
 		return
 	}
 	delete(s.m, a.id)
+	if s.routed != nil {
+		s.routed(a.id, false)
+	}
 	if s.peak >= 256 && len(s.m) < s.peak/4 {
 		m := make(map[ObjectID]*activation, len(s.m))
 		for k, v := range s.m {
@@ -176,6 +187,7 @@ func NewHost(db *persistence.DB, pipe *persistence.Pipeline, cfg Config) *Host {
 		boot: newBoot()}
 	for i := range h.shards {
 		h.shards[i].m = make(map[ObjectID]*activation)
+		h.shards[i].routed = cfg.Hooks.Routed
 	}
 	return h
 }
@@ -326,6 +338,9 @@ func (h *Host) Close(ctx context.Context) error {
 		for id, a := range s.m {
 			h.system.Root.Stop(a.pid)
 			delete(s.m, id)
+			if s.routed != nil {
+				s.routed(id, false)
+			}
 		}
 		s.mu.Unlock()
 	}
@@ -419,6 +434,9 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 		// actor before it, since the shard lock is held until it is sent.
 		h.system.Root.Send(a.pid, a)
 		s.m[id] = a
+		if s.routed != nil {
+			s.routed(id, true)
+		}
 		s.peak = max(s.peak, len(s.m))
 	}
 	n := a.inflight.Add(1)

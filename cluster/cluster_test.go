@@ -30,6 +30,45 @@ type testCluster struct {
 	nodes map[string]*Node
 	check *ownership.Checker
 	hook  func(s Served, start, end time.Time)
+	// activity records when each node's activations of each object could
+	// serve (in the host's routing table): never on two nodes at once.
+	activity *activity
+}
+
+// activity is the activation checker.
+type activity struct {
+	mu     sync.Mutex
+	active map[actors.ObjectID]string // object -> the node whose activation is routed
+	errs   []string
+	count  int
+}
+
+func (a *activity) routed(node string) func(id actors.ObjectID, in bool) {
+	return func(id actors.ObjectID, in bool) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		cur, has := a.active[id]
+		switch {
+		case in && has && cur != node && len(a.errs) < 5:
+			a.errs = append(a.errs, fmt.Sprintf("%s activated on %s while active on %s", id, node, cur))
+		case in:
+			a.active[id] = node
+			a.count++
+		case has && cur == node:
+			delete(a.active, id)
+		}
+	}
+}
+
+// verify fails the test if an object was ever active on two nodes at once.
+func (a *activity) verify(t *testing.T) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.errs) > 0 {
+		t.Fatalf("objects active on two nodes at once: %v", a.errs)
+	}
+	t.Logf("%d activations, none on two nodes at once", a.count)
 }
 
 func newTestCluster(t *testing.T) *testCluster {
@@ -38,7 +77,8 @@ func newTestCluster(t *testing.T) *testCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := &testCluster{t: t, etcd: e, name: "test", dirs: map[string]string{}, nodes: map[string]*Node{}, check: ownership.New()}
+	tc := &testCluster{t: t, etcd: e, name: "test", dirs: map[string]string{}, nodes: map[string]*Node{}, check: ownership.New(),
+		activity: &activity{active: map[actors.ObjectID]string{}}}
 	t.Cleanup(func() {
 		tc.mu.Lock()
 		nodes := tc.nodes
@@ -84,6 +124,7 @@ func (tc *testCluster) start(id string) *Node {
 	}
 	n, err := Start(Config{
 		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t), TypeOptions: testTypeOptions,
+		Hooks:   actors.Hooks{Routed: tc.activity.routed(id)},
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second},
 	})
 	if err != nil {
@@ -244,6 +285,7 @@ func TestCluster_RoutesFromEveryNode(t *testing.T) {
 	if len(servedBy) != 3 {
 		t.Fatalf("objects served by %v; want all three nodes", servedBy)
 	}
+	tc.activity.verify(t)
 	// Typed errors cross the nodes as they are.
 	for _, n := range nodes {
 		_, err := n.Request(ctx, actors.ObjectID{App: "app_t", Type: "kv", Key: "k1"}, actors.KVGetSlot{Slot: "missing"})
@@ -385,6 +427,7 @@ func TestCluster_JoinAndLeaveUnderLoad(t *testing.T) {
 	if err := tc.check.Verify(); err != nil {
 		t.Fatal(err)
 	}
+	tc.activity.verify(t)
 	t.Logf("%d increments acknowledged across a join and a leave", total)
 }
 

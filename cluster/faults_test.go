@@ -29,6 +29,7 @@ func (tc *testCluster) startVia(id string) (*Node, *tcpproxy.Proxy) {
 	}
 	n, err := Start(Config{
 		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t),
+		Hooks:   actors.Hooks{Routed: tc.activity.routed(id)},
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{px.Addr()}, LeaseTTL: 2 * time.Second},
 	})
 	if err != nil {
@@ -231,4 +232,5 @@ func TestCluster_NodeCutOffFromEtcdStopsServing(t *testing.T) {
 	if err := tc.check.Verify(); err != nil {
 		t.Fatal(err)
 	}
+	tc.activity.verify(t)
 }

@@ -44,6 +44,8 @@ type Config struct {
 	Cluster *ClusterConfig
 	// Metrics, if set, receives the node's measurements (GET /metrics).
 	Metrics *metrics.Metrics
+	// Hooks observe the node's actors (tests); Metrics adds its own to them.
+	Hooks actors.Hooks
 }
 
 // ErrNotOwner is returned by the fence for a write whose partition epoch is no
@@ -115,10 +117,11 @@ func Start(cfg Config) (*Node, error) {
 		Cold:        cfg.Cold,
 		ColdTimeout: cfg.ColdTimeout,
 		Alarms:      cfg.Alarms,
+		Hooks:       cfg.Hooks,
 	}
 	if m := cfg.Metrics; m != nil {
 		pc.OnCommit = m.Commit
-		hc.Hooks = actors.Hooks{Passivated: m.Passivated, AlarmRan: m.AlarmRan, Queue: m.Queue}
+		hc.Hooks.Passivated, hc.Hooks.AlarmRan, hc.Hooks.Queue = m.Passivated, m.AlarmRan, m.Queue
 	}
 	if cli == nil {
 		for i := range n.table.epochs {

@@ -38,9 +38,9 @@ const (
 type wireRequest struct {
 	Op      int
 	ID      actors.ObjectID
-	Msg     any    `msgpack:"-"`
-	MsgType string // Msg's registered type name
-	MsgData []byte // Msg, encoded
+	Msg     any           `msgpack:"-"`
+	MsgType string        // Msg's registered type name
+	MsgData []byte        // Msg, encoded
 	Ptr     bool          // Msg was a pointer
 	Wait    time.Duration // how long the caller waits for the reply
 	From    string        // the sending node
