@@ -17,6 +17,7 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCommand(), versionCommand(), clusterCommand())
+	root.AddCommand(clientCommands()...)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "holdfast:", err)
 		os.Exit(1)

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// importChunkBytes bounds the body of one import request (the server takes 8 MiB).
+const importChunkBytes = 4 << 20
+
+// importCommand is `holdfast import`.
+func importCommand() *cobra.Command {
+	cmd, o := clientGroup("import TYPE/KEY --kind object|log [--in FILE]", "Write JSON lines from export into an object or a log")
+	cmd.Long = `Read the JSON lines that export writes (from stdin or --in FILE) into an object
+or a log.
+
+--kind object: each {"key", "value"} line sets that slot; the slots are written by
+PATCH in chunks (each chunk is one write), and slots of the object that are not in
+the input are kept. --kind log: each line's "body" is appended, in batches of
+--batch records, with its "deduplicationKey" when it has one, so that importing
+the same lines again appends nothing while the originals are in the hot window.
+
+The import stops at the first bad line or refused request; what was written
+before stays. A progress bar goes to stderr for long transfers when stderr is a
+terminal or with --progress.`
+	var (
+		t     transferOpts
+		batch int
+	)
+	cmd.Args = usageArgs(1, 1)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if err := t.check(); err != nil {
+			return err
+		}
+		if batch < 1 {
+			return errors.New("--batch must be at least 1")
+		}
+		c, ref, err := o.object(args[0])
+		if err != nil {
+			return err
+		}
+		in, total, closeIn, err := openInput(cmd, t.file)
+		if err != nil {
+			return err
+		}
+		defer closeIn()
+		im := &importer{cmd: cmd, c: c, ref: ref, kind: t.kind, batch: batch,
+			p: newProgress(cmd, t.progress, "import", total)}
+		defer im.p.done()
+		if err := im.run(bufio.NewReaderSize(in, 1<<16)); err != nil {
+			return err
+		}
+		im.p.done()
+		return im.report(o.json)
+	}
+	f := cmd.Flags()
+	f.StringVar(&t.kind, "kind", "", "what to import into: object (slots) or log (records)")
+	f.StringVar(&t.file, "in", "", "read this file (default: stdin)")
+	f.IntVar(&batch, "batch", 100, "--kind log: records per append (at most the type's maxBatchSize)")
+	f.BoolVar(&t.progress, "progress", false, "show a progress bar for long transfers even when stderr is not a terminal")
+	return cmd
+}
+
+// openInput opens stdin or path; total is its line count when it is a file
+// (for the progress bar), else -1.
+func openInput(cmd *cobra.Command, path string) (io.Reader, int64, func(), error) {
+	if path == "" {
+		return cmd.InOrStdin(), -1, func() {}, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	total, err := countLines(f)
+	if err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		return nil, 0, nil, err
+	}
+	return f, total, func() { f.Close() }, nil
+}
+
+func countLines(r io.Reader) (int64, error) {
+	buf := make([]byte, 1<<16)
+	var n int64
+	for {
+		k, err := r.Read(buf)
+		n += int64(bytes.Count(buf[:k], []byte{'\n'}))
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
+// importer sends the input in chunks: PATCH bodies, or append batches.
+type importer struct {
+	cmd   *cobra.Command
+	c     *client
+	ref   objectRef
+	kind  string
+	batch int
+	p     *progress
+
+	slots   map[string]json.RawMessage // the pending PATCH
+	records []map[string]any           // the pending append
+	size    int                        // bytes pending
+
+	imported          int64
+	logID             uint64
+	firstOff, lastOff uint64
+}
+
+func (im *importer) run(r *bufio.Reader) error {
+	for lineNo := 1; ; lineNo++ {
+		line, err := r.ReadBytes('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			if perr := im.add(line); perr != nil {
+				return fmt.Errorf("line %d: %w", lineNo, perr)
+			}
+		}
+		if err == io.EOF {
+			return im.flush()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// add queues one line and flushes the chunk when it is full.
+func (im *importer) add(line []byte) error {
+	var v struct {
+		Key              *string         `json:"key"`
+		Value            json.RawMessage `json:"value"`
+		Body             json.RawMessage `json:"body"`
+		DeduplicationKey *string         `json:"deduplicationKey"`
+	}
+	if !json.Valid(line) {
+		return errors.New("not valid JSON")
+	}
+	if json.Unmarshal(line, &v) != nil {
+		v.Key, v.Value, v.Body = nil, nil, nil // a field of the wrong type: the shape is wrong
+	}
+	if im.kind == "object" {
+		if v.Key == nil || len(v.Value) == 0 {
+			return errors.New(`want {"key": SLOT, "value": VALUE}`)
+		}
+		if im.slots == nil {
+			im.slots = map[string]json.RawMessage{}
+		}
+		im.slots[*v.Key] = v.Value
+	} else {
+		if len(v.Body) == 0 {
+			return errors.New(`want {"body": ..., "deduplicationKey"?: "..."}`)
+		}
+		rec := map[string]any{"body": v.Body}
+		if v.DeduplicationKey != nil {
+			rec["deduplicationKey"] = *v.DeduplicationKey
+		}
+		im.records = append(im.records, rec)
+	}
+	im.size += len(line)
+	if im.size >= importChunkBytes || len(im.records) >= im.batch || len(im.slots) >= 1000 {
+		return im.flush()
+	}
+	return nil
+}
+
+// flush sends the pending chunk.
+func (im *importer) flush() error {
+	ctx := im.cmd.Context()
+	switch {
+	case len(im.slots) > 0:
+		var r struct {
+			LogID uint64 `json:"log_id"`
+		}
+		if _, err := im.c.call(ctx, "PATCH", im.c.path("objects", im.ref), nil, im.slots, &r); err != nil {
+			return err
+		}
+		im.logID = r.LogID
+		im.done(len(im.slots))
+		im.slots = nil
+	case len(im.records) > 0:
+		var r struct {
+			Offsets []uint64 `json:"offsets"`
+		}
+		if _, err := im.c.call(ctx, "POST", im.c.path("logs", im.ref, "append"), nil, map[string]any{"records": im.records}, &r); err != nil {
+			return err
+		}
+		if len(r.Offsets) > 0 {
+			if im.imported == 0 {
+				im.firstOff = r.Offsets[0]
+			}
+			im.lastOff = r.Offsets[len(r.Offsets)-1]
+		}
+		im.done(len(im.records))
+		im.records = im.records[:0]
+	}
+	im.size = 0
+	return nil
+}
+
+func (im *importer) done(n int) {
+	im.imported += int64(n)
+	im.p.add(n)
+}
+
+func (im *importer) report(asJSON bool) error {
+	w := im.cmd.OutOrStdout()
+	name := im.ref.typ + "/" + im.ref.key
+	switch {
+	case asJSON && im.kind == "object":
+		return printValue(w, map[string]any{"kind": "object", "imported": im.imported, "log_id": im.logID})
+	case asJSON:
+		return printValue(w, map[string]any{"kind": "log", "imported": im.imported, "firstOffset": im.firstOff, "lastOffset": im.lastOff})
+	case im.imported == 0:
+		fmt.Fprintf(w, "imported nothing into %s\n", name)
+	case im.kind == "object":
+		fmt.Fprintf(w, "imported %d slots into %s (log_id %d)\n", im.imported, name, im.logID)
+	default:
+		fmt.Fprintf(w, "imported %d records into %s (offsets %d-%d)\n", im.imported, name, im.firstOff, im.lastOff)
+	}
+	return nil
+}

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The client tests run the holdfast binary (the test binary with
+// HOLDFAST_TEST_MAIN=1) against a real server process, as a user would.
+
+// clientTypes configures the types the client tests use: a log with leases and
+// a queue whose messages fail on their first nack.
+const clientTypes = "  leased:\n    log: {leases: {maxParallelism: 2, leaseDuration: 30s}}\n" +
+	"  mq:\n    queue: {maxAttempts: 1}\n"
+
+// startClientServer starts a server with the app crashAppKey/crashAppSecret.
+func startClientServer(t *testing.T) *server {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a server process")
+	}
+	cfgFile, dataDir, _ := crashSetup(t, clientTypes)
+	return startServer(t, dataDir, cfgFile)
+}
+
+// cliResult is what one run of the command did.
+type cliResult struct {
+	stdout, stderr string
+	code           int
+}
+
+// cliCommand returns the command `holdfast args...` pointed at srv through the
+// environment (HOLDFAST_URL, HOLDFAST_APP_KEY, HOLDFAST_APP_SECRET).
+func cliCommand(ctx context.Context, srv *server, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "HOLDFAST_") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env, "HOLDFAST_TEST_MAIN=1")
+	if srv != nil {
+		cmd.Env = append(cmd.Env, "HOLDFAST_URL="+srv.url, "HOLDFAST_APP_KEY="+crashAppKey, "HOLDFAST_APP_SECRET="+crashAppSecret)
+	}
+	return cmd
+}
+
+// cli runs `holdfast args...` with stdin and returns what it printed and its
+// exit code.
+func cli(t *testing.T, srv *server, stdin string, args ...string) cliResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := cliCommand(ctx, srv, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cmd.Stdin = strings.NewReader(stdin)
+	err := cmd.Run()
+	var exit *exec.ExitError
+	code := 0
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("holdfast %v: %v", args, err)
+	}
+	return cliResult{out.String(), errOut.String(), code}
+}
+
+// cliOK runs the command, which must succeed, and returns its stdout.
+func cliOK(t *testing.T, srv *server, args ...string) string {
+	t.Helper()
+	r := cli(t, srv, "", args...)
+	if r.code != 0 {
+		t.Fatalf("holdfast %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+// cliWant runs the command, which must succeed and print exactly want.
+func cliWant(t *testing.T, srv *server, want string, args ...string) {
+	t.Helper()
+	if got := cliOK(t, srv, args...); got != want {
+		t.Fatalf("holdfast %s printed\n%s\nwant\n%s", strings.Join(args, " "), got, want)
+	}
+}
+
+// cliJSON runs the command with --json; it must succeed and print one JSON value.
+func cliJSON(t *testing.T, srv *server, args ...string) map[string]any {
+	t.Helper()
+	out := cliOK(t, srv, append(args, "--json")...)
+	var v map[string]any
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("holdfast %s --json printed %q: %v", strings.Join(args, " "), out, err)
+	}
+	return v
+}
+
+// cliFail runs the command, which must exit 1 with nothing on stdout and an
+// error on stderr that starts with "holdfast: " and contains every wants.
+func cliFail(t *testing.T, srv *server, args []string, wants ...string) {
+	t.Helper()
+	r := cli(t, srv, "", args...)
+	if r.code != 1 || r.stdout != "" || !strings.HasPrefix(r.stderr, "holdfast: ") {
+		t.Fatalf("holdfast %s: exit %d, stdout %q, stderr %q; want exit 1 with an error", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	for _, w := range wants {
+		if !strings.Contains(r.stderr, w) {
+			t.Fatalf("holdfast %s: stderr %q does not mention %q", strings.Join(args, " "), r.stderr, w)
+		}
+	}
+}
+
+// api sends one request as another client would; it must succeed.
+func api(t *testing.T, srv *server, method, path string, body any) map[string]any {
+	t.Helper()
+	status, reply, err := call(context.Background(), &http.Client{Timeout: 30 * time.Second}, method, srv.url+path, body)
+	if err != nil || status/100 != 2 {
+		t.Fatalf("%s %s: %d %v %v", method, path, status, reply, err)
+	}
+	return reply
+}
+
+func TestClient_Object(t *testing.T) {
+	srv := startClientServer(t)
+	cliWant(t, srv, "log_id 1\n", "object", "set", "order/o1", "status", `"new"`)
+	cliWant(t, srv, "log_id 2\n", "object", "set", "order/o1", "note", "--string", "fragile")
+	cliWant(t, srv, "log_id 3\n", "object", "patch", "order/o1", "n=5", `tags=["a","b"]`)
+	if r := cliJSON(t, srv, "object", "patch", "order/o1", `{"x": true, "note": null}`); r["log_id"] != 4.0 {
+		t.Fatalf("patch --json: %v", r)
+	}
+	cliWant(t, srv, "log_id 4\nn = 5\nstatus = \"new\"\ntags = [\"a\",\"b\"]\nx = true\n", "object", "get", "order/o1")
+	st := cliJSON(t, srv, "object", "get", "order/o1")
+	if st["log_id"] != 4.0 || len(st["state"].(map[string]any)) != 4 {
+		t.Fatalf("get --json: %v", st)
+	}
+	cliWant(t, srv, `["a","b"]`+"\n", "object", "get", "order/o1", "tags")
+	if r := cliJSON(t, srv, "object", "get", "order/o1", "status"); r["value"] != "new" {
+		t.Fatalf("get SLOT --json: %v", r)
+	}
+	cliWant(t, srv, "log_id 5\n", "object", "delete", "order/o1", "x")
+	cliWant(t, srv, "log_id 5\n", "object", "delete", "order/o1", "x") // missing: writes nothing
+	if got := api(t, srv, "GET", "/api/v1/objects/app_crash/order/o1", nil); len(got["state"].(map[string]any)) != 3 {
+		t.Fatalf("after the CLI's writes another client sees %v", got)
+	}
+	cliWant(t, srv, "purged order/o1\n", "object", "delete", "order/o1", "--all")
+	if r := cliJSON(t, srv, "object", "get", "order/o1"); len(r["state"].(map[string]any)) != 0 {
+		t.Fatalf("after the purge: %v", r)
+	}
+	// The App ID is not needed: the path names the app by its key.
+	cliWant(t, srv, "log_id 7\n", "object", "set", "order/o1", "status", `{"code": 3}`,
+		"--url", srv.url+"/", "--app-key", crashAppKey, "--app-secret", crashAppSecret)
+}
+
+func TestClient_ObjectErrors(t *testing.T) {
+	srv := startClientServer(t)
+	cliOK(t, srv, "object", "set", "order/o1", "status", `"new"`)
+	for _, c := range []struct {
+		args  []string
+		wants []string
+	}{
+		// The server's refusals: its message, status, code and request id.
+		{[]string{"object", "get", "order/o1", "nope"}, []string{`slot "nope" not found`, "HTTP 404", "not_found", "request_id "}},
+		{[]string{"object", "get", "order/o1", "--app-secret", "wrong"}, []string{"unauthorized", "HTTP 401"}},
+		{[]string{"object", "get", "order/o1", "--app-key", "pk_other"}, []string{"unauthorized", "HTTP 401"}},
+		{[]string{"object", "set", "order/o1", "log", "1"}, []string{"reserved", "HTTP 422"}},
+		// Refused before any request.
+		{[]string{"object", "set", "order/o1", "status", "shipped"}, []string{`VALUE "shipped" is not valid JSON`}},
+		{[]string{"object", "patch", "order/o1", "{bad"}, []string{"not a JSON object"}},
+		{[]string{"object", "patch", "order/o1", "novalue"}, []string{"want SLOT=VALUE"}},
+		{[]string{"object", "patch", "order/o1", "a=oops"}, []string{"slot a", "not valid JSON"}},
+		{[]string{"object", "get"}, []string{"usage: holdfast object get TYPE/KEY [SLOT]"}},
+		{[]string{"object", "set", "order/o1", "status"}, []string{"usage: holdfast object set TYPE/KEY SLOT VALUE"}},
+		{[]string{"object", "delete", "order/o1"}, []string{"--all"}},
+		{[]string{"object", "delete", "order/o1", "status", "--all"}, []string{"--all"}},
+		{[]string{"object", "get", "order"}, []string{"TYPE/KEY"}},
+		{[]string{"object", "get", "order/o1", "--url", "ftp://x"}, []string{"--url"}},
+		{[]string{"object", "get", "order/o1", "--nope"}, []string{"unknown flag"}},
+		{[]string{"object", "frobnicate"}, []string{"unknown command"}},
+	} {
+		cliFail(t, srv, c.args, c.wants...)
+	}
+	// Nothing to connect to.
+	srv.kill(t)
+	cliFail(t, srv, []string{"object", "get", "order/o1"}, "connection refused")
+	// No credentials at all.
+	cliFail(t, nil, []string{"object", "get", "order/o1"}, "HOLDFAST_APP_KEY")
+}
+
+func TestClient_Help(t *testing.T) {
+	for _, group := range []string{"object", "log", "queue", "alarm", "token", "export", "import"} {
+		r := cli(t, nil, "", group, "--help")
+		if r.code != 0 || !strings.Contains(r.stdout, "--app-secret") || !strings.Contains(r.stdout, "--json") {
+			t.Fatalf("%s --help: exit %d\n%s%s", group, r.code, r.stdout, r.stderr)
+		}
+	}
+	// The secret's default comes from the environment but is never printed.
+	cmd := cliCommand(context.Background(), nil, "object", "--help")
+	cmd.Env = append(cmd.Env, "HOLDFAST_APP_SECRET=sk_do_not_print")
+	out, err := cmd.CombinedOutput()
+	if err != nil || bytes.Contains(out, []byte("sk_do_not_print")) {
+		t.Fatalf("object --help: %v\n%s", err, out)
+	}
+}
+
+func TestClient_Token(t *testing.T) {
+	srv := startClientServer(t)
+	r := cli(t, srv, "", "token", "mint", "object:read:order/o1", "object:read:order/*", "--ttl", "90s")
+	if r.code != 0 || strings.Count(strings.TrimSpace(r.stdout), ".") != 2 || strings.Contains(r.stdout, "\n\n") || !strings.HasPrefix(r.stderr, "expires ") {
+		t.Fatalf("token mint: exit %d, stdout %q, stderr %q; want a JWT alone on stdout", r.code, r.stdout, r.stderr)
+	}
+	before := time.Now().UnixMilli()
+	m := cliJSON(t, srv, "token", "mint", "object:read:order/o1", "--ttl", "1m")
+	exp, _ := m["expires_at"].(float64)
+	if tok, _ := m["token"].(string); tok == "" || exp < float64(before+50_000) || exp > float64(before+70_000) {
+		t.Fatalf("token mint --json: %v", m)
+	}
+	cliFail(t, srv, []string{"token", "mint", "object:write:order/o1"}, "must be object:read:{type}/{key}", "HTTP 422", "invalid")
+	cliFail(t, srv, []string{"token", "mint", "object:read:order/o1", "--ttl", "48h"}, "ttl_seconds", "HTTP 422")
+	cliFail(t, srv, []string{"token", "mint", "object:read:order/o1", "--app-secret", "wrong"}, "HTTP 401")
+	cliFail(t, srv, []string{"token", "mint"}, "usage: holdfast token mint CAPABILITY...")
+}
