@@ -1,8 +1,14 @@
 // Command torture runs the torture check (internal/torture) against a holdfast
 // server: concurrent clients, SIGKILLs and restarts at random, then a
-// linearizability check of every KV object's history and the log checks.
+// linearizability check of every KV object's history and the log checks. With
+// -cluster N it runs a cluster of N nodes (and an etcd in this process) instead,
+// with kills and graceful leaves of one node at a time.
 //
 //	go run ./bench/torture -runs 10 -duration 2m
+//	go run ./bench/torture -cluster 3 -runs 1 -duration 60s
+//
+// A failed run's directory (data, and each node's log in cluster mode) is kept;
+// -keep keeps every run's.
 package main
 
 import (
@@ -30,13 +36,20 @@ func main() {
 		killMax  = flag.Duration("kill-max", 5*time.Second, "longest time between kills")
 		seed     = flag.Int64("seed", 0, "seed of the first run (0: the time)")
 		histDir  = flag.String("history-dir", "", "write each run's KV histories as JSON lines under this directory")
+		nodes    = flag.Int("cluster", 0, "run a cluster of this many nodes (at least 3) instead of one server")
+		keepAll  = flag.Bool("keep", false, "keep every run's directory (data, and each node's log in cluster mode), not only a failed one's")
 	)
 	flag.Parse()
 	work, err := os.MkdirTemp("", "holdfast-torture-")
 	if err != nil {
 		fatal(err)
 	}
-	defer os.RemoveAll(work)
+	keep := false
+	defer func() {
+		if !keep {
+			os.RemoveAll(work)
+		}
+	}()
 	if *bin == "" {
 		*bin = filepath.Join(work, "holdfast")
 		args := []string{"build", "-o", *bin}
@@ -49,7 +62,7 @@ func main() {
 			fatal(fmt.Errorf("build the server: %w", err))
 		}
 	}
-	failed, kills := 0, 0
+	failed, kills, leaves := 0, 0, 0
 	for i := range *runs {
 		dir := filepath.Join(work, fmt.Sprintf("run%d", i))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -65,17 +78,32 @@ func main() {
 			hist = filepath.Join(*histDir, fmt.Sprintf("run%d", i))
 		}
 		v, err := torture.Run(context.Background(), torture.Config{Binary: *bin, Dir: dir, Duration: *duration, Clients: *clients, HistoryDir: hist,
-			Objects: *objects, Logs: *logs, KillMin: *killMin, KillMax: *killMax, Seed: s, Progress: os.Stdout})
+			Objects: *objects, Logs: *logs, KillMin: *killMin, KillMax: *killMax, Seed: s, Cluster: *nodes, Progress: os.Stdout})
 		if err != nil {
+			fmt.Fprintf(os.Stderr, "torture: the run's directory is kept: %s\n", dir)
+			keep = true
 			fatal(err)
 		}
 		kills += v.Kills
+		leaves += v.Leaves
 		if !v.OK {
 			failed++
+			keep = true
+			fmt.Printf("the run's directory is kept: %s\n", dir)
+			continue
+		}
+		if *keepAll {
+			keep = true
+			fmt.Printf("the run's directory is kept: %s\n", dir)
+			continue
 		}
 		_ = os.RemoveAll(dir)
 	}
-	fmt.Printf("== %d runs, %d failed, %d kills in all\n", *runs, failed, kills)
+	if *nodes > 0 {
+		fmt.Printf("== %d runs, %d failed, %d kills and %d leaves in all\n", *runs, failed, kills, leaves)
+	} else {
+		fmt.Printf("== %d runs, %d failed, %d kills in all\n", *runs, failed, kills)
+	}
 	if failed > 0 {
 		os.Exit(1)
 	}

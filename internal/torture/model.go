@@ -38,7 +38,8 @@ type kvOutput struct {
 
 // kvModel is nondeterministic in one way: a write of unknown outcome (cut off by
 // a kill) either took effect or never did. Its return time is the kill that
-// ended the server that had it (boundUnknown), so it cannot be parked after
+// ended the server that had it (boundUnknown; in a cluster, the kill of every
+// node at the end: clusterTarget.boundUnknown), so it cannot be parked after
 // every other operation; "never" has to be a state of its own.
 var kvModel = (&porcupine.NondeterministicModel{
 	Init: func() []any { return []any{kvState{}} },

@@ -1,9 +1,14 @@
 // Package torture runs many concurrent clients against a Holdfast server that is
-// SIGKILLed and restarted at random, records every call with its outcome, and
-// checks the history: each KV object's operations must be linearizable
+// SIGKILLed and restarted at random (or against a cluster of several server
+// processes, whose nodes are SIGKILLed and restarted or stopped gracefully and
+// started again: cluster.go), records every call with its outcome, and checks
+// the history: each KV object's operations must be linearizable
 // (github.com/anishathalye/porcupine, with log_id in every reply), and each
 // retained log must hold every acknowledged offset with its record, contiguous
 // offsets, every key once, and cursors that never go back.
+//
+// Run's goroutine owns the servers (start, faults, stop); the clients only
+// read the list of URLs to send to.
 package torture
 
 import (
@@ -21,12 +26,16 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/anishathalye/porcupine"
+
+	"github.com/holdfast/holdfast/internal/ownership"
 )
 
 // Config configures a run.
@@ -39,8 +48,15 @@ type Config struct {
 	Duration time.Duration
 	// Clients, KV objects and logs; zero means 16, 8 and 4.
 	Clients, Objects, Logs int
-	// KillMin and KillMax bound the time between kills; zero means 1s and 5s.
+	// KillMin and KillMax bound the time between kills (between faults of any
+	// kind in cluster mode); zero means 1s and 5s.
 	KillMin, KillMax time.Duration
+	// Cluster is the number of nodes of a cluster to run instead of one server:
+	// an etcd in this process and Cluster `holdfast serve` processes, each with
+	// its own data; faults are kills and graceful leaves of one node at a time,
+	// never leaving fewer than 2 running. Zero means one server; otherwise at
+	// least 3.
+	Cluster int
 	// Seed of the random choices; zero means the time.
 	Seed int64
 	// CheckTimeout bounds the linearizability check of one object; zero means 60s.
@@ -56,9 +72,11 @@ type Config struct {
 type Verdict struct {
 	OK       bool
 	Seed     int64
-	Kills    int
+	Nodes    int // cluster mode: the number of nodes; 0 for one server
+	Kills    int // SIGKILLs (of one node in cluster mode), and the last one (of every node at once) counted once
+	Leaves   int // cluster mode: graceful stops (SIGTERM: hand off, exit 0) during the workload
 	Ops      int // operations with a known outcome
-	Unknown  int // writes whose outcome is unknown (cut off by a kill)
+	Unknown  int // writes whose outcome is unknown (cut off by a kill; in a cluster also a 503)
 	Failures []string
 	// FailingHistory is the smallest failing KV history found, when one object's
 	// history is not linearizable.
@@ -71,7 +89,12 @@ func (v *Verdict) String() string {
 	if !v.OK {
 		status = "FAIL"
 	}
-	fmt.Fprintf(&b, "%s: seed %d, %d kills, %d operations, %d with unknown outcome\n", status, v.Seed, v.Kills, v.Ops, v.Unknown)
+	if v.Nodes > 0 {
+		fmt.Fprintf(&b, "%s: seed %d, %d nodes, %d kills, %d leaves, %d operations, %d with unknown outcome\n",
+			status, v.Seed, v.Nodes, v.Kills, v.Leaves, v.Ops, v.Unknown)
+	} else {
+		fmt.Fprintf(&b, "%s: seed %d, %d kills, %d operations, %d with unknown outcome\n", status, v.Seed, v.Kills, v.Ops, v.Unknown)
+	}
 	for _, f := range v.Failures {
 		fmt.Fprintf(&b, "  - %s\n", f)
 	}
@@ -90,9 +113,15 @@ const (
 type run struct {
 	cfg   Config
 	start time.Time
-	url   atomic.Pointer[string]
-	down  atomic.Bool
+	urls  atomic.Pointer[[]string] // the servers to send to; each call picks one at random
+	down  atomic.Bool              // one server: it is down, the clients wait
 	http  *http.Client
+	// own checks, in cluster mode, that no two nodes served a partition at once
+	// (from the X-Holdfast-Served-By header of every reply); nil with one server.
+	own *ownership.Checker
+
+	// Run's goroutine only.
+	kills, leaves int
 
 	mu       sync.Mutex
 	killedAt []int64                 // r.now() once each killed server had exited
@@ -132,6 +161,9 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 	if cfg.Binary == "" || cfg.Dir == "" {
 		return nil, errors.New("torture: Binary and Dir are required")
 	}
+	if cfg.Cluster != 0 && cfg.Cluster < 3 {
+		return nil, fmt.Errorf("torture: a cluster of %d nodes: at least 3 (2 stay running through every fault)", cfg.Cluster)
+	}
 	if cfg.Duration <= 0 {
 		cfg.Duration = 2 * time.Minute
 	}
@@ -151,22 +183,27 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
 	}
-	r := &run{cfg: cfg, start: time.Now(), http: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+	// A cluster's request for a partition being handed off waits up to 5 s at
+	// the node: the client waits longer, to see its 503.
+	timeout := 5 * time.Second
+	if cfg.Cluster > 0 {
+		timeout = 10 * time.Second
+	}
+	r := &run{cfg: cfg, start: time.Now(), http: &http.Client{Timeout: timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 		kv: make([][]porcupine.Operation, cfg.Objects)}
 	for range cfg.Logs {
 		r.logs = append(r.logs, &logRecord{acked: map[string]uint64{}, seen: map[uint64]string{}, maxAcked: -1})
 	}
-	cfgFile := filepath.Join(cfg.Dir, "holdfast.yaml")
-	conf := fmt.Sprintf("apps:\n  - {id: %s, key: %s, secret: %s}\ntypes:\n  events:\n    log: {maxBatchSize: 100}\n", app, appKey, appSecret)
-	if err := os.WriteFile(cfgFile, []byte(conf), 0o644); err != nil {
+	var t target = &single{r: r}
+	if cfg.Cluster > 0 {
+		r.own = ownership.New()
+		t = &clusterTarget{r: r}
+	}
+	if err := t.start(ctx); err != nil {
+		t.close()
 		return nil, err
 	}
-	dataDir := filepath.Join(cfg.Dir, "data")
-	srv, err := r.startServer(ctx, dataDir, cfgFile)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { srv.kill() }()
+	defer t.close()
 
 	rng := rand.New(rand.NewSource(cfg.Seed))
 	stop := make(chan struct{})
@@ -178,7 +215,6 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 			r.client(c, rand.New(rand.NewSource(seed)), stop)
 		}(rng.Int63())
 	}
-	kills := 0
 	deadline := time.Now().Add(cfg.Duration)
 	for {
 		wait := cfg.KillMin + time.Duration(rng.Int63n(int64(cfg.KillMax-cfg.KillMin)+1))
@@ -192,32 +228,27 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 			return nil, ctx.Err()
 		case <-time.After(wait):
 		}
-		r.down.Store(true)
-		r.kill(srv)
-		kills++
-		fmt.Fprintf(cfg.Progress, "kill %d at %.1fs\n", kills, time.Since(r.start).Seconds())
-		time.Sleep(time.Duration(rng.Intn(200)) * time.Millisecond)
-		if srv, err = r.startServer(ctx, dataDir, cfgFile); err != nil {
+		if err := t.fault(ctx, rng); err != nil {
 			close(stop)
 			wg.Wait()
 			return nil, err
 		}
-		r.down.Store(false)
 	}
 	time.Sleep(time.Until(deadline))
 	close(stop)
 	wg.Wait()
-	// A last kill and restart, then the final reads.
-	r.kill(srv)
-	kills++
-	if srv, err = r.startServer(ctx, dataDir, cfgFile); err != nil {
+	// A last kill of every server and a restart, then the final reads.
+	if err := t.settle(ctx); err != nil {
 		return nil, err
 	}
 	r.finalChecks()
-	v := &Verdict{Seed: cfg.Seed, Kills: kills, Ops: r.ops, Unknown: r.unknown}
+	if err := t.finish(ctx); err != nil {
+		return nil, err
+	}
+	v := &Verdict{Seed: cfg.Seed, Nodes: cfg.Cluster, Kills: r.kills, Leaves: r.leaves, Ops: r.ops, Unknown: r.unknown}
 	checkStart := time.Now()
 	for i, h := range r.kv {
-		boundUnknown(h, r.killedAt)
+		t.boundUnknown(h)
 		if cfg.HistoryDir != "" {
 			if err := dumpHistory(filepath.Join(cfg.HistoryDir, fmt.Sprintf("kv%d.jsonl", i)), h); err != nil {
 				return nil, err
@@ -234,11 +265,100 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 		}
 	}
 	fmt.Fprintf(cfg.Progress, "checked %d objects' histories in %.1fs\n", len(r.kv), time.Since(checkStart).Seconds())
+	if r.own != nil {
+		if err := r.own.Verify(); err != nil {
+			r.fail("ownership: %v", err)
+		}
+	}
 	v.Failures = r.failures
 	v.OK = len(v.Failures) == 0
 	fmt.Fprint(cfg.Progress, v.String())
 	return v, nil
 }
+
+// target is what the clients run against: one server or a cluster. Its methods
+// are called from Run's goroutine only.
+type target interface {
+	// start starts the server(s) and stores their URLs in r.urls.
+	start(ctx context.Context) error
+	// fault injects one fault and returns once it is over (a killed server is
+	// back) or under way (a node that left is started again by a later fault).
+	fault(ctx context.Context, rng *rand.Rand) error
+	// settle, once the clients stopped, kills every server at once and starts
+	// them again for the final reads.
+	settle(ctx context.Context) error
+	// finish stops the servers after the final reads (failures go to r.fail).
+	finish(ctx context.Context) error
+	// boundUnknown gives each unknown write of a history its latest possible
+	// effect (its Return).
+	boundUnknown(h []porcupine.Operation)
+	// close kills whatever still runs.
+	close()
+}
+
+// single is one server, SIGKILLed and restarted; the clients wait while it is down.
+type single struct {
+	r       *run
+	srv     *server
+	cfgFile string
+	dataDir string
+}
+
+func (s *single) start(ctx context.Context) error {
+	cfg := s.r.cfg
+	s.cfgFile = filepath.Join(cfg.Dir, "holdfast.yaml")
+	conf := appsYAML + typesYAML
+	if err := os.WriteFile(s.cfgFile, []byte(conf), 0o644); err != nil {
+		return err
+	}
+	s.dataDir = filepath.Join(cfg.Dir, "data")
+	return s.restart(ctx)
+}
+
+func (s *single) restart(ctx context.Context) error {
+	srv, err := s.r.startServer(ctx, s.dataDir, s.cfgFile, "", nil)
+	if err != nil {
+		return err
+	}
+	s.srv = srv
+	s.r.urls.Store(&[]string{srv.url})
+	return nil
+}
+
+func (s *single) fault(ctx context.Context, rng *rand.Rand) error {
+	s.r.down.Store(true)
+	s.r.kill(s.srv)
+	s.r.kills++
+	fmt.Fprintf(s.r.cfg.Progress, "kill %d at %.1fs\n", s.r.kills, time.Since(s.r.start).Seconds())
+	time.Sleep(time.Duration(rng.Intn(200)) * time.Millisecond)
+	if err := s.restart(ctx); err != nil {
+		return err
+	}
+	s.r.down.Store(false)
+	return nil
+}
+
+func (s *single) settle(ctx context.Context) error {
+	s.r.kill(s.srv)
+	s.r.kills++
+	return s.restart(ctx)
+}
+
+func (s *single) finish(context.Context) error { return nil }
+
+func (s *single) boundUnknown(h []porcupine.Operation) { boundUnknown(h, s.r.killedAt) }
+
+func (s *single) close() {
+	if s.srv != nil {
+		s.srv.kill()
+	}
+}
+
+// The server's configuration: the app the clients use and the log type.
+const (
+	appsYAML  = "apps:\n  - {id: " + app + ", key: " + appKey + ", secret: " + appSecret + "}\n"
+	typesYAML = "types:\n  events:\n    log: {maxBatchSize: 100}\n"
+)
 
 // kill SIGKILLs the server and notes when it had exited: no request it
 // received can take effect after that.
@@ -298,40 +418,84 @@ func orDefault(v, d int) int {
 // server is one holdfast process.
 type server struct {
 	cmd    *exec.Cmd
-	exited chan struct{}
+	url    string        // its HTTP address
+	exited chan struct{} // closed once it exited; err is then its exit status
+	err    error
+
+	mu   sync.Mutex
+	tail []string       // its last stderr lines
+	logw io.WriteCloser // its stderr and the torture's notes, or nil
 }
 
 func (s *server) kill() {
-	if s.cmd.ProcessState == nil {
+	select {
+	case <-s.exited:
+	default:
+		s.note("SIGKILL")
 		_ = s.cmd.Process.Signal(syscall.SIGKILL)
 		<-s.exited
 	}
 }
 
+// note adds a timestamped line of the torture's own to the server's log.
+func (s *server) note(format string, a ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logw != nil {
+		fmt.Fprintf(s.logw, "torture: %s %s\n", time.Now().UTC().Format("2006-01-02T15:04:05.000Z"), fmt.Sprintf(format, a...))
+	}
+}
+
+// lastLines is the end of the server's stderr.
+func (s *server) lastLines() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.tail, "\n")
+}
+
+// tailLines is how many of a server's last stderr lines are kept for errors.
+const tailLines = 200
+
 var listenRE = regexp.MustCompile(`"holdfast listening" addr=(\S+)`)
 
-func (r *run) startServer(ctx context.Context, dataDir, cfgFile string) (*server, error) {
+// startServer starts holdfast serve and waits until it listens. Its stderr is
+// appended to logFile unless that is empty; env is added to the environment.
+func (r *run) startServer(ctx context.Context, dataDir, cfgFile, logFile string, env []string) (*server, error) {
 	cmd := exec.CommandContext(ctx, r.cfg.Binary, "serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--config", cfgFile)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
 	}
+	s := &server{cmd: cmd, exited: make(chan struct{})}
+	if logFile != "" {
+		if s.logw, err = os.OpenFile(logFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	s.note("start")
 	if err := cmd.Start(); err != nil {
+		if s.logw != nil {
+			s.logw.Close()
+		}
 		return nil, fmt.Errorf("start %s: %w", r.cfg.Binary, err)
 	}
-	s := &server{cmd: cmd, exited: make(chan struct{})}
 	addr := make(chan string, 1)
-	var tail bytes.Buffer
-	var tailMu sync.Mutex
 	go func() {
 		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			line := sc.Text()
-			tailMu.Lock()
-			if tail.Len() < 64<<10 {
-				tail.WriteString(line + "\n")
+			s.mu.Lock()
+			if s.logw != nil {
+				_, _ = io.WriteString(s.logw, line+"\n")
 			}
-			tailMu.Unlock()
+			if s.tail = append(s.tail, line); len(s.tail) > 2*tailLines {
+				s.tail = append(s.tail[:0], s.tail[len(s.tail)-tailLines:]...)
+			}
+			s.mu.Unlock()
 			if m := listenRE.FindStringSubmatch(line); m != nil {
 				select {
 				case addr <- m[1]:
@@ -339,21 +503,27 @@ func (r *run) startServer(ctx context.Context, dataDir, cfgFile string) (*server
 				}
 			}
 		}
-		_ = cmd.Wait()
+		_, _ = io.Copy(io.Discard, stderr) // a line too long for the scanner
+		s.note("stderr closed")
+		s.err = cmd.Wait()
+		s.note("the process exited: %v", s.err)
+		s.mu.Lock()
+		if s.logw != nil {
+			s.logw.Close()
+			s.logw = nil
+		}
+		s.mu.Unlock()
 		close(s.exited)
 	}()
 	select {
 	case a := <-addr:
-		u := "http://" + a
-		r.url.Store(&u)
+		s.url = "http://" + a
 		return s, nil
 	case <-s.exited:
 	case <-time.After(30 * time.Second):
 		s.kill()
 	}
-	tailMu.Lock()
-	defer tailMu.Unlock()
-	return nil, fmt.Errorf("torture: the server did not start:\n%s", tail.String())
+	return nil, fmt.Errorf("torture: the server did not start:\n%s", s.lastLines())
 }
 
 // outcome classifies a call: ok (a 2xx reply), unknown (it may have happened),
@@ -368,51 +538,83 @@ const (
 )
 
 func (r *run) call(method, path string, body any, out any) (outcome, int) {
-	u := r.url.Load()
+	outc, status, _ := r.callRetry(method, path, body, out)
+	return outc, status
+}
+
+// callRetry is call that also returns a 503's Retry-After.
+func (r *run) callRetry(method, path string, body any, out any) (outcome, int, time.Duration) {
+	urls := *r.urls.Load()
+	u := urls[rand.Intn(len(urls))]
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, *u+path, rd)
+	req, err := http.NewRequest(method, u+path, rd)
 	if err != nil {
-		return notSent, 0
+		return notSent, 0, 0
 	}
 	req.Header.Set("X-App-Key", appKey)
 	req.Header.Set("X-App-Secret", appSecret)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	start := time.Now()
 	resp, err := r.http.Do(req)
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
-			return notSent, 0
+			return notSent, 0, 0
 		}
-		return unknown, 0
+		return unknown, 0, 0
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
+	r.recordServed(resp.Header.Get("X-Holdfast-Served-By"), start)
 	switch {
 	case err != nil || resp.StatusCode >= 500:
-		return unknown, resp.StatusCode
+		var after time.Duration
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+			after = time.Duration(s) * time.Second
+		}
+		return unknown, resp.StatusCode, after
 	case resp.StatusCode >= 400:
-		return refused, resp.StatusCode
+		return refused, resp.StatusCode, 0
 	}
 	if out != nil && len(b) > 0 {
 		d := json.NewDecoder(bytes.NewReader(b))
 		d.UseNumber()
 		if err := d.Decode(out); err != nil {
 			r.fail("%s %s: reply %q: %v", method, path, b, err)
-			return unknown, resp.StatusCode
+			return unknown, resp.StatusCode, 0
 		}
 	}
-	return ok, resp.StatusCode
+	return ok, resp.StatusCode, 0
 }
 
 func (r *run) client(c int, rng *rand.Rand, stop chan struct{}) {
 	var retry []string // keys of an append whose outcome is unknown, to send again
 	var retryLog int
 	seq := 0
+	// In cluster mode, an object or log that answered 503 is left alone until
+	// its Retry-After, as a real client would (the partitions of a killed node
+	// answer 503 until it is back): that keeps the count of unknown writes, each
+	// of which the check must place anywhere until the end (clusterTarget),
+	// within what the check can search, and the load on the other partitions up.
+	avoid := map[string]time.Time{}
+	busy := func(target string) bool {
+		until, ok := avoid[target]
+		if ok && time.Now().After(until) {
+			delete(avoid, target)
+			return false
+		}
+		return ok
+	}
+	backOff := func(target string, after time.Duration) {
+		if r.own != nil && after > 0 {
+			avoid[target] = time.Now().Add(after)
+		}
+	}
 	for {
 		select {
 		case <-stop:
@@ -425,7 +627,12 @@ func (r *run) client(c int, rng *rand.Rand, stop chan struct{}) {
 		}
 		time.Sleep(time.Duration(rng.Intn(2000)) * time.Microsecond)
 		if rng.Intn(100) < 60 {
-			r.kvOp(c, rng)
+			obj := rng.Intn(r.cfg.Objects)
+			target := fmt.Sprintf("kv%d", obj)
+			if busy(target) {
+				continue
+			}
+			backOff(target, r.kvOp(c, obj, rng))
 			continue
 		}
 		l := rng.Intn(len(r.logs))
@@ -440,25 +647,39 @@ func (r *run) client(c int, rng *rand.Rand, stop chan struct{}) {
 			} else {
 				l = retryLog
 			}
-			if r.appendOp(l, keys) {
+			target := fmt.Sprintf("log%d", l)
+			if busy(target) {
+				retry, retryLog = keys, l
+				continue
+			}
+			done, after := r.appendOp(l, keys)
+			if done {
 				retry = nil
 			} else {
 				retry, retryLog = keys, l
 			}
+			backOff(target, after)
 		case p < 85:
-			r.readOp(l, rng)
+			target := fmt.Sprintf("log%d", l)
+			if !busy(target) {
+				backOff(target, r.readOp(l, rng))
+			}
 		default:
-			r.commitOp(l)
+			target := fmt.Sprintf("log%d", l)
+			if !busy(target) {
+				backOff(target, r.commitOp(l))
+			}
 		}
 	}
 }
 
-func (r *run) kvOp(c int, rng *rand.Rand) {
-	obj := rng.Intn(r.cfg.Objects)
+// kvOp runs one operation on object obj; it returns a 503's Retry-After.
+func (r *run) kvOp(c, obj int, rng *rand.Rand) time.Duration {
 	base := fmt.Sprintf("/api/v1/objects/%s/reg/kv%d", app, obj)
 	var in kvInput
 	var outc outcome
 	var status int
+	var after time.Duration
 	var out kvOutput
 	call := r.now()
 	switch p := rng.Intn(100); {
@@ -467,7 +688,7 @@ func (r *run) kvOp(c int, rng *rand.Rand) {
 		var rep struct {
 			LogID json.Number `json:"log_id"`
 		}
-		outc, status = r.call("PUT", base+"/a", map[string]any{"value": in.Value}, &rep)
+		outc, status, after = r.callRetry("PUT", base+"/a", map[string]any{"value": in.Value}, &rep)
 		out.LogID = num(rep.LogID)
 	case p < 60:
 		in = kvInput{Op: "incr", By: int64(1 + rng.Intn(5))}
@@ -475,28 +696,28 @@ func (r *run) kvOp(c int, rng *rand.Rand) {
 			LogID json.Number `json:"log_id"`
 			Value json.Number `json:"value"`
 		}
-		outc, status = r.call("POST", base+"/n/increment", map[string]any{"by": in.By}, &rep)
+		outc, status, after = r.callRetry("POST", base+"/n/increment", map[string]any{"by": in.By}, &rep)
 		out.LogID, out.N = num(rep.LogID), int64(num(rep.Value))
 	default:
 		in = kvInput{Op: "get"}
 		var rep stateReply
-		outc, status = r.call("GET", base, nil, &rep)
+		outc, status, after = r.callRetry("GET", base, nil, &rep)
 		out = rep.output()
 	}
 	ret := r.now()
 	op := porcupine.Operation{ClientId: c, Input: in, Call: call, Output: out, Return: ret}
 	switch outc {
 	case notSent:
-		return
+		return after
 	case refused:
 		r.fail("kv%d %s: refused with %d", obj, in.Op, status)
-		return
+		return after
 	case unknown:
 		if in.Op == "get" {
-			return // a read with no reply changed nothing
+			return after // a read with no reply changed nothing
 		}
-		// Return stays the time the client saw the error; boundUnknown moves it
-		// to the kill that ended that server before the check.
+		// Return stays the time the client saw the error; the target's
+		// boundUnknown moves it to its latest possible effect before the check.
 		op.Output = kvOutput{Unknown: true}
 	}
 	r.mu.Lock()
@@ -507,6 +728,7 @@ func (r *run) kvOp(c int, rng *rand.Rand) {
 		r.ops++
 	}
 	r.mu.Unlock()
+	return after
 }
 
 // stateReply is GET /objects/...: the object's slots and log_id.
@@ -546,8 +768,9 @@ func num(n json.Number) uint64 {
 
 func logPath(l int) string { return fmt.Sprintf("/api/v1/logs/%s/events/log%d", app, l) }
 
-// appendOp appends one record per key; true once its outcome is known.
-func (r *run) appendOp(l int, keys []string) bool {
+// appendOp appends one record per key; true once its outcome is known. It
+// also returns a 503's Retry-After.
+func (r *run) appendOp(l int, keys []string) (bool, time.Duration) {
 	recs := make([]map[string]any, len(keys))
 	for i, k := range keys {
 		recs[i] = map[string]any{"body": map[string]any{"k": k}, "deduplicationKey": k}
@@ -555,22 +778,22 @@ func (r *run) appendOp(l int, keys []string) bool {
 	var rep struct {
 		Offsets []uint64 `json:"offsets"`
 	}
-	outc, status := r.call("POST", logPath(l)+"/append", map[string]any{"records": recs}, &rep)
+	outc, status, after := r.callRetry("POST", logPath(l)+"/append", map[string]any{"records": recs}, &rep)
 	switch outc {
 	case notSent:
-		return false
+		return false, after
 	case unknown:
 		r.mu.Lock()
 		r.unknown++
 		r.mu.Unlock()
-		return false
+		return false, after
 	case refused:
 		r.fail("log%d append: refused with %d", l, status)
-		return true
+		return true, after
 	}
 	if len(rep.Offsets) != len(keys) {
 		r.fail("log%d append of %d records returned %d offsets", l, len(keys), len(rep.Offsets))
-		return true
+		return true, after
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -583,10 +806,11 @@ func (r *run) appendOp(l int, keys []string) bool {
 		lr.acked[k] = rep.Offsets[i]
 		lr.maxAcked = max(lr.maxAcked, int64(rep.Offsets[i]))
 	}
-	return true
+	return true, after
 }
 
-func (r *run) readOp(l int, rng *rand.Rand) {
+// readOp reads log l from a random offset; it returns a 503's Retry-After.
+func (r *run) readOp(l int, rng *rand.Rand) time.Duration {
 	r.mu.Lock()
 	top := r.logs[l].maxAcked
 	r.mu.Unlock()
@@ -595,12 +819,12 @@ func (r *run) readOp(l int, rng *rand.Rand) {
 		from = uint64(rng.Int63n(top + 2))
 	}
 	var rep recordPage
-	outc, status := r.call("GET", fmt.Sprintf("%s/records?from=%d&limit=50", logPath(l), from), nil, &rep)
+	outc, status, after := r.callRetry("GET", fmt.Sprintf("%s/records?from=%d&limit=50", logPath(l), from), nil, &rep)
 	if outc == refused {
 		r.fail("log%d read from %d: refused with %d", l, from, status)
 	}
 	if outc != ok {
-		return
+		return after
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -609,7 +833,7 @@ func (r *run) readOp(l int, rng *rand.Rand) {
 	for i, rec := range rep.Records {
 		if rec.Offset != from+uint64(i) {
 			r.failures = append(r.failures, fmt.Sprintf("log%d read from %d: record %d has offset %d", l, from, i, rec.Offset))
-			return
+			return after
 		}
 		var body struct{ K string }
 		if json.Unmarshal(rec.Body, &body) != nil || body.K != rec.DeduplicationKey {
@@ -620,52 +844,64 @@ func (r *run) readOp(l int, rng *rand.Rand) {
 		}
 		lr.seen[rec.Offset] = rec.DeduplicationKey
 	}
+	return after
 }
 
-func (r *run) commitOp(l int) {
+// commitOp commits log l's cursor; it returns a 503's Retry-After.
+func (r *run) commitOp(l int) time.Duration {
 	r.mu.Lock()
 	top := r.logs[l].maxAcked
 	r.mu.Unlock()
 	if top < 0 {
-		return
+		return 0
 	}
 	to := uint64(top + 1) // an acknowledged offset exists below it
 	var rep struct {
 		Offset uint64 `json:"offset"`
 	}
 	call := r.now()
-	outc, status := r.call("PUT", logPath(l)+"/cursors/c", map[string]any{"offset": to}, &rep)
+	outc, status, after := r.callRetry("PUT", logPath(l)+"/cursors/c", map[string]any{"offset": to}, &rep)
 	ret := r.now()
 	if outc == refused {
 		r.fail("log%d commit %d: refused with %d", l, to, status)
 	}
 	if outc != ok {
-		return
+		return after
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ops++
 	r.logs[l].commits = append(r.logs[l].commits, commitOp{call: call, ret: ret, offset: to, cursor: rep.Offset})
+	return after
+}
+
+// callFinal is a GET of the final reads. A server may answer 503 for a moment
+// after the last restart (in a cluster, a node takes another for down for 2 s
+// after their connection broke), so it tries again for up to 10 s.
+func (r *run) callFinal(method, path string, out any) (outcome, int) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		outc, status := r.call(method, path, nil, out)
+		if outc == ok || outc == refused || time.Now().After(deadline) {
+			return outc, status
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // finalChecks reads every object and log once the server is back for good.
 func (r *run) finalChecks() {
 	for obj := range r.cfg.Objects {
-		for try := 0; ; try++ {
-			n := len(r.kv[obj])
-			r.kvFinalGet(obj)
-			if len(r.kv[obj]) > n || try == 20 {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		r.kvFinalGet(obj)
 	}
 	for l, lr := range r.logs {
 		var all []string // key by offset
+		whole := true
 		for from := uint64(0); ; {
 			var rep recordPage
-			if outc, status := r.call("GET", fmt.Sprintf("%s/records?from=%d&limit=100", logPath(l), from), nil, &rep); outc != ok {
-				r.fail("log%d final read from %d: %d", l, from, status)
+			if outc, status := r.callFinal("GET", fmt.Sprintf("%s/records?from=%d&limit=100", logPath(l), from), &rep); outc != ok {
+				r.fail("log%d final read from %d: %d (the records it did not read are not checked)", l, from, status)
+				whole = false
 				break
 			}
 			for i, rec := range rep.Records {
@@ -689,6 +925,9 @@ func (r *run) finalChecks() {
 				r.fail("log%d key %s at offsets %d and %d", l, k, prev, off)
 			}
 			at[k] = uint64(off)
+		}
+		if !whole {
+			continue
 		}
 		keys := make([]string, 0, len(lr.acked))
 		for k := range lr.acked {
@@ -720,8 +959,9 @@ func (r *run) finalChecks() {
 func (r *run) kvFinalGet(obj int) {
 	var rep stateReply
 	call := r.now()
-	outc, _ := r.call("GET", fmt.Sprintf("/api/v1/objects/%s/reg/kv%d", app, obj), nil, &rep)
+	outc, status := r.callFinal("GET", fmt.Sprintf("/api/v1/objects/%s/reg/kv%d", app, obj), &rep)
 	if outc != ok {
+		r.fail("kv%d final read: %d", obj, status)
 		return
 	}
 	r.kv[obj] = append(r.kv[obj], porcupine.Operation{ClientId: r.cfg.Clients, Input: kvInput{Op: "get"}, Call: call, Output: rep.output(), Return: r.now()})
@@ -754,7 +994,7 @@ func (r *run) checkCursor(l int, lr *logRecord) {
 	var rep struct {
 		Offset uint64 `json:"offset"`
 	}
-	if outc, status := r.call("GET", logPath(l)+"/cursors/c", nil, &rep); outc != ok {
+	if outc, status := r.callFinal("GET", logPath(l)+"/cursors/c", &rep); outc != ok {
 		if len(lr.commits) > 0 {
 			r.fail("log%d final cursor read: %d", l, status)
 		}

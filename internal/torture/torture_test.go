@@ -50,3 +50,24 @@ func TestTorture_PassesAndCatchesAPlantedBug(t *testing.T) {
 		}
 	}
 }
+
+// A short torture run against a cluster of 3 nodes, with kills and graceful
+// leaves of one node at a time, passes.
+func TestTorture_ClusterPasses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a torture run of a 3-node cluster, about 30 s")
+	}
+	var progress strings.Builder
+	v, err := Run(context.Background(), Config{Binary: build(t, ""), Dir: t.TempDir(), Duration: 15 * time.Second, Cluster: 3,
+		Objects: 4, KillMin: 500 * time.Millisecond, KillMax: 2 * time.Second, Seed: 1, Progress: &progress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Kills < 2 || v.Leaves < 1 {
+		t.Fatalf("only %d kills (the last one of every node included) and %d leaves\n%s", v.Kills, v.Leaves, progress.String())
+	}
+	if !v.OK {
+		t.Fatalf("the cluster failed the check:\n%s", progress.String())
+	}
+	t.Logf("\n%s", progress.String())
+}

@@ -1,0 +1,395 @@
+package torture
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/holdfast/holdfast/cluster"
+	"github.com/holdfast/holdfast/internal/devetcd"
+)
+
+// clusterTarget is a cluster of cfg.Cluster `holdfast serve` processes (n1,
+// n2, ...) sharing an etcd that runs in this process. Each node keeps its data
+// directory and its advertise address across restarts. The clients send each
+// request to a random running node, which routes it to the owner of the
+// object's partition.
+//
+// Faults, one at a time, never leaving fewer than 2 nodes running:
+//   - a kill: SIGKILL a random node, start it again on its data 0-2 s later
+//     (its partitions answer 503 meanwhile: they keep their owner);
+//   - a leave: SIGTERM a random node, which hands its partitions off and must
+//     exit 0; a later fault starts it again (the controller moves partitions
+//     back to it).
+//
+// After the workload every node is killed at once and started again, the
+// final reads run, and the nodes are stopped with SIGTERM one after another
+// (each must exit 0).
+type clusterTarget struct {
+	r     *run
+	etcd  *devetcd.Server
+	nodes []*clusterNode
+	// lastKill is r.now() once every node had exited at the kill of settle.
+	lastKill int64
+}
+
+type clusterNode struct {
+	id      string
+	cfgFile string
+	dataDir string
+	logFile string  // the node's stderr, across its restarts
+	srv     *server // nil while the node does not run
+	away    bool    // it left (SIGTERM) and a later fault starts it again
+}
+
+const (
+	clusterName       = "torture"
+	clusterPartitions = 32
+	// stableWait bounds the wait for the cluster to serve every partition.
+	stableWait = 60 * time.Second
+	// leaveWait bounds a graceful stop (handoff of every partition).
+	leaveWait = 90 * time.Second
+)
+
+func (t *clusterTarget) start(context.Context) error {
+	cfg := t.r.cfg
+	e, err := devetcd.Start(devetcd.Config{Dir: filepath.Join(cfg.Dir, "etcd")})
+	if err != nil {
+		return err
+	}
+	t.etcd = e
+	for i := range cfg.Cluster {
+		id := fmt.Sprintf("n%d", i+1)
+		advertise, err := advertiseAddr()
+		if err != nil {
+			return err
+		}
+		n := &clusterNode{id: id, cfgFile: filepath.Join(cfg.Dir, id+".yaml"), dataDir: filepath.Join(cfg.Dir, id),
+			logFile: filepath.Join(cfg.Dir, id+".log")}
+		conf := appsYAML + typesYAML + fmt.Sprintf("partitions: %d\n", clusterPartitions) +
+			fmt.Sprintf("cluster: {name: %s, nodeId: %s, advertise: '%s', etcd: {endpoints: ['%s']}, leaseTtl: 2s}\n",
+				clusterName, id, advertise, e.Endpoint())
+		if err := os.WriteFile(n.cfgFile, []byte(conf), 0o644); err != nil {
+			return err
+		}
+		t.nodes = append(t.nodes, n)
+	}
+	for _, n := range t.nodes {
+		if err := t.startNode(n); err != nil {
+			return err
+		}
+	}
+	if why := t.waitStable(true); why != "" {
+		return fmt.Errorf("torture: the cluster did not settle after its start: %s", why)
+	}
+	fmt.Fprintf(cfg.Progress, "cluster of %d nodes serves %d partitions (etcd %s, logs in %s)\n",
+		len(t.nodes), clusterPartitions, e.Endpoint(), cfg.Dir)
+	return nil
+}
+
+// advertiseAddr picks a free port for a node's advertise address, below
+// Linux's range of ephemeral ports (32768 and up) so that no outgoing
+// connection takes it while the node is down.
+func advertiseAddr() (string, error) {
+	for range 200 {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.Intn(12000)))
+		if err != nil {
+			continue
+		}
+		addr := l.Addr().String()
+		l.Close()
+		return addr, nil
+	}
+	return "", fmt.Errorf("torture: no free port for a node's advertise address")
+}
+
+// startNode starts n on its data and adds it to the clients' URLs.
+func (t *clusterTarget) startNode(n *clusterNode) error {
+	srv, err := t.r.startServer(context.Background(), n.dataDir, n.cfgFile, n.logFile, []string{"HOLDFAST_TEST_SERVED_HEADER=1"})
+	if err != nil {
+		return fmt.Errorf("node %s: %w", n.id, err)
+	}
+	n.srv, n.away = srv, false
+	t.publish()
+	return nil
+}
+
+// publish stores the URLs of the running nodes for the clients.
+func (t *clusterTarget) publish() {
+	var urls []string
+	for _, n := range t.nodes {
+		if n.srv != nil {
+			urls = append(urls, n.srv.url)
+		}
+	}
+	t.r.urls.Store(&urls)
+}
+
+// stopping takes n out of the clients' URLs before a fault ends it.
+func (t *clusterTarget) stopping(n *clusterNode) *server {
+	srv := n.srv
+	n.srv = nil
+	t.publish()
+	return srv
+}
+
+func (t *clusterTarget) fault(_ context.Context, rng *rand.Rand) error {
+	var running, away []*clusterNode
+	for _, n := range t.nodes {
+		switch {
+		case n.srv != nil:
+			running = append(running, n)
+		case n.away:
+			away = append(away, n)
+		}
+	}
+	canStop := len(running) > 2
+	r := t.r
+	switch {
+	case len(away) > 0 && (!canStop || rng.Intn(2) == 0):
+		n := away[rng.Intn(len(away))]
+		fmt.Fprintf(r.cfg.Progress, "start %s again at %.1fs\n", n.id, time.Since(r.start).Seconds())
+		return t.startNode(n)
+	case !canStop:
+		return nil
+	case rng.Intn(100) < 60:
+		n := running[rng.Intn(len(running))]
+		t.stopping(n).kill()
+		r.kills++
+		down := time.Duration(rng.Intn(2000)) * time.Millisecond
+		fmt.Fprintf(r.cfg.Progress, "kill %d: %s at %.1fs, back after %v\n", r.kills, n.id, time.Since(r.start).Seconds(), down)
+		time.Sleep(down)
+		return t.startNode(n)
+	default:
+		n := running[rng.Intn(len(running))]
+		at := time.Now()
+		t.leave(n, true)
+		r.leaves++
+		fmt.Fprintf(r.cfg.Progress, "leave %d: %s at %.1fs, exited after %.1fs\n", r.leaves, n.id,
+			at.Sub(r.start).Seconds(), time.Since(at).Seconds())
+		return nil
+	}
+}
+
+// leave stops n with SIGTERM: it hands its partitions off, then exits 0.
+// Anything else is a failure; handOff says other nodes run to take them.
+func (t *clusterTarget) leave(n *clusterNode, handOff bool) {
+	srv := t.stopping(n)
+	n.away = true
+	srv.note("SIGTERM")
+	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.r.fail("node %s: SIGTERM: %v", n.id, err)
+	}
+	select {
+	case <-srv.exited:
+		if srv.err != nil {
+			t.r.fail("node %s after SIGTERM: %v (log %s); its last lines:\n%s", n.id, srv.err, n.logFile, lastN(srv.lastLines(), 20))
+			return
+		}
+	case <-time.After(leaveWait):
+		t.r.fail("node %s did not exit within %v of its SIGTERM (log %s)", n.id, leaveWait, n.logFile)
+		srv.kill()
+		return
+	}
+	if !handOff {
+		return
+	}
+	// Two nodes or more still run: every partition must have moved to them.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := cluster.ReadStatus(ctx, []string{t.etcd.Endpoint()}, clusterName)
+	if err != nil {
+		t.r.fail("node %s left: read the cluster's status: %v", n.id, err)
+		return
+	}
+	var kept []uint32
+	for _, p := range st.Parts {
+		if p.Owner == n.id {
+			kept = append(kept, p.Partition)
+		}
+	}
+	if len(kept) > 0 {
+		t.r.fail("node %s exited 0 after its SIGTERM still owning partitions %v, which stay unavailable until it returns (log %s)",
+			n.id, kept, n.logFile)
+	}
+}
+
+func lastN(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// settle starts the nodes that left, waits for a settled cluster, kills every
+// node at once, notes when the last had exited (lastKill), and starts them
+// all again.
+func (t *clusterTarget) settle(context.Context) error {
+	for _, n := range t.nodes {
+		if n.away {
+			if err := t.startNode(n); err != nil {
+				return err
+			}
+		}
+	}
+	if why := t.waitStable(true); why != "" {
+		t.r.fail("the cluster did not settle within %v once the faults stopped: %s", stableWait, why)
+	}
+	for _, n := range t.nodes {
+		t.stopping(n).kill()
+	}
+	t.lastKill = t.r.now()
+	t.r.kills++
+	fmt.Fprintf(t.r.cfg.Progress, "kill %d: every node at %.1fs\n", t.r.kills, time.Since(t.r.start).Seconds())
+	for _, n := range t.nodes {
+		if err := t.startNode(n); err != nil {
+			return err
+		}
+	}
+	if why := t.waitStable(false); why != "" {
+		t.r.fail("the cluster did not serve every partition within %v of the last restart: %s", stableWait, why)
+	}
+	return nil
+}
+
+// finish stops the nodes with SIGTERM one after another; the last one keeps
+// its partitions (no node is left to take them) and exits 0 all the same.
+func (t *clusterTarget) finish(context.Context) error {
+	running := 0
+	for _, n := range t.nodes {
+		if n.srv != nil {
+			running++
+		}
+	}
+	for _, n := range t.nodes {
+		if n.srv != nil {
+			running--
+			t.leave(n, running > 0)
+		}
+	}
+	return nil
+}
+
+// waitStable waits until etcd shows every node registered and every
+// partition served with no handoff in progress (and, if balanced, the
+// partitions spread evenly). It returns "" or why the cluster is not stable.
+func (t *clusterTarget) waitStable(balanced bool) string {
+	deadline := time.Now().Add(stableWait)
+	why := ""
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := cluster.ReadStatus(ctx, []string{t.etcd.Endpoint()}, clusterName)
+		cancel()
+		if err != nil {
+			why = err.Error()
+		} else if why = t.unstable(st, balanced); why == "" {
+			return ""
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return why
+}
+
+func (t *clusterTarget) unstable(st *cluster.Status, balanced bool) string {
+	running := 0
+	for _, n := range t.nodes {
+		if n.srv != nil {
+			running++
+		}
+	}
+	if len(st.Nodes) != running {
+		return fmt.Sprintf("%d nodes registered, %d running", len(st.Nodes), running)
+	}
+	count := map[string]int{}
+	for _, p := range st.Parts {
+		if !p.Available || p.Target != "" {
+			return fmt.Sprintf("partition %d: owner %q epoch %d target %q available %v", p.Partition, p.Owner, p.Epoch, p.Target, p.Available)
+		}
+		count[p.Owner]++
+	}
+	if len(st.Parts) != clusterPartitions {
+		return fmt.Sprintf("%d partitions in the table", len(st.Parts))
+	}
+	lo, hi := clusterPartitions, 0
+	for _, n := range t.nodes {
+		lo, hi = min(lo, count[n.id]), max(hi, count[n.id])
+	}
+	if balanced && hi-lo > 1 {
+		return fmt.Sprintf("unbalanced: %v", count)
+	}
+	return ""
+}
+
+// boundUnknown: in a cluster, an unknown write is bounded only by the kill of
+// every node at once (settle), not by the next kill after its error as with
+// one server (boundUnknown in torture.go). That bound rests on one fact: the
+// one process that had the request is dead after the kill. In a cluster the
+// request passes from the node the client sent it to (the entry) to the owner
+// of its partition, and the one that dies is often neither:
+//
+//   - The entry dies (the client sees its connection reset) after it
+//     forwarded the request: the owner, alive, runs it whenever it gets to it.
+//   - So the bound would be the next death of the partition's owner. But the
+//     client does not know which node that is when the write runs: the entry
+//     sends a request that certainly did not run (the node it asked no longer
+//     serves the partition: a handoff) again to the new owner, until the
+//     request's context ends, and that goes on after a client time-out.
+//   - Nor does the owner's death end it. The entry gets no reply, pings,
+//     answers 503 ("outcome unknown"); but a node talks to another through
+//     protoactor-go's endpoint writer, which keeps the messages sent while it
+//     reconnects (up to five tries, 2 s apart) and then delivers them to
+//     whatever listens at the address: the owner started again on its data
+//     at the same advertise address, which takes its partitions up at a new
+//     epoch and runs the request then, after the 503 and after the kill.
+//
+// What does bound it: once every node process has exited at the same time,
+// the clients having stopped before, no process holds the request any more;
+// it took effect before that or never (only these processes write the nodes'
+// data). So every unknown write stays possibly-applied until that last kill,
+// and the check may place it anywhere from its call to the kill, or nowhere.
+// A 503 that certainly did not run (a partition whose node is down) is
+// unknown all the same: the reply does not tell them apart. The clients back
+// off from an object that answered 503 (client) to keep these writes few.
+func (t *clusterTarget) boundUnknown(h []porcupine.Operation) {
+	boundUnknown(h, []int64{t.lastKill})
+}
+
+func (t *clusterTarget) close() {
+	for _, n := range t.nodes {
+		if n.srv != nil {
+			t.stopping(n).kill()
+		}
+	}
+	if t.etcd != nil {
+		t.etcd.Close()
+	}
+}
+
+// servedRE parses X-Holdfast-Served-By: node/partition/epoch.
+var servedRE = regexp.MustCompile(`^([^/]+)/(\d+)/(\d+)$`)
+
+// recordServed notes, in cluster mode, who served a reply asked at start: no
+// two nodes may serve one partition under one epoch, or overlap in time.
+func (r *run) recordServed(header string, start time.Time) {
+	if r.own == nil || header == "" {
+		return
+	}
+	m := servedRE.FindStringSubmatch(header)
+	if m == nil {
+		r.fail("a reply served by %q (node/partition/epoch expected)", header)
+		return
+	}
+	p, _ := strconv.ParseUint(m[2], 10, 32)
+	e, _ := strconv.ParseUint(m[3], 10, 64)
+	if err := r.own.Record(m[1], uint32(p), e, start, time.Now()); err != nil {
+		r.fail("ownership: %v", err)
+	}
+}
