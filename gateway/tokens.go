@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -82,7 +84,7 @@ func (s *Server) mintToken(w http.ResponseWriter, r *http.Request) {
 	}
 	var req mintRequest
 	if err := strictJSON(body, &req); err != nil {
-		badRequest("the body must be a JSON object with capabilities, ttl_seconds and socket_id: " + err.Error()).write(w)
+		badRequest("the body must be a JSON object with capabilities, ttl_seconds and socket_id: " + jsonProblem(err)).write(w)
 		return
 	}
 	if len(req.Capabilities) == 0 {
@@ -154,6 +156,30 @@ func (s *Server) verifyToken(app *App, socketID, token string) ([]string, error)
 		return nil, errInvalidToken
 	}
 	return claims.Caps, nil
+}
+
+// jsonProblem says what is wrong with a JSON body in the API's terms (never the
+// Go decoder's, which names Go types).
+func jsonProblem(err error) string {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		want := map[reflect.Kind]string{reflect.Slice: "an array", reflect.String: "a string", reflect.Int: "an integer",
+			reflect.Int64: "an integer", reflect.Struct: "an object", reflect.Map: "an object", reflect.Bool: "a boolean"}[te.Type.Kind()]
+		if want == "" {
+			want = "of another type"
+		}
+		if te.Field == "" {
+			return "the body is " + te.Value + ", want an object"
+		}
+		return fmt.Sprintf("%s is %s, want %s", te.Field, te.Value, want)
+	case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return "malformed JSON"
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return "unknown member " + strings.TrimPrefix(err.Error(), "json: unknown field ")
+	}
+	return err.Error()
 }
 
 // strictJSON decodes one JSON value into v, refusing unknown fields and trailing data.

@@ -90,6 +90,10 @@ func TestTokens_MintRefusals(t *testing.T) {
 		if m := r.json(t); m["error"] == nil || m["code"] == nil {
 			t.Errorf("mint %s: body %s lacks error and code", c.body, r.body)
 		}
+		// Messages speak of the API, never of Go (spec/errors.md).
+		if strings.Contains(string(r.body), "Go ") || strings.Contains(string(r.body), "json:") || strings.Contains(string(r.body), "mintRequest") {
+			t.Errorf("mint %s: %s", c.body, r.body)
+		}
 	}
 	body := `{"capabilities":["object:read:order/o1"]}`
 	for _, hdr := range []map[string]string{

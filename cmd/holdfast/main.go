@@ -1,5 +1,7 @@
-// Command holdfast runs a Holdfast node (`holdfast serve`) and, later, talks to one
-// as a client. One file per subcommand.
+// Command holdfast runs a Holdfast node (`holdfast serve`), operates a cluster
+// (`holdfast cluster ...`) and talks to a node as a client (`holdfast object`,
+// `log`, `queue`, `alarm`, `token`, `export`, `import`). One file per command
+// group.
 package main
 
 import (
