@@ -76,7 +76,7 @@ func StartClient(cfg ClientConfig) (*Client, error) {
 	}
 	m := &member{
 		cfg: ClusterConfig{Name: cfg.Name, NodeID: cfg.ID, Advertise: cfg.Advertise, Endpoints: cfg.Endpoints, RequestWait: cfg.RequestWait},
-		id:  cfg.ID, log: cfg.Logger.With("client", cfg.ID), cli: cli, k: k, view: newView(meta.Partitions),
+		id:  cfg.ID, log: cfg.Logger.With("client", cfg.ID), cli: cli, k: k, view: newView(meta.Partitions), boot: newBoot(),
 		state: make([]uint8, meta.Partitions), subs: newRemoteSubs(), kick: make(chan struct{}, 1), leaveAsked: make(chan struct{}),
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())

@@ -98,7 +98,7 @@ func (m *member) subscribeRemote(ctx context.Context, owner NodeInfo, id actors.
 		delete(m.subs.outBy, msg.Sub)
 		m.subs.mu.Unlock()
 	}
-	reply, err := m.tr.call(ctx, owner.Addr, &wireRequest{Op: opSubscribe, ID: id, From: m.id, Feed: &feedMsg{SubID: subID, After: msg.After}})
+	reply, err := m.tr.call(ctx, owner, &wireRequest{Op: opSubscribe, ID: id, From: m.id, Feed: &feedMsg{SubID: subID, After: msg.After}})
 	if err != nil {
 		forget()
 		return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: "no reply from the object's node in time", RetryAfter: time.Second}, false
@@ -125,7 +125,7 @@ func (m *member) unsubscribeRemote(ctx context.Context, sub actors.Subscriber) b
 	if !ok {
 		return false
 	}
-	_, _ = m.tr.call(ctx, o.addr, &wireRequest{Op: opUnsubscribe, From: m.id, Feed: &feedMsg{SubID: subID}})
+	_, _ = m.tr.call(ctx, NodeInfo{Addr: o.addr, Boot: o.boot}, &wireRequest{Op: opUnsubscribe, From: m.id, Feed: &feedMsg{SubID: subID}})
 	return true
 }
 

@@ -99,7 +99,7 @@ func (m *member) handOff(p uint32, e PartEntry) error {
 	send := func(op int, msg *handoffMsg) error {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		reply, err := m.tr.call(cctx, target.Addr, &wireRequest{Op: op, From: m.id, Handoff: msg})
+		reply, err := m.tr.call(cctx, target, &wireRequest{Op: op, From: m.id, Handoff: msg})
 		if err != nil {
 			return err
 		}

@@ -448,7 +448,7 @@ func (m *member) request(ctx context.Context, id actors.ObjectID, msg any) (any,
 				if sub, ok := msg.(actors.KVSubscribe); ok {
 					v, served, err, retry = m.subscribeRemote(ctx, info, id, sub)
 				} else {
-					v, served, err, retry = m.forward(ctx, info.Addr, id, msg)
+					v, served, err, retry = m.forward(ctx, info, id, msg)
 				}
 				if !retry {
 					return v, served, err
@@ -486,8 +486,9 @@ func retryLater(why error) error {
 // forward sends a request to the node at addr. retry says the request certainly
 // did not run (the node does not serve the partition, or the message never left)
 // and may be sent again.
-func (m *member) forward(ctx context.Context, addr string, id actors.ObjectID, msg any) (v any, served Served, err error, retry bool) {
-	reply, err := m.tr.call(ctx, addr, &wireRequest{Op: opObject, ID: id, Msg: msg, From: m.id})
+func (m *member) forward(ctx context.Context, n NodeInfo, id actors.ObjectID, msg any) (v any, served Served, err error, retry bool) {
+	addr := n.Addr
+	reply, err := m.tr.call(ctx, n, &wireRequest{Op: opObject, ID: id, Msg: msg, From: m.id})
 	if err != nil {
 		if errors.Is(err, errNotWire) {
 			return nil, Served{}, &actors.Error{Kind: actors.KindInternal, Msg: err.Error()}, false
@@ -524,7 +525,7 @@ func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 	case opHandoffBegin, opHandoffChunk, opHandoffEnd:
 		return m.serveHandoff(ctx, req)
 	case opPing:
-		return &wireReply{}
+		return &wireReply{Boot: m.boot}
 	case opSubscribe, opUnsubscribe:
 		return m.serveSubscribe(ctx, req)
 	}

@@ -188,8 +188,14 @@ func (t *transport) send(addr string, req *wireRequest) {
 // errUnreachable is a request that got no reply from the other node.
 var errUnreachable = errors.New("cluster: no reply from the node")
 
-// call sends req to the router at addr and waits for its reply until ctx ends.
-func (t *transport) call(ctx context.Context, addr string, req *wireRequest) (*wireReply, error) {
+// call sends req to the router of node n and waits for its reply until ctx
+// ends. A reply slower than probeAfter is fine (a long poll), but meanwhile the
+// node is pinged every probeAfter: a node that does not answer is down or cut
+// off, and one that answers from another run (n.Boot, when set, differs)
+// restarted and lost the request or ran it before; either way the outcome is
+// unknown and waiting longer only delays the 503.
+func (t *transport) call(ctx context.Context, n NodeInfo, req *wireRequest) (*wireReply, error) {
+	addr := n.Addr
 	wait := time.Minute
 	if dl, ok := ctx.Deadline(); ok {
 		wait = time.Until(dl)
@@ -206,21 +212,28 @@ func (t *transport) call(ctx context.Context, addr string, req *wireRequest) (*w
 	var res any
 	done := make(chan struct{})
 	go func() { res, err = f.Result(); close(done) }()
-	probe := time.NewTimer(probeAfter)
-	select {
-	case <-done:
-	case <-probe.C:
-		// A slow reply is fine (a long poll); a node that does not answer a ping
-		// is down or cut off, and waiting longer only delays the 503.
-		if !t.ping(addr) {
-			t.markDown(addr)
-			return nil, fmt.Errorf("%w %s: it does not answer a ping", errUnreachable, addr)
+	probe := time.NewTicker(probeAfter)
+	defer probe.Stop()
+wait:
+	for {
+		select {
+		case <-done:
+			break wait
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w %s: %w", errUnreachable, addr, ctx.Err())
+		case <-probe.C:
+			boot, ok := t.ping(addr)
+			if !ok {
+				t.markDown(addr)
+				return nil, fmt.Errorf("%w %s: it does not answer a ping", errUnreachable, addr)
+			}
+			if n.Boot != "" && boot != n.Boot {
+				return nil, fmt.Errorf("%w %s: the node restarted while the request was out", errUnreachable, addr)
+			}
 		}
-		<-done
 	}
-	probe.Stop()
 	if err != nil {
-		return nil, fmt.Errorf("%w %s: %v", errUnreachable, addr, err)
+		return nil, fmt.Errorf("%w %s: %w", errUnreachable, addr, err)
 	}
 	resp, ok := res.(*protocluster.GrainResponse)
 	if !ok {
@@ -233,17 +246,30 @@ func (t *transport) call(ctx context.Context, addr string, req *wireRequest) (*w
 	return &reply, nil
 }
 
-// probeAfter is how long a call waits for its reply before it pings the node.
+// probeAfter is how long a call waits for its reply before it pings the node,
+// and then between pings.
 const probeAfter = 500 * time.Millisecond
 
-// ping reports whether the router at addr answers within a second.
-func (t *transport) ping(addr string) bool {
+// ping reports whether the router at addr answers within a second, and the
+// boot (the run) of the node that answered.
+func (t *transport) ping(addr string) (boot string, ok bool) {
 	data, err := encodeRequest(&wireRequest{Op: opPing})
 	if err != nil {
-		return false
+		return "", false
 	}
-	_, err = t.system.Root.RequestFuture(actor.NewPID(addr, routerName), &protocluster.GrainRequest{MessageData: data}, time.Second).Result()
-	return err == nil
+	res, err := t.system.Root.RequestFuture(actor.NewPID(addr, routerName), &protocluster.GrainRequest{MessageData: data}, time.Second).Result()
+	if err != nil {
+		return "", false
+	}
+	resp, ok := res.(*protocluster.GrainResponse)
+	if !ok {
+		return "", false
+	}
+	var reply wireReply
+	if decodeReply(resp.MessageData, &reply) != nil {
+		return "", false
+	}
+	return reply.Boot, true
 }
 
 func (t *transport) markDown(addr string) {

@@ -56,6 +56,7 @@ type wireReply struct {
 	Ptr     bool
 	Err     *wireError
 	Served  Served
+	Boot    string // opPing: the answering node's run
 }
 
 // wireError carries an error across nodes with everything callers match on.
