@@ -81,6 +81,7 @@ type member struct {
 	auxSeq  atomic.Uint64
 	imports map[uint32]*importState
 	retryAt map[uint32]time.Time // no handoff of p before then (after a failure)
+	boots   map[string]string    // the boot last seen of each node (noteBoots)
 	stale   map[uint32]bool      // partitions with data this node does not own
 
 	subs    *remoteSubs
@@ -540,6 +541,7 @@ func (m *member) reconcileLoop() {
 	defer tick.Stop()
 	for {
 		changed := m.view.wait()
+		m.noteBoots()
 		m.reconcile()
 		m.sweepSubs()
 		select {
@@ -618,6 +620,23 @@ func (m *member) reconcile() {
 	m.mu.Unlock()
 	for _, p := range takeUp {
 		m.takeUp(p, s)
+	}
+}
+
+// noteBoots forgets a lost connection to a node's address once the node
+// registered again (a new boot): it restarted and can be reached.
+func (m *member) noteBoots() {
+	nodes, _, _, _ := m.view.snapshot()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.boots == nil {
+		m.boots = map[string]string{}
+	}
+	for id, n := range nodes {
+		if b, ok := m.boots[id]; ok && b != n.Boot {
+			m.tr.clearDown(n.Addr)
+		}
+		m.boots[id] = n.Boot
 	}
 }
 

@@ -272,6 +272,14 @@ func (t *transport) ping(addr string) (boot string, ok bool) {
 	return reply.Boot, true
 }
 
+// clearDown forgets that addr's connection failed (the node there registered
+// again: a new run).
+func (t *transport) clearDown(addr string) {
+	t.downMu.Lock()
+	delete(t.down, addr)
+	t.downMu.Unlock()
+}
+
 func (t *transport) markDown(addr string) {
 	t.downMu.Lock()
 	t.down[addr] = time.Now()

@@ -148,11 +148,17 @@ func runLogCrash(t *testing.T, tgt crashTarget, rng *rand.Rand) {
 
 		// Verify on the last server (a node of the cluster).
 		base := tgt.url(rng)
-		c := &http.Client{Timeout: 10 * time.Second}
+		// A generous timeout: the first read activates the log after the last
+		// restart, on a machine that may be running other suites meanwhile.
+		c := &http.Client{Timeout: 30 * time.Second}
 		seen := map[string]uint64{}
 		var next uint64
 		for {
-			status, reply, err := call(context.Background(), c, "GET", fmt.Sprintf("%s%s/records?from=%d&limit=100", base, logPath, next), nil)
+			readStart := time.Now()
+			status, reply, err := callSettled(c, "GET", fmt.Sprintf("%s%s/records?from=%d&limit=100", base, logPath, next))
+			if took := time.Since(readStart); took > 2*time.Second {
+				t.Logf("read from %d took %v", next, took)
+			}
 			if err != nil || status != 200 {
 				t.Fatalf("read from %d: %d %v %v", next, status, reply, err)
 			}
@@ -187,7 +193,7 @@ func runLogCrash(t *testing.T, tgt crashTarget, rng *rand.Rand) {
 		if len(seen) != len(ackedKeys) {
 			t.Fatalf("the log has %d records, %d keys were acknowledged", len(seen), len(ackedKeys))
 		}
-		status, reply, err := call(context.Background(), c, "GET", base+logPath+"/cursors/indexer", nil)
+		status, reply, err := callSettled(c, "GET", base+logPath+"/cursors/indexer")
 		if err != nil || status != 200 {
 			t.Fatalf("cursor: %d %v %v", status, reply, err)
 		}

@@ -213,7 +213,7 @@ func runQueueCrash(t *testing.T, tgt crashTarget, rng *rand.Rand, pushLog string
 	}
 	var pullN, pushN int
 	for id, path := range enqueued {
-		st, m, err := call(ctx, c, "GET", url()+path+"/messages/"+id, nil)
+		st, m, err := callSettled(c, "GET", url()+path+"/messages/"+id)
 		if err != nil || st != 200 {
 			t.Fatalf("message %s: %d %v %v (lost)", id, st, m, err)
 		}

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"math/rand"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -98,3 +100,17 @@ func (pc *procCluster) fault(t *testing.T, r *rand.Rand) *server {
 }
 
 func (pc *procCluster) close(*testing.T) {}
+
+// callSettled is call for a check after the faults: a 503 (a partition still
+// being taken up after a restart, a node not yet reachable again) is asked
+// again for up to 15 s; any other outcome is returned as it is.
+func callSettled(c *http.Client, method, url string) (int, map[string]any, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		status, reply, err := call(context.Background(), c, method, url, nil)
+		if err != nil || status != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			return status, reply, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
