@@ -311,15 +311,9 @@ func (pc *procCluster) workload(stop <-chan struct{}, writers, objects, round in
 					time.Sleep(20 * time.Millisecond)
 					continue
 				}
-				var id json.Number
-				if err := decodeNumber(reply["log_id"], &id); err != nil {
+				if err := o.fromReply(reply); err != nil {
 					pc.t.Errorf("reply %v: %v", reply, err)
 					continue
-				}
-				n, _ := id.Int64()
-				o.logID = uint64(n)
-				if o.kind == "increment" {
-					_ = decodeNumber(reply["value"], &o.value)
 				}
 				mu.Lock()
 				acked = append(acked, o)

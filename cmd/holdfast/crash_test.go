@@ -215,15 +215,9 @@ func runWorkload(t *testing.T, url string, writers, objects, round int, seed int
 					}
 					continue // outcome unknown: the server is being killed
 				}
-				var id json.Number
-				if err := decodeNumber(reply["log_id"], &id); err != nil {
+				if err := o.fromReply(reply); err != nil {
 					t.Errorf("reply %v: %v", reply, err)
 					continue
-				}
-				n, _ := id.Int64()
-				o.logID = uint64(n)
-				if o.kind == "increment" {
-					_ = decodeNumber(reply["value"], &o.value)
 				}
 				mu.Lock()
 				acked = append(acked, o)
@@ -262,6 +256,20 @@ func randomKVOp(rng *rand.Rand, url string, objects, round, w, seq, kinds int) (
 		}
 	}
 	return o, method, path, body
+}
+
+// fromReply records an acknowledged write's log_id (and an increment's value).
+func (o *op) fromReply(reply map[string]any) error {
+	var id json.Number
+	if err := decodeNumber(reply["log_id"], &id); err != nil {
+		return err
+	}
+	n, _ := id.Int64()
+	o.logID = uint64(n)
+	if o.kind == "increment" {
+		_ = decodeNumber(reply["value"], &o.value)
+	}
+	return nil
 }
 
 func decodeNumber(v any, dst *json.Number) error {
