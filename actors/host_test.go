@@ -13,7 +13,7 @@ import (
 )
 
 type testNode struct {
-	t    *testing.T
+	t    testing.TB
 	dir  string
 	db   *persistence.DB
 	pipe *persistence.Pipeline
@@ -27,7 +27,7 @@ type nodeOpts struct {
 	now   func() time.Time // the host's clock; nil: real time
 }
 
-func startNode(t *testing.T, dir string, o nodeOpts) *testNode {
+func startNode(t testing.TB, dir string, o nodeOpts) *testNode {
 	t.Helper()
 	db, err := persistence.Open(persistence.Config{Dir: dir})
 	if err != nil {

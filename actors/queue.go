@@ -79,6 +79,9 @@ type queueState struct {
 	// that goes back forgets them (lastNow).
 	from    map[string][]byte
 	lastNow int64
+	// listed: this activation wrote the queue's entry in its partition's
+	// IndexQueueObjects (once per activation; see queueFinish).
+	listed bool
 }
 
 // scanFrom returns where a scan of prefix may start at now; nil: at prefix.
@@ -214,6 +217,13 @@ func (o *object) queueCommit(t *queueTxn) {
 // queueFinish adds the meta and the partition index to t's write.
 func (o *object) queueFinish(t *queueTxn) {
 	t.set(t.q.ks.Key(queueMeta, nil), t.q.meta)
+	// The partition's list of queue objects (QueueDepth). Written again by each
+	// activation's first change rather than only when the meta is created, so
+	// that a queue whose entry is missing (older data) is listed once it is used.
+	if !t.q.listed {
+		t.w.Sets = append(t.w.Sets, persistence.KV{Key: queueObjectKey(o.part, o.act.id), Value: []byte{}})
+		t.q.listed = true
+	}
 	// The partition's index of queues with deliveries in flight (replay at start).
 	switch was, is := t.saved.Processing > 0, t.q.meta.Processing > 0; {
 	case !was && is:

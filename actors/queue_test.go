@@ -19,7 +19,7 @@ type queueNode struct {
 	clock atomic.Int64 // unix ms the host sees
 }
 
-func startQueueNode(t *testing.T, dir string, opts QueueOptions) *queueNode {
+func startQueueNode(t testing.TB, dir string, opts QueueOptions) *queueNode {
 	t.Helper()
 	qn := &queueNode{}
 	qn.clock.Store(time.Unix(1_800_000_000, 0).UnixMilli())

@@ -30,7 +30,7 @@ func keyOwnedBy(t *testing.T, n *Node, typ, owner string) actors.ObjectID {
 // visibility timeout.
 func TestCluster_AlarmsAndQueuesFollowAHandoff(t *testing.T) {
 	tc := newTestCluster(t)
-	tc.start("a")
+	a := tc.start("a")
 	b := tc.start("b")
 	tc.waitStable(30 * time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -50,6 +50,18 @@ func TestCluster_AlarmsAndQueuesFollowAHandoff(t *testing.T) {
 	if err != nil || len(v.(*actors.QueueReceived).Messages) != 1 {
 		t.Fatalf("receive before the move: %v %v", v, err)
 	}
+	// Each node's queue depth counts the queues of the partitions it serves.
+	depth := func(n *Node) actors.QueueDepth {
+		t.Helper()
+		d, err := n.host.QueueDepth(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if da, db := depth(a), depth(b); da != (actors.QueueDepth{Queues: 1, Processing: 1}) || db != (actors.QueueDepth{}) {
+		t.Fatalf("queue depth before the move: a %+v, b %+v", da, db)
+	}
 
 	tc.leave("a") // every partition of a moves to b
 	start := time.Now()
@@ -67,6 +79,9 @@ func TestCluster_AlarmsAndQueuesFollowAHandoff(t *testing.T) {
 	}
 	if len(got.Messages) != 1 || got.Messages[0].ID != "m1" || got.Messages[0].Attempt != 2 {
 		t.Fatalf("after the move: %+v", got)
+	}
+	if d := depth(b); d.Processing != 1 || d.Queues < 1 {
+		t.Fatalf("queue depth on b after the move: %+v", d)
 	}
 	// The alarm fires on b, at its time, and enqueues its message.
 	for {

@@ -173,6 +173,16 @@ func (n *Node) registerMetrics(m *metrics.Metrics) {
 	m.GaugeFunc("holdfast_objects_active", "Active objects (activations in memory).", func() float64 { return float64(n.host.Active()) })
 	m.GaugeFunc("holdfast_objects_mailbox_requests", "Requests queued in or run by objects now (their mailboxes' depth).", func() float64 { return float64(n.host.Inflight()) })
 	m.GaugeFunc("holdfast_alarms_resident", "Alarm index entries held in memory by the scheduler.", func() float64 { return float64(n.host.Scheduler().Stats().Resident) })
+	m.QueueDepth(func() (int, [4]int64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d, err := n.host.QueueDepth(ctx)
+		if err != nil {
+			n.log.Warn("metrics: cannot read the queue depth", "err", err)
+			return 0, [4]int64{}, err
+		}
+		return d.Queues, [4]int64{d.Pending, d.Processing, d.Complete, d.Failed}, nil
+	})
 	m.GaugeFunc("holdfast_partitions_served", "Partitions this node serves now.", func() float64 {
 		if n.member == nil {
 			return float64(len(n.table.epochs))

@@ -189,3 +189,46 @@ func (c *coldStore) Get(ctx context.Context, key string) ([]byte, error) {
 	c.observe("read", start, len(data), err)
 	return data, err
 }
+
+// QueueStates are the states of holdfast_queue_depth, in the order
+// QueueDepth's function returns them.
+var QueueStates = [4]string{"pending", "processing", "complete", "failed"}
+
+// QueueDepth registers holdfast_queues and holdfast_queue_depth{state}, read
+// by f once per scrape: the number of queues, and the pairs in each of
+// QueueStates. When f fails, the scrape leaves both out and logs nothing
+// here (f logs); holdfast_queue_depth_errors_total counts the failures.
+func (m *Metrics) QueueDepth(f func() (queues int, states [4]int64, err error)) {
+	c := &queueDepth{
+		f:      f,
+		queues: prometheus.NewDesc("holdfast_queues", "Queue objects in the partitions this node serves.", nil, nil),
+		depth: prometheus.NewDesc("holdfast_queue_depth",
+			"Queue (message, target) pairs by state over the partitions this node serves: pending (delayed included), processing, complete (not yet compacted), failed (dead letters).",
+			[]string{"state"}, nil),
+		errs: prometheus.NewCounter(prometheus.CounterOpts{Name: "holdfast_queue_depth_errors_total", Help: "Scrapes that could not read the queue depth."}),
+	}
+	m.reg.MustRegister(c, c.errs)
+}
+
+type queueDepth struct {
+	f             func() (int, [4]int64, error)
+	queues, depth *prometheus.Desc
+	errs          prometheus.Counter
+}
+
+func (c *queueDepth) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.queues
+	ch <- c.depth
+}
+
+func (c *queueDepth) Collect(ch chan<- prometheus.Metric) {
+	n, states, err := c.f()
+	if err != nil {
+		c.errs.Inc()
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.queues, prometheus.GaugeValue, float64(n))
+	for i, s := range QueueStates {
+		ch <- prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(states[i]), s)
+	}
+}

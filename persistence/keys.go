@@ -33,6 +33,9 @@ const (
 const (
 	IndexAlarms byte = 't' // the partition's alarms by due time
 	IndexQueues byte = 'q' // the partition's objects whose queues have deliveries in flight
+	// IndexQueueObjects lists every object of the partition that has a queue
+	// (the node's queue depth, read at scrape time).
+	IndexQueueObjects byte = 'Q'
 )
 
 // PartitionIndexPrefix is the prefix of partition p's index kind.

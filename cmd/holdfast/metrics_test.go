@@ -146,6 +146,15 @@ func TestMetrics_CountWhatAWorkloadDid(t *testing.T) {
 			t.Errorf("queue %s: %v, want %d", event, n, int(want))
 		}
 	}
+	// The depth by state: 1 pending, none processing, 1 complete, 2 dead letters.
+	if n := value(after, "holdfast_queues"); n != 1 {
+		t.Errorf("queues: %v, want 1", n)
+	}
+	for state, want := range map[string]float64{"pending": 1, "processing": 0, "complete": 1, "failed": 2} {
+		if n, ok := after["holdfast_queue_depth"]; !ok || value(after, "holdfast_queue_depth", "state", state) != want {
+			t.Errorf("queue depth %s: %v, want %d", state, n, int(want))
+		}
+	}
 	if n := value(after, "holdfast_objects_active"); n != 5 {
 		t.Fatalf("active objects: %v, want 5", n)
 	}

@@ -1,0 +1,69 @@
+package actors
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// QueueDepth is the number of (message, target) pairs in each state over
+// every queue of the partitions a node serves (the node's metrics). Pending
+// includes delayed pairs; Processing includes deliveries past their deadline
+// that no receive has expired yet. Queues counts the queue objects read.
+type QueueDepth struct {
+	Queues     int
+	Pending    int64
+	Processing int64
+	Complete   int64
+	Failed     int64
+}
+
+func queueObjectKey(part uint32, id ObjectID) []byte {
+	return persistence.AppendObjectID(persistence.PartitionIndexPrefix(part, persistence.IndexQueueObjects), id)
+}
+
+// QueueDepth adds up the counts that every queue of the served partitions
+// keeps in its meta record: one scan of each partition's list of queue objects
+// (persistence.IndexQueueObjects) and one read per queue, after every write
+// acknowledged before the call reached Badger. Its cost grows with the number
+// of queues, not with their messages.
+func (h *Host) QueueDepth(ctx context.Context) (QueueDepth, error) {
+	var d QueueDepth
+	h.pipe.WaitApplied()
+	for _, p := range h.partitions() {
+		prefix := persistence.PartitionIndexPrefix(p, persistence.IndexQueueObjects)
+		var ids []ObjectID
+		err := h.db.Scan(ctx, prefix, nil, nil, func(key, _ []byte) (bool, error) {
+			id, rest, ok := persistence.DecodeObjectID(key[len(prefix):])
+			if !ok || len(rest) != 0 {
+				return false, fmt.Errorf("malformed queue list key %x", key)
+			}
+			ids = append(ids, id)
+			return true, nil
+		})
+		if err != nil {
+			return d, fmt.Errorf("partition %d: %w", p, err)
+		}
+		for _, id := range ids {
+			v, found, err := h.db.Get(ctx, persistence.NewKeyspace(p, id, persistence.BehaviourQueue).Key(queueMeta, nil))
+			if err != nil {
+				return d, fmt.Errorf("queue %s: %w", id, err)
+			}
+			if !found {
+				continue
+			}
+			var m queueMetaRec
+			if err := json.Unmarshal(v, &m); err != nil {
+				return d, fmt.Errorf("queue %s: %w", id, err)
+			}
+			d.Queues++
+			d.Pending += int64(m.Pending)
+			d.Processing += int64(m.Processing)
+			d.Complete += int64(m.Complete)
+			d.Failed += int64(m.Failed)
+		}
+	}
+	return d, nil
+}
