@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -206,8 +207,9 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 				}
 				peers.LeaseRecords = leaseRecordsFor(d, warmup, w.fill)
 			}
-			stopProfile := profileCPU()
+			stopProfile, stopTrace := profileCPU(), traceRun()
 			r, err = w.holdfast(filepath.Join(dir, "data"), d)
+			stopTrace()
 			stopProfile()
 			if !w.payload {
 				r.PayloadBytes = 0
@@ -238,6 +240,23 @@ func profileCPU() func() {
 		fatal(err)
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }
+}
+
+// traceRun writes an execution trace into $HOLDFAST_BENCH_TRACE, when set; it
+// returns the function that stops it.
+func traceRun() func() {
+	path := os.Getenv("HOLDFAST_BENCH_TRACE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		fatal(err)
+	}
+	if err := trace.Start(f); err != nil {
+		fatal(err)
+	}
+	return func() { trace.Stop(); f.Close() }
 }
 
 // meter measures the costs of a measured interval in this process.

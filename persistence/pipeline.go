@@ -447,34 +447,79 @@ type applyJob struct {
 	writes []*Write
 }
 
-// applyLoop applies committed records to Badger in order, each at its sequence
-// number, and marks their tickets applied.
+// applyLoop applies committed records to Badger in order and marks their
+// tickets applied. When records wait for it (Badger falls behind the log), it
+// applies them together, as one Badger transaction at the newest one's
+// sequence number (applyMergeBytes bounds it): a key written by several of them
+// goes to Badger once, with its newest value, so that Badger's work shrinks
+// when it is the bottleneck. Reads are always at the newest version, and a
+// version is only ever compared with an older mark ("changed after"), which a
+// higher version still passes, so nothing can tell the records apart.
 func (p *Pipeline) applyLoop() {
 	defer p.done.Done()
-	for job := range p.applies {
+	var jobs []applyJob
+	for open := true; open; {
+		job, ok := <-p.applies
+		if !ok {
+			break
+		}
+		jobs = append(jobs[:0], job)
+		size := job.estimate()
+	merge:
+		for size < applyMergeBytes {
+			select {
+			case j, ok := <-p.applies:
+				if !ok {
+					open = false
+					break merge
+				}
+				jobs = append(jobs, j)
+				size += j.estimate()
+			default:
+				break merge
+			}
+		}
+		last := jobs[len(jobs)-1].seq
 		if p.cfg.BeforeApply != nil {
-			p.cfg.BeforeApply(job.seq)
+			for _, j := range jobs {
+				p.cfg.BeforeApply(j.seq)
+			}
 		}
-		if err := p.apply(job); err != nil {
-			// The record is durable in the log; Badger lags behind it until the
-			// node restarts and replays it.
-			p.fatal(fmt.Errorf("apply seq %d to badger: %w", job.seq, err))
+		if err := p.apply(jobs); err != nil {
+			// The records are durable in the log; Badger lags behind it until
+			// the node restarts and replays them.
+			p.fatal(fmt.Errorf("apply seq %d..%d to badger: %w", jobs[0].seq, last, err))
 		} else {
-			p.db.bdb.SetDiscardTs(p.discardTs(job.seq))
+			p.db.bdb.SetDiscardTs(p.discardTs(last))
 		}
-		for _, w := range job.writes {
-			w.ticket.applied.Store(true)
+		for _, j := range jobs {
+			for _, w := range j.writes {
+				w.ticket.applied.Store(true)
+			}
 		}
 		p.applyMu.Lock()
-		p.applied.Store(job.seq)
+		p.applied.Store(last)
 		p.applyCond.Broadcast()
 		p.applyMu.Unlock()
+		clear(jobs) // do not keep the writes alive
 	}
 	// Nothing more will be applied: release every waiter.
 	p.applyMu.Lock()
 	p.applied.Store(^uint64(0))
 	p.applyCond.Broadcast()
 	p.applyMu.Unlock()
+}
+
+// applyMergeBytes bounds the records the applier merges into one Badger
+// transaction, far below Badger's own limit (15% of a memtable).
+const applyMergeBytes = 4 << 20
+
+func (j applyJob) estimate() int {
+	n := 0
+	for _, w := range j.writes {
+		n += w.estimate()
+	}
+	return n
 }
 
 // WaitApplied waits until Badger shows every write acknowledged before the call.
@@ -492,11 +537,13 @@ func (p *Pipeline) WaitApplied() {
 	p.applyMu.Unlock()
 }
 
-// apply writes one record's changes to Badger, as one transaction when it fits.
-// A record too large for one Badger transaction is applied in several, but only
-// once the log holds it durably: a crash in between then replays it whole, so no
-// restart ever shows part of it.
-func (p *Pipeline) apply(job applyJob) error {
+// apply writes the changes of jobs (records in sequence order) to Badger, as
+// one transaction at the last record's sequence number when it fits. One too
+// large for a Badger transaction is applied in several, but only once the log
+// holds every record durably: a crash in between then replays them whole, so no
+// restart ever shows part of one.
+func (p *Pipeline) apply(jobs []applyJob) error {
+	seq := jobs[len(jobs)-1].seq
 	txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
 	defer func() { txn.Discard() }()
 	split := false
@@ -507,29 +554,33 @@ func (p *Pipeline) apply(job applyJob) error {
 		}
 		if !split {
 			split = true
-			if err := job.writes[0].ticket.Wait(context.Background()); err != nil {
+			// Records become durable in order: the last one's first write says
+			// for them all.
+			if err := jobs[len(jobs)-1].writes[0].ticket.Wait(context.Background()); err != nil {
 				return errSkipApply // the record never became durable: nothing to apply
 			}
 		}
-		if err := txn.CommitAt(job.seq, nil); err != nil {
+		if err := txn.CommitAt(seq, nil); err != nil {
 			return err
 		}
 		txn = p.db.bdb.NewTransactionAt(math.MaxUint64, true)
 		return op(txn)
 	}
-	for _, w := range job.writes {
-		for _, kv := range w.Sets {
-			if err := add(func(t *badger.Txn) error { return t.Set(kv.Key, kv.Value) }); err != nil {
-				return skipped(err)
+	for _, job := range jobs {
+		for _, w := range job.writes {
+			for _, kv := range w.Sets {
+				if err := add(func(t *badger.Txn) error { return t.Set(kv.Key, kv.Value) }); err != nil {
+					return skipped(err)
+				}
 			}
-		}
-		for _, k := range w.Deletes {
-			if err := add(func(t *badger.Txn) error { return t.Delete(k) }); err != nil {
-				return skipped(err)
+			for _, k := range w.Deletes {
+				if err := add(func(t *badger.Txn) error { return t.Delete(k) }); err != nil {
+					return skipped(err)
+				}
 			}
 		}
 	}
-	return txn.CommitAt(job.seq, nil)
+	return txn.CommitAt(seq, nil)
 }
 
 var errSkipApply = errors.New("persistence: record not durable")

@@ -1,0 +1,175 @@
+package persistence
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// heldApplier holds the applier in BeforeApply on its first record until
+// release is called, and records the sequence numbers it was shown.
+type heldApplier struct {
+	mu      sync.Mutex
+	seqs    []uint64
+	release chan struct{}
+	once    sync.Once
+}
+
+func newHeldApplier() *heldApplier { return &heldApplier{release: make(chan struct{})} }
+
+func (h *heldApplier) before(seq uint64) {
+	h.mu.Lock()
+	first := len(h.seqs) == 0
+	h.seqs = append(h.seqs, seq)
+	h.mu.Unlock()
+	if first {
+		<-h.release
+	}
+}
+
+func (h *heldApplier) seen() []uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.seqs)
+}
+
+// versions returns the versions Badger holds of key, newest first.
+func versions(t *testing.T, db *DB, key string) []uint64 {
+	t.Helper()
+	var vs []uint64
+	txn := db.bdb.NewTransactionAt(math.MaxUint64, false)
+	defer txn.Discard()
+	it := txn.NewIterator(badger.IteratorOptions{AllVersions: true, Prefix: []byte(key)})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		if string(it.Item().Key()) == key {
+			vs = append(vs, it.Item().Version())
+		}
+	}
+	return vs
+}
+
+// TestPipeline_ApplierMergesTheRecordsWaitingForIt: records that queue up
+// behind a slow applier reach Badger as one transaction at the newest one's
+// sequence number, so a key written by several of them gets one version, with
+// the newest value; a delete and a set in later records win over earlier ones;
+// every ticket is marked applied, and a reopen (which replays the log record by
+// record) shows the same state.
+func TestPipeline_ApplierMergesTheRecordsWaitingForIt(t *testing.T) {
+	dir := t.TempDir()
+	db := openTestDB(t, dir)
+	held := newHeldApplier()
+	p := NewPipeline(db, PipelineConfig{BeforeApply: held.before})
+	p.Start()
+	ctx := context.Background()
+	writes := []*Write{
+		set("k", "1"),
+		set("k", "2"),
+		{Sets: []KV{{Key: []byte("k"), Value: []byte("3")}, {Key: []byte("d"), Value: []byte("x")}}},
+		{Deletes: [][]byte{[]byte("d")}, Sets: []KV{{Key: []byte("e"), Value: []byte("gone soon")}}},
+		{Deletes: [][]byte{[]byte("e")}},
+		set("e", "back"),
+	}
+	var tickets []*Ticket
+	for _, w := range writes { // one record each: each waits for its sync
+		tk := p.Submit(w)
+		if err := tk.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tickets = append(tickets, tk)
+	}
+	if tickets[0].Applied() {
+		t.Fatal("the first record was applied while the applier was held")
+	}
+	close(held.release)
+	for _, tk := range tickets {
+		waitApplied(t, tk)
+	}
+	p.WaitApplied()
+	if got := held.seen(); len(got) != 6 || !slices.IsSorted(got) || got[5]-got[0] != 5 {
+		t.Fatalf("BeforeApply saw %v, want six sequence numbers in order", got)
+	}
+	first, last := held.seen()[0], held.seen()[5]
+	if vs := versions(t, db, "k"); !slices.Equal(vs, []uint64{last, first}) {
+		t.Fatalf("versions of k: %v, want [%d %d] (the five queued records merged)", vs, last, first)
+	}
+	check := func(db *DB) {
+		t.Helper()
+		for k, want := range map[string]string{"k": "3", "d": "", "e": "back"} {
+			v, found, err := db.Get(ctx, []byte(k))
+			if err != nil || found != (want != "") || string(v) != want {
+				t.Fatalf("%s: %q found=%v err=%v, want %q", k, v, found, err, want)
+			}
+		}
+	}
+	check(db)
+	p.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = openTestDB(t, dir)
+	defer db.Close()
+	check(db)
+}
+
+// TestPipeline_MergedRecordsLargerThanABadgerTransaction: merged records that
+// together do not fit one Badger transaction are applied in several, every
+// one of them whole.
+func TestPipeline_MergedRecordsLargerThanABadgerTransaction(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(Config{Dir: dir, MemTableSize: 8 << 20}) // Badger takes ~1.2 MiB per transaction
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := newHeldApplier()
+	p := NewPipeline(db, PipelineConfig{BeforeApply: held.before})
+	p.Start()
+	ctx := context.Background()
+	var tickets []*Ticket
+	for r := 0; r < 8; r++ {
+		w := &Write{}
+		for i := 0; i < 5; i++ {
+			w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("r%d-%d", r, i)), Value: bytes.Repeat([]byte{byte(r)}, 100<<10)})
+		}
+		tk := p.Submit(w)
+		if err := tk.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tickets = append(tickets, tk)
+	}
+	close(held.release)
+	for _, tk := range tickets {
+		waitApplied(t, tk)
+	}
+	if p.Failed() != nil {
+		t.Fatal(p.Failed())
+	}
+	check := func(db *DB) {
+		t.Helper()
+		for r := 0; r < 8; r++ {
+			for i := 0; i < 5; i++ {
+				v, found, err := db.Get(ctx, []byte(fmt.Sprintf("r%d-%d", r, i)))
+				if err != nil || !found || len(v) != 100<<10 || v[0] != byte(r) {
+					t.Fatalf("r%d-%d: found=%v len=%d err=%v", r, i, found, len(v), err)
+				}
+			}
+		}
+	}
+	check(db)
+	p.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err = Open(Config{Dir: dir, MemTableSize: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	check(db)
+}
