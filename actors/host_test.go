@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -422,5 +423,56 @@ func TestHost_NewActivationWaitsForAppliedWrites(t *testing.T) {
 	applyHold.open()
 	if st := <-got; st == nil || st.LogID != 2 || string(st.State["a"]) != "1" {
 		t.Fatalf("state %+v, want a=1 at log_id 2", st)
+	}
+}
+
+// TestKV_GoAPIValues: values the Go API encodes itself are stored as
+// json.Marshal wrote them, while a caller's json.RawMessage is still checked
+// (invalid: refused, writing nothing) and compacted, through every method
+// that takes a value.
+func TestKV_GoAPIValues(t *testing.T) {
+	n := startNode(t, t.TempDir(), nodeOpts{})
+	ctx := context.Background()
+	kv := n.kv("t", "values")
+	type point struct {
+		X, Y int
+		Tag  string `json:"tag"`
+	}
+	if _, err := kv.Set(ctx, "p", point{1, 2, "a\"b"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Patch(ctx, []PatchEntry{{Slot: "q", Value: map[string]any{"k": []int{1}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Append(ctx, "l", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Set(ctx, "raw", json.RawMessage(" { \"a\" : [ 1 , 2 ] } ")); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []func() error{
+		func() error { _, err := kv.Set(ctx, "bad", json.RawMessage(`{"a":`)); return err },
+		func() error { _, err := kv.Append(ctx, "l", json.RawMessage(`[1,`)); return err },
+		func() error {
+			_, err := kv.Patch(ctx, []PatchEntry{{Slot: "bad", Value: json.RawMessage(`nope`)}})
+			return err
+		},
+	} {
+		if err := bad(); !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("invalid raw JSON: %v, want ErrBadRequest", err)
+		}
+	}
+	st, err := kv.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"p": `{"X":1,"Y":2,"tag":"a\"b"}`, "q": `{"k":[1]}`, "l": `["x"]`, "raw": `{"a":[1,2]}`}
+	if st.LogID != 4 || len(st.State) != len(want) {
+		t.Fatalf("log_id %d, state %s: the refused writes changed something", st.LogID, st.State)
+	}
+	for slot, v := range want {
+		if got := string(st.State[slot]); got != v {
+			t.Errorf("%s: %s, want %s", slot, got, v)
+		}
 	}
 }

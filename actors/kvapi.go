@@ -135,24 +135,27 @@ func (o *KV) Write(ctx context.Context, w *KVWrite) (*WriteResult, error) {
 	return ask[*WriteResult](ctx, o, w)
 }
 
-func marshalValue(v any) (json.RawMessage, error) {
+// marshalValue returns v as JSON, and whether it is json.Marshal's output:
+// valid, compact and not shared with the caller, so that the plan need not
+// check and copy it again. A json.RawMessage is the caller's, checked later.
+func marshalValue(v any) (json.RawMessage, bool, error) {
 	if raw, ok := v.(json.RawMessage); ok {
-		return raw, nil
+		return raw, false, nil
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
-		return nil, badRequestf("value cannot be encoded as JSON: %v", err)
+		return nil, false, badRequestf("value cannot be encoded as JSON: %v", err)
 	}
-	return b, nil
+	return b, true, nil
 }
 
 // Set sets slot to value (any JSON-encodable Go value, or json.RawMessage).
 func (o *KV) Set(ctx context.Context, slot string, value any) (*WriteResult, error) {
-	raw, err := marshalValue(value)
+	raw, compact, err := marshalValue(value)
 	if err != nil {
 		return nil, err
 	}
-	return o.Write(ctx, &KVWrite{Route: RoutePut, Ops: []Op{{Op: "set", Key: slot, Value: raw}}})
+	return o.Write(ctx, &KVWrite{Route: RoutePut, Ops: []Op{{Op: "set", Key: slot, Value: raw, compact: compact}}})
 }
 
 // Patch sets each slot of patch in one write; a nil value deletes the slot. The
@@ -160,11 +163,13 @@ func (o *KV) Set(ctx context.Context, slot string, value any) (*WriteResult, err
 func (o *KV) Patch(ctx context.Context, patch []PatchEntry) (*WriteResult, error) {
 	ops := make([]Op, 0, len(patch))
 	for _, e := range patch {
-		raw, err := marshalValue(e.Value)
+		raw, compact, err := marshalValue(e.Value)
 		if err != nil {
 			return nil, err
 		}
-		ops = append(ops, PatchOp(e.Slot, raw))
+		op := PatchOp(e.Slot, raw)
+		op.compact = compact
+		ops = append(ops, op)
 	}
 	return o.Write(ctx, &KVWrite{Route: RoutePatch, Ops: ops})
 }
@@ -185,7 +190,7 @@ func PatchOp(slot string, value json.RawMessage) Op {
 
 // Increment adds by (an int64 or float64) to slot and returns the new value.
 func (o *KV) Increment(ctx context.Context, slot string, by any) (*WriteResult, error) {
-	raw, err := marshalValue(by)
+	raw, _, err := marshalValue(by)
 	if err != nil {
 		return nil, err
 	}
@@ -194,11 +199,11 @@ func (o *KV) Increment(ctx context.Context, slot string, by any) (*WriteResult, 
 
 // Append appends value to the list in slot.
 func (o *KV) Append(ctx context.Context, slot string, value any) (*WriteResult, error) {
-	raw, err := marshalValue(value)
+	raw, compact, err := marshalValue(value)
 	if err != nil {
 		return nil, err
 	}
-	return o.Write(ctx, &KVWrite{Route: RouteAppend, Ops: []Op{{Op: "append", Key: slot, Value: raw}}})
+	return o.Write(ctx, &KVWrite{Route: RouteAppend, Ops: []Op{{Op: "append", Key: slot, Value: raw, compact: compact}}})
 }
 
 // Delete removes slot.

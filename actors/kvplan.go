@@ -23,6 +23,10 @@ type Op struct {
 	Key   string          `json:"key"`             // the slot
 	Value json.RawMessage `json:"value,omitempty"` // set, append; nil when absent
 	By    json.RawMessage `json:"by,omitempty"`    // increment; nil means 1
+	// compact: Value is json.Marshal's output (the Go API made it), valid
+	// and compact already. Never set from outside the process: unexported, it
+	// crosses neither JSON nor the cluster's wire.
+	compact bool
 }
 
 // Change is the effect of a write on one slot.
@@ -88,7 +92,7 @@ func plan(st slotReader, ops []Op) ([]Change, json.RawMessage, error) {
 			if op.Value == nil {
 				return nil, nil, at(invalidf("set needs a value"))
 			}
-			v, err := compactJSON(op.Value)
+			v, err := op.value()
 			if err != nil {
 				return nil, nil, at(err)
 			}
@@ -116,7 +120,7 @@ func plan(st slotReader, ops []Op) ([]Change, json.RawMessage, error) {
 			if op.Value == nil {
 				return nil, nil, at(invalidf("append needs a value"))
 			}
-			elem, err := compactJSON(op.Value)
+			elem, err := op.value()
 			if err != nil {
 				return nil, nil, at(err)
 			}
@@ -172,6 +176,15 @@ func slotBytes(name string, v json.RawMessage) int {
 
 // compactJSON validates v and removes its insignificant whitespace. A value with
 // no whitespace byte at all is already compact and is only validated.
+// value returns the op's Value as compact JSON, checked unless the Go API
+// made it.
+func (op *Op) value() (json.RawMessage, *Error) {
+	if op.compact {
+		return op.Value, nil
+	}
+	return compactJSON(op.Value)
+}
+
 func compactJSON(v json.RawMessage) (json.RawMessage, *Error) {
 	if bytes.IndexAny(v, " \t\r\n") < 0 {
 		if !json.Valid(v) {
