@@ -118,9 +118,9 @@ func TestPipeline_ApplierMergesTheRecordsWaitingForIt(t *testing.T) {
 	check(db)
 }
 
-// TestPipeline_MergedRecordsLargerThanABadgerTransaction: merged records that
-// together do not fit one Badger transaction are applied in several, every
-// one of them whole.
+// TestPipeline_MergedRecordsLargerThanABadgerTransaction: records waiting for
+// the applier that together do not fit one Badger transaction are applied one
+// at a time, each at its own sequence number, every one of them whole.
 func TestPipeline_MergedRecordsLargerThanABadgerTransaction(t *testing.T) {
 	dir := t.TempDir()
 	db, err := Open(Config{Dir: dir, MemTableSize: 8 << 20}) // Badger takes ~1.2 MiB per transaction
@@ -162,6 +162,12 @@ func TestPipeline_MergedRecordsLargerThanABadgerTransaction(t *testing.T) {
 		}
 	}
 	check(db)
+	seqs := held.seen()
+	for r := 0; r < 8; r++ {
+		if vs := versions(t, db, fmt.Sprintf("r%d-0", r)); !slices.Equal(vs, []uint64{seqs[r]}) {
+			t.Fatalf("versions of record %d's keys: %v, want [%d] (its own sequence number)", r, vs, seqs[r])
+		}
+	}
 	p.Close()
 	if err := db.Close(); err != nil {
 		t.Fatal(err)

@@ -537,13 +537,51 @@ func (p *Pipeline) WaitApplied() {
 	p.applyMu.Unlock()
 }
 
-// apply writes the changes of jobs (records in sequence order) to Badger, as
-// one transaction at the last record's sequence number when it fits. One too
-// large for a Badger transaction is applied in several, but only once the log
-// holds every record durably: a crash in between then replays them whole, so no
-// restart ever shows part of one.
+// apply writes the changes of jobs (records in sequence order) to Badger: as
+// one transaction at the last record's sequence number when they fit in one,
+// one record at a time otherwise.
 func (p *Pipeline) apply(jobs []applyJob) error {
-	seq := jobs[len(jobs)-1].seq
+	if len(jobs) > 1 {
+		err := p.applyMerged(jobs)
+		if !errors.Is(err, badger.ErrTxnTooBig) {
+			return err
+		}
+	}
+	for _, job := range jobs {
+		if err := p.applyOne(job); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyMerged applies jobs as one Badger transaction, or nothing and
+// badger.ErrTxnTooBig when they do not fit in one.
+func (p *Pipeline) applyMerged(jobs []applyJob) error {
+	txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
+	defer txn.Discard()
+	for _, job := range jobs {
+		for _, w := range job.writes {
+			for _, kv := range w.Sets {
+				if err := txn.Set(kv.Key, kv.Value); err != nil {
+					return err
+				}
+			}
+			for _, k := range w.Deletes {
+				if err := txn.Delete(k); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return txn.CommitAt(jobs[len(jobs)-1].seq, nil)
+}
+
+// applyOne writes one record's changes to Badger, as one transaction when it
+// fits. A record too large for one Badger transaction is applied in several,
+// but only once the log holds it durably: a crash in between then replays it
+// whole, so no restart ever shows part of it.
+func (p *Pipeline) applyOne(job applyJob) error {
 	txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
 	defer func() { txn.Discard() }()
 	split := false
@@ -554,33 +592,29 @@ func (p *Pipeline) apply(jobs []applyJob) error {
 		}
 		if !split {
 			split = true
-			// Records become durable in order: the last one's first write says
-			// for them all.
-			if err := jobs[len(jobs)-1].writes[0].ticket.Wait(context.Background()); err != nil {
+			if err := job.writes[0].ticket.Wait(context.Background()); err != nil {
 				return errSkipApply // the record never became durable: nothing to apply
 			}
 		}
-		if err := txn.CommitAt(seq, nil); err != nil {
+		if err := txn.CommitAt(job.seq, nil); err != nil {
 			return err
 		}
 		txn = p.db.bdb.NewTransactionAt(math.MaxUint64, true)
 		return op(txn)
 	}
-	for _, job := range jobs {
-		for _, w := range job.writes {
-			for _, kv := range w.Sets {
-				if err := add(func(t *badger.Txn) error { return t.Set(kv.Key, kv.Value) }); err != nil {
-					return skipped(err)
-				}
+	for _, w := range job.writes {
+		for _, kv := range w.Sets {
+			if err := add(func(t *badger.Txn) error { return t.Set(kv.Key, kv.Value) }); err != nil {
+				return skipped(err)
 			}
-			for _, k := range w.Deletes {
-				if err := add(func(t *badger.Txn) error { return t.Delete(k) }); err != nil {
-					return skipped(err)
-				}
+		}
+		for _, k := range w.Deletes {
+			if err := add(func(t *badger.Txn) error { return t.Delete(k) }); err != nil {
+				return skipped(err)
 			}
 		}
 	}
-	return txn.CommitAt(seq, nil)
+	return txn.CommitAt(job.seq, nil)
 }
 
 var errSkipApply = errors.New("persistence: record not durable")
