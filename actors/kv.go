@@ -211,15 +211,19 @@ func purgeChanges(k *kvState) []Change {
 // It does not change k.
 func (o *object) kvStage(k *kvState, w *persistence.Write, changes []Change, purge bool) {
 	id := k.logID + 1
-	for _, c := range changes {
+	// The entry first: each slot's value is a part of it, which the
+	// write-ahead log then stores once (persistence.KV.Of).
+	entry, at := encodeLogEntry(changes)
+	of := len(w.Sets) + 1
+	w.Sets = append(w.Sets, persistence.KV{Key: k.ks.KeyUint64(kvLog, id), Value: entry})
+	for i, c := range changes {
 		key := k.ks.KeyString(kvSlot, c.Slot)
 		if c.Value == nil {
 			w.Deletes = append(w.Deletes, key)
 		} else {
-			w.Sets = append(w.Sets, persistence.KV{Key: key, Value: c.Value})
+			w.Sets = append(w.Sets, persistence.KV{Key: key, Value: c.Value, Of: of, At: at[i]})
 		}
 	}
-	w.Sets = append(w.Sets, persistence.KV{Key: k.ks.KeyUint64(kvLog, id), Value: encodeLogEntry(changes)})
 	oldest := o.newOldest(k, purge)
 	for i := k.oldest; i < oldest && i <= k.logID; i++ {
 		w.Deletes = append(w.Deletes, k.ks.KeyUint64(kvLog, i))
@@ -260,9 +264,11 @@ type logItemJSON struct {
 	Value json.RawMessage `json:"value"`
 }
 
-// encodeLogEntry writes changes as [{"key":...,"value":...},...]. Values are
-// compact JSON already (plan made them so); a deleted slot is null.
-func encodeLogEntry(changes []Change) []byte {
+// encodeLogEntry writes changes as [{"key":...,"value":...},...], and where
+// each change's value starts in it. Values are compact JSON already (plan made
+// them so); a deleted slot is null.
+func encodeLogEntry(changes []Change) ([]byte, []int) {
+	at := make([]int, len(changes))
 	n := 2
 	for _, c := range changes {
 		n += len(c.Slot) + len(c.Value) + 24
@@ -276,6 +282,7 @@ func encodeLogEntry(changes []Change) []byte {
 		b = append(b, `{"key":`...)
 		b = appendJSONString(b, c.Slot)
 		b = append(b, `,"value":`...)
+		at[i] = len(b)
 		if c.Value == nil {
 			b = append(b, "null"...)
 		} else {
@@ -283,7 +290,7 @@ func encodeLogEntry(changes []Change) []byte {
 		}
 		b = append(b, '}')
 	}
-	return append(b, ']')
+	return append(b, ']'), at
 }
 
 // appendJSONString appends s as a JSON string.

@@ -16,6 +16,12 @@ import (
 // KV is one key set to one value.
 type KV struct {
 	Key, Value []byte
+	// Of, when above zero, says that Value is a part of an earlier Set of the
+	// same Write: Sets[Of-1].Value[At:At+len(Value)] (a KV slot and the
+	// change-log entry that holds its value). The write-ahead log then stores
+	// those bytes once. Logging checks it and stores Value whole when it does
+	// not hold.
+	Of, At int
 }
 
 // Write is one atomic change of one actor: every Set and Delete of it commits in

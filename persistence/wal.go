@@ -1,6 +1,7 @@
 package persistence
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -407,10 +408,24 @@ func syncDir(dir string) error {
 const (
 	opSet    byte = 1
 	opDelete byte = 2
+	// opSetPart: key, then uvarint back, off, n: the value is bytes [off,
+	// off+n) of the value of the set back sets before it in the same record.
+	opSetPart byte = 3
 )
 
 func appendWrite(b []byte, w *Write) []byte {
-	for _, kv := range w.Sets {
+	for i, kv := range w.Sets {
+		// A reference takes up to three varints: worth it from a few bytes on.
+		if j := kv.Of - 1; j >= 0 && j < i && len(kv.Value) >= 16 && kv.At >= 0 && kv.At+len(kv.Value) <= len(w.Sets[j].Value) &&
+			bytes.Equal(w.Sets[j].Value[kv.At:kv.At+len(kv.Value)], kv.Value) {
+			b = append(b, opSetPart)
+			b = binary.AppendUvarint(b, uint64(len(kv.Key)))
+			b = append(b, kv.Key...)
+			b = binary.AppendUvarint(b, uint64(i-j))
+			b = binary.AppendUvarint(b, uint64(kv.At))
+			b = binary.AppendUvarint(b, uint64(len(kv.Value)))
+			continue
+		}
 		b = append(b, opSet)
 		b = binary.AppendUvarint(b, uint64(len(kv.Key)))
 		b = append(b, kv.Key...)
@@ -427,15 +442,24 @@ func appendWrite(b []byte, w *Write) []byte {
 
 // decodeChanges calls set or del for each change in payload, in order.
 func decodeChanges(payload []byte, set func(k, v []byte) error, del func(k []byte) error) error {
-	next := func() ([]byte, error) {
+	uvarint := func() (uint64, error) {
 		n, used := binary.Uvarint(payload)
-		if used <= 0 || uint64(len(payload)-used) < n {
+		if used <= 0 {
+			return 0, errCorrupt
+		}
+		payload = payload[used:]
+		return n, nil
+	}
+	next := func() ([]byte, error) {
+		n, err := uvarint()
+		if err != nil || uint64(len(payload)) < n {
 			return nil, errCorrupt
 		}
-		b := payload[used : used+int(n)]
-		payload = payload[used+int(n):]
+		b := payload[:n]
+		payload = payload[n:]
 		return b, nil
 	}
+	var values [][]byte // the values set so far in this record, for opSetPart
 	for len(payload) > 0 {
 		op := payload[0]
 		payload = payload[1:]
@@ -444,11 +468,30 @@ func decodeChanges(payload []byte, set func(k, v []byte) error, del func(k []byt
 			return err
 		}
 		switch op {
-		case opSet:
-			v, err := next()
-			if err != nil {
-				return err
+		case opSet, opSetPart:
+			var v []byte
+			if op == opSet {
+				if v, err = next(); err != nil {
+					return err
+				}
+			} else {
+				var ref [3]uint64 // back, off, n
+				for i := range ref {
+					if ref[i], err = uvarint(); err != nil {
+						return err
+					}
+				}
+				back, off, n := ref[0], ref[1], ref[2]
+				if back == 0 || back > uint64(len(values)) {
+					return errCorrupt
+				}
+				src := values[uint64(len(values))-back]
+				if off > uint64(len(src)) || n > uint64(len(src))-off {
+					return errCorrupt
+				}
+				v = src[off : off+n]
 			}
+			values = append(values, v)
 			if err := set(k, v); err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -216,6 +217,66 @@ func TestWAL_PageWritesKeepEveryRecord(t *testing.T) {
 	for i := range want {
 		if !bytes.Equal(r.payloads[i], want[i]) {
 			t.Fatalf("record %d: %d bytes replayed, want %d", i+1, len(r.payloads[i]), len(want[i]))
+		}
+	}
+}
+
+// TestDecodeChanges_PartsOfEarlierValues: a Set whose value is part of an
+// earlier Set of the same Write is logged as a reference and replays as the
+// same bytes; a reference that does not hold (wrong bytes, out of range, to a
+// later Set, too short to pay) is logged whole; a corrupt reference is refused.
+func TestDecodeChanges_PartsOfEarlierValues(t *testing.T) {
+	hello, list := `"hello, world, hello"`, `[1,2,3,4,5,6,7,8,9,10]`
+	entry := []byte(`[{"key":"a","value":` + hello + `},{"key":"b","value":` + list + `},{"key":"c","value":3}]`)
+	at := func(v string) int { return bytes.Index(entry, []byte(v)) }
+	w := &Write{Sets: []KV{
+		{Key: []byte("log"), Value: entry},
+		{Key: []byte("a"), Value: []byte(hello), Of: 1, At: at(hello)},
+		{Key: []byte("b"), Value: []byte(list), Of: 1, At: at(list)},
+		{Key: []byte("short"), Value: []byte(`3`), Of: 1, At: len(entry) - 3},
+		{Key: []byte("wrong"), Value: []byte(`"hello, world, hellx"`), Of: 1, At: at(hello)},
+		{Key: []byte("past"), Value: []byte(hello), Of: 1, At: len(entry) - 5},
+		{Key: []byte("later"), Value: []byte(hello), Of: 9},
+		{Key: []byte("self"), Value: []byte(hello), Of: 8},
+		{Key: []byte("z"), Value: []byte(`z`)},
+	}, Deletes: [][]byte{[]byte("d")}}
+	// A second write in the same record: its references count from its own sets.
+	w2 := &Write{Sets: []KV{{Key: []byte("e2"), Value: []byte(`[` + list + `]`)}, {Key: []byte("l"), Value: []byte(list), Of: 1, At: 1}}}
+	b := appendWrite(appendWrite(nil, w), w2)
+	var got []string
+	err := decodeChanges(b, func(k, v []byte) error { got = append(got, string(k)+"="+string(v)); return nil },
+		func(k []byte) error { got = append(got, "del "+string(k)); return nil })
+	want := fmt.Sprint([]string{"log=" + string(entry), "a=" + hello, "b=" + list, "short=3", `wrong="hello, world, hellx"`,
+		"past=" + hello, "later=" + hello, "self=" + hello, "z=z", "del d", "e2=[" + list + "]", "l=" + list})
+	if err != nil || fmt.Sprint(got) != want {
+		t.Fatalf("%v %v\nwant %s", got, err, want)
+	}
+	// The three references that hold take three bytes each instead of their values.
+	plainOf := func(w *Write) *Write {
+		c := &Write{Deletes: w.Deletes}
+		for _, kv := range w.Sets {
+			c.Sets = append(c.Sets, KV{Key: kv.Key, Value: kv.Value})
+		}
+		return c
+	}
+	plain := appendWrite(appendWrite(nil, plainOf(w)), plainOf(w2))
+	// Each takes back, offset and length (a byte each here) for a length byte and the value.
+	if saved, want := len(plain)-len(b), (len(hello)-2)+2*(len(list)-2); saved != want {
+		t.Fatalf("the references saved %d bytes, want %d", saved, want)
+	}
+	for cut := 1; cut < len(b); cut++ {
+		_ = decodeChanges(b[:cut], func(k, v []byte) error { return nil }, func(k []byte) error { return nil })
+	}
+	one := appendWrite(nil, &Write{Sets: []KV{{Key: []byte("s"), Value: []byte("vv")}}})
+	for name, bad := range map[string][]byte{
+		"no earlier set":  {opSetPart, 1, 'k', 1, 0, 0},
+		"back zero":       append(slices.Clone(one), opSetPart, 1, 'k', 0, 0, 1),
+		"beyond its set":  append(slices.Clone(one), opSetPart, 1, 'k', 1, 1, 2),
+		"offset past end": append(slices.Clone(one), opSetPart, 1, 'k', 1, 3, 0),
+		"truncated ref":   append(slices.Clone(one), opSetPart, 1, 'k', 1, 0),
+	} {
+		if err := decodeChanges(bad, func(k, v []byte) error { return nil }, func(k []byte) error { return nil }); err == nil {
+			t.Errorf("%s: accepted", name)
 		}
 	}
 }
