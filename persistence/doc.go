@@ -13,10 +13,21 @@
 //
 // Commit pipeline. Pipeline has one owning goroutine. Actors hand it Writes with
 // Submit, which never waits for disk; the goroutine drains everything queued into one
-// record of the write-ahead log (wal.go), made durable with one fdatasync, and one
-// Badger transaction committed at the record's sequence number as its version. Only
+// record of the write-ahead log (wal.go), made durable with one fdatasync, whose
+// changes Badger gets at the record's sequence number as their version. Only
 // then does it complete each Write's Ticket. Tickets complete in submission order,
 // so waiting for the latest Ticket of an actor covers every earlier write of it.
+//
+// A record's payload is its writes' changes in order: set (key, value), delete
+// (key), and set-part (key, then which earlier set of the record, an offset and a
+// length), for a value that is part of another value of the same write (a KV slot
+// and the change-log entry that holds it), so the log stores those bytes once.
+//
+// Badger applies records off the acknowledgement's path, on one applier goroutine.
+// When records wait for it, it applies them as one transaction at the newest one's
+// version (a key written by several goes to Badger once); reads are always at the
+// newest version and versions are only compared with older marks, so the merge is
+// invisible.
 //
 // Durability. Badger runs in managed mode without syncing; the log is the
 // durability point. Open replays every retained log record into Badger at its
