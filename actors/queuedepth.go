@@ -33,16 +33,7 @@ func (h *Host) QueueDepth(ctx context.Context) (QueueDepth, error) {
 	var d QueueDepth
 	h.pipe.WaitApplied()
 	for _, p := range h.partitions() {
-		prefix := persistence.PartitionIndexPrefix(p, persistence.IndexQueueObjects)
-		var ids []ObjectID
-		err := h.db.Scan(ctx, prefix, nil, nil, func(key, _ []byte) (bool, error) {
-			id, rest, ok := persistence.DecodeObjectID(key[len(prefix):])
-			if !ok || len(rest) != 0 {
-				return false, fmt.Errorf("malformed queue list key %x", key)
-			}
-			ids = append(ids, id)
-			return true, nil
-		})
+		ids, err := h.indexedObjects(ctx, p, persistence.IndexQueueObjects)
 		if err != nil {
 			return d, fmt.Errorf("partition %d: %w", p, err)
 		}

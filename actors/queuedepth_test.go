@@ -12,7 +12,6 @@ import (
 
 func (n *queueNode) depth(t *testing.T) QueueDepth {
 	t.Helper()
-	n.pipe.WaitApplied()
 	d, err := n.host.QueueDepth(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -249,22 +249,29 @@ func (h *Host) partitions() []uint32 {
 	return ps
 }
 
+// indexedObjects lists the objects in partition p's index kind, whose keys are
+// the index prefix and an object id.
+func (h *Host) indexedObjects(ctx context.Context, p uint32, kind byte) ([]ObjectID, error) {
+	prefix := persistence.PartitionIndexPrefix(p, kind)
+	var ids []ObjectID
+	err := h.db.Scan(ctx, prefix, nil, nil, func(key, _ []byte) (bool, error) {
+		id, rest, ok := persistence.DecodeObjectID(key[len(prefix):])
+		if !ok || len(rest) != 0 {
+			return false, fmt.Errorf("malformed index key %x", key)
+		}
+		ids = append(ids, id)
+		return true, nil
+	})
+	return ids, err
+}
+
 // replayPartitions replays the queues of the objects of parts that had
 // deliveries in flight.
 func (h *Host) replayPartitions(parts []uint32) (total ReplaySummary, objects int, start time.Time) {
 	start = time.Now()
 	total = ReplaySummary{Errors: []string{}}
 	for _, p := range parts {
-		prefix := persistence.PartitionIndexPrefix(p, persistence.IndexQueues)
-		var ids []ObjectID
-		err := h.db.Scan(context.Background(), prefix, nil, nil, func(key, _ []byte) (bool, error) {
-			id, rest, ok := persistence.DecodeObjectID(key[len(prefix):])
-			if !ok || len(rest) != 0 {
-				return false, fmt.Errorf("malformed queue index key %x", key)
-			}
-			ids = append(ids, id)
-			return true, nil
-		})
+		ids, err := h.indexedObjects(context.Background(), p, persistence.IndexQueues)
 		if err != nil {
 			total.Errors = append(total.Errors, fmt.Sprintf("partition %d: %v", p, err))
 		}

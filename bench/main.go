@@ -228,24 +228,17 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 // profileCPU starts a CPU profile into $HOLDFAST_BENCH_CPUPROFILE, when set;
 // it returns the function that stops it.
 func profileCPU() func() {
-	path := os.Getenv("HOLDFAST_BENCH_CPUPROFILE")
-	if path == "" {
-		return func() {}
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		fatal(err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		fatal(err)
-	}
-	return func() { pprof.StopCPUProfile(); f.Close() }
+	return profileTo("HOLDFAST_BENCH_CPUPROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile)
 }
 
 // traceRun writes an execution trace into $HOLDFAST_BENCH_TRACE, when set; it
 // returns the function that stops it.
-func traceRun() func() {
-	path := os.Getenv("HOLDFAST_BENCH_TRACE")
+func traceRun() func() { return profileTo("HOLDFAST_BENCH_TRACE", trace.Start, trace.Stop) }
+
+// profileTo runs start on the file named by the environment variable env,
+// when set, and returns the function that stops it and closes the file.
+func profileTo(env string, start func(io.Writer) error, stop func()) func() {
+	path := os.Getenv(env)
 	if path == "" {
 		return func() {}
 	}
@@ -253,10 +246,10 @@ func traceRun() func() {
 	if err != nil {
 		fatal(err)
 	}
-	if err := trace.Start(f); err != nil {
+	if err := start(f); err != nil {
 		fatal(err)
 	}
-	return func() { trace.Stop(); f.Close() }
+	return func() { stop(); f.Close() }
 }
 
 // meter measures the costs of a measured interval in this process.

@@ -109,13 +109,7 @@ func TestPipeline_ApplierMergesTheRecordsWaitingForIt(t *testing.T) {
 		}
 	}
 	check(db)
-	p.Close()
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	db = openTestDB(t, dir)
-	defer db.Close()
-	check(db)
+	check(reopen(t, p, db, Config{Dir: dir}))
 }
 
 // TestPipeline_MergedRecordsLargerThanABadgerTransaction: records waiting for
@@ -168,14 +162,5 @@ func TestPipeline_MergedRecordsLargerThanABadgerTransaction(t *testing.T) {
 			t.Fatalf("versions of record %d's keys: %v, want [%d] (its own sequence number)", r, vs, seqs[r])
 		}
 	}
-	p.Close()
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	db, err = Open(Config{Dir: dir, MemTableSize: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	check(db)
+	check(reopen(t, p, db, Config{Dir: dir, MemTableSize: 8 << 20}))
 }

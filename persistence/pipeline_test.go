@@ -27,6 +27,22 @@ func startPipeline(t *testing.T, db *DB, cfg PipelineConfig) *Pipeline {
 	return p
 }
 
+// reopen closes p and db, opens the directory again with cfg (no pipeline)
+// and closes it when the test ends.
+func reopen(t *testing.T, p *Pipeline, db *DB, cfg Config) *DB {
+	t.Helper()
+	p.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
 // waitApplied waits until Badger shows tk's write.
 func waitApplied(t testing.TB, tk *Ticket) {
 	t.Helper()
@@ -253,16 +269,7 @@ func TestPipeline_WriteLargerThanABadgerTransaction(t *testing.T) {
 	if p.Failed() != nil {
 		t.Fatal(p.Failed())
 	}
-	p.Close()
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	db, err = Open(Config{Dir: dir, MemTableSize: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	check(db)
+	check(reopen(t, p, db, Config{Dir: dir, MemTableSize: 8 << 20}))
 }
 
 func TestPipeline_FenceRefusesOneWrite(t *testing.T) {
