@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -41,8 +42,10 @@ type Server struct {
 	args     []string
 	env      []string
 	health   string
-	cmd      *exec.Cmd
-	exited   chan struct{}
+	// listen picks fresh ports and sets Endpoint and args.
+	listen func()
+	cmd    *exec.Cmd
+	exited chan struct{}
 }
 
 // CacheDir is where scripts/test-servers.sh installs the servers.
@@ -86,39 +89,66 @@ func freePort(t TB) int {
 // MinIO starts a MinIO server with an empty data directory.
 func MinIO(t TB) *Server {
 	t.Helper()
-	bin := binary(t, "HOLDFAST_MINIO_BIN", "minio")
-	port := freePort(t)
+	dir := t.TempDir()
 	s := &Server{
-		t: t, kind: "minio", bin: bin, Endpoint: "127.0.0.1:" + strconv.Itoa(port),
-		args: []string{"server", "--quiet", "--address", "127.0.0.1:" + strconv.Itoa(port),
-			"--console-address", "127.0.0.1:" + strconv.Itoa(freePort(t)), t.TempDir()},
+		t: t, kind: "minio", bin: binary(t, "HOLDFAST_MINIO_BIN", "minio"),
 		env:    []string{"MINIO_ROOT_USER=" + AccessKey, "MINIO_ROOT_PASSWORD=" + SecretKey, "MINIO_BROWSER=off", "MINIO_UPDATE=off"},
 		health: "/minio/health/live",
 	}
-	s.Start()
+	s.listen = func() {
+		port := freePort(t)
+		s.Endpoint = "127.0.0.1:" + strconv.Itoa(port)
+		s.args = []string{"server", "--quiet", "--address", s.Endpoint,
+			"--console-address", "127.0.0.1:" + strconv.Itoa(freePort(t)), dir}
+	}
+	s.first()
 	return s
 }
 
 // VersityGW starts versitygw over a posix directory, with a bucket directory made.
 func VersityGW(t TB, bucket string) *Server {
 	t.Helper()
-	bin := binary(t, "HOLDFAST_VERSITYGW_BIN", "versitygw")
 	dir := t.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, bucket), 0o755); err != nil {
 		t.Fatalf("%v", err)
 	}
-	port := freePort(t)
-	s := &Server{
-		t: t, kind: "versitygw", bin: bin, Endpoint: "127.0.0.1:" + strconv.Itoa(port),
-		args:   []string{"--port", "127.0.0.1:" + strconv.Itoa(port), "--access", AccessKey, "--secret", SecretKey, "--health", "/health", "posix", dir},
-		health: "/health",
+	s := &Server{t: t, kind: "versitygw", bin: binary(t, "HOLDFAST_VERSITYGW_BIN", "versitygw"), health: "/health"}
+	s.listen = func() {
+		s.Endpoint = "127.0.0.1:" + strconv.Itoa(freePort(t))
+		s.args = []string{"--port", s.Endpoint, "--access", AccessKey, "--secret", SecretKey, "--health", "/health", "posix", dir}
 	}
-	s.Start()
+	s.first()
 	return s
 }
 
-// Start starts (or restarts) the process and waits until it answers.
+// first starts the server on fresh ports, again on others when another
+// process took its port between freePort and the server's own listen (tests
+// of several packages start servers at once).
+func (s *Server) first() {
+	s.t.Helper()
+	for attempt := 1; ; attempt++ {
+		s.listen()
+		if !s.start() {
+			return
+		}
+		if attempt == 5 {
+			s.t.Fatalf("%s: its port was taken by another process 5 times", s.kind)
+		}
+	}
+}
+
+// Start restarts the process on its ports and waits until it answers.
 func (s *Server) Start() {
+	s.t.Helper()
+	if s.start() {
+		s.t.Fatalf("%s: another process took its port %s", s.kind, s.Endpoint)
+	}
+}
+
+// start starts the process and waits until it answers on its port, which it
+// must own: an answer from another process on the port does not count.
+// portTaken says the process exited because the port was in use.
+func (s *Server) start() (portTaken bool) {
 	s.t.Helper()
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Env = append(os.Environ(), s.env...)
@@ -139,13 +169,16 @@ func (s *Server) Start() {
 		resp, err := c.Get("http://" + s.Endpoint + s.health)
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
+			if resp.StatusCode == 200 && listensOn(cmd.Process.Pid, s.Endpoint) {
+				return false
 			}
 		}
 		select {
 		case <-s.exited:
 			b, _ := os.ReadFile(log.Name())
+			if strings.Contains(strings.ToLower(string(b)), "already in use") {
+				return true
+			}
 			s.t.Fatalf("%s exited at start:\n%s", s.kind, b)
 		default:
 		}
@@ -155,6 +188,44 @@ func (s *Server) Start() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// listensOn reports whether process pid holds the listening socket of
+// endpoint (127.0.0.1:port), from /proc/net/tcp and the process's descriptors.
+func listensOn(pid int, endpoint string) bool {
+	_, portText, _ := strings.Cut(endpoint, ":")
+	port, err := strconv.Atoi(portText)
+	if err != nil {
+		return false
+	}
+	inodes := map[string]bool{}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 10 || f[3] != "0A" { // 0A: LISTEN
+				continue
+			}
+			if _, hexPort, ok := strings.Cut(f[1], ":"); ok {
+				if n, err := strconv.ParseUint(hexPort, 16, 16); err == nil && int(n) == port {
+					inodes["socket:["+f[9]+"]"] = true
+				}
+			}
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && inodes[target] {
+			return true
+		}
+	}
+	return false
 }
 
 // Kill SIGKILLs the process and waits for it to exit.
