@@ -13,15 +13,18 @@ import (
 )
 
 // heldApplier holds the applier in BeforeApply on its first record until
-// release is called, and records the sequence numbers it was shown.
+// release is closed, and records the sequence numbers it was shown. entered is
+// closed once the applier holds.
 type heldApplier struct {
 	mu      sync.Mutex
 	seqs    []uint64
+	entered chan struct{}
 	release chan struct{}
-	once    sync.Once
 }
 
-func newHeldApplier() *heldApplier { return &heldApplier{release: make(chan struct{})} }
+func newHeldApplier() *heldApplier {
+	return &heldApplier{entered: make(chan struct{}), release: make(chan struct{})}
+}
 
 func (h *heldApplier) before(seq uint64) {
 	h.mu.Lock()
@@ -29,6 +32,7 @@ func (h *heldApplier) before(seq uint64) {
 	h.seqs = append(h.seqs, seq)
 	h.mu.Unlock()
 	if first {
+		close(h.entered)
 		<-h.release
 	}
 }
@@ -77,12 +81,17 @@ func TestPipeline_ApplierMergesTheRecordsWaitingForIt(t *testing.T) {
 		set("e", "back"),
 	}
 	var tickets []*Ticket
-	for _, w := range writes { // one record each: each waits for its sync
+	for i, w := range writes { // one record each: each waits for its sync
 		tk := p.Submit(w)
 		if err := tk.Wait(ctx); err != nil {
 			t.Fatal(err)
 		}
 		tickets = append(tickets, tk)
+		if i == 0 {
+			// The applier takes the first record alone; the others queue
+			// behind it while it is held.
+			<-held.entered
+		}
 	}
 	if tickets[0].Applied() {
 		t.Fatal("the first record was applied while the applier was held")
@@ -136,6 +145,9 @@ func TestPipeline_MergedRecordsLargerThanABadgerTransaction(t *testing.T) {
 			t.Fatal(err)
 		}
 		tickets = append(tickets, tk)
+		if r == 0 {
+			<-held.entered // the first record alone; the others queue
+		}
 	}
 	close(held.release)
 	for _, tk := range tickets {
