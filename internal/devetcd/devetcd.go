@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -31,8 +32,20 @@ type Config struct {
 	PeerAddr string
 }
 
-// Start starts etcd and waits until it serves.
+// Start starts etcd and waits until it serves. When it picked the ports itself
+// and another process took one between the pick and etcd's listen (tests of
+// several packages start servers at once), it starts again on fresh ports.
 func Start(cfg Config) (*Server, error) {
+	picked := cfg.ClientAddr == "" || cfg.PeerAddr == ""
+	for attempt := 1; ; attempt++ {
+		s, err := start(cfg)
+		if err == nil || !picked || !errors.Is(err, syscall.EADDRINUSE) || attempt == 5 {
+			return s, err
+		}
+	}
+}
+
+func start(cfg Config) (*Server, error) {
 	var err error
 	if cfg.ClientAddr == "" {
 		if cfg.ClientAddr, err = freeAddr(); err != nil {
@@ -83,7 +96,8 @@ func (s *Server) Endpoint() string { return s.url }
 // Close stops the server.
 func (s *Server) Close() { s.e.Close() }
 
-func freeAddr() (string, error) {
+// freeAddr picks a free port; a variable so that a test can pick a taken one.
+var freeAddr = func() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", fmt.Errorf("devetcd: find a free port: %w", err)

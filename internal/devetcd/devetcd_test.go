@@ -2,6 +2,7 @@ package devetcd
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -27,5 +28,33 @@ func TestStartPutGet(t *testing.T) {
 	r, err := c.Get(ctx, "k")
 	if err != nil || len(r.Kvs) != 1 || string(r.Kvs[0].Value) != "v" {
 		t.Fatalf("get = %v, %v", r, err)
+	}
+}
+
+// TestStart_PortTakenBeforeItListens: another process took the client port
+// between the pick and etcd's listen; Start picks fresh ports and serves.
+func TestStart_PortTakenBeforeItListens(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	pick := freeAddr
+	picks := 0
+	freeAddr = func() (string, error) {
+		picks++
+		if picks == 1 {
+			return taken.Addr().String(), nil
+		}
+		return pick()
+	}
+	defer func() { freeAddr = pick }()
+	s, err := Start(Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Endpoint() == taken.Addr().String() || picks < 3 {
+		t.Fatalf("endpoint %s after %d picks, want fresh ports after the taken %s", s.Endpoint(), picks, taken.Addr())
 	}
 }
