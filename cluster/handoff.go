@@ -24,7 +24,13 @@ import (
 //  4. A switches the table by compare-and-swap: owner B, same epoch, no lease. B
 //     takes p up under its own lease at the next epoch. A deletes its copy.
 //
-// If anything fails before the switch, A serves p again and B drops what it got.
+// If anything fails before A stops writes, A goes on serving p and B drops what
+// it got. If it fails after, A never serves p again at the old epoch (a write an
+// old activation raced past the freeze would commit under it): it retires the
+// entry's revision, so that a switch still on its way to etcd can no longer
+// land, tells B to drop what it got, and takes p up again at the next epoch.
+// While A cannot tell whether the switch landed, it tells B nothing: B takes p
+// up if the table says so, and gives the import up after importTimeout if not.
 
 // handoffMsg is the body of the handoff requests.
 type handoffMsg struct {
@@ -64,18 +70,13 @@ func (m *member) handoff(p uint32, e PartEntry) {
 	if err != nil {
 		m.retryAt[p] = time.Now().Add(time.Second)
 		if m.state[p] == stHandoff {
-			// Serve again if the table still says so; otherwise reconcile decides.
-			if m.n.table.epochs[p].Load() == 0 {
-				cur := m.view.part(p)
-				if s := m.sess.Load(); cur.Owner == m.id && cur.Epoch == e.Epoch && s != nil && cur.Lease == int64(s.lease) {
-					m.n.table.epochs[p].Store(e.Epoch)
-					m.n.host.Scheduler().Reset()
-				}
-			}
+			// Still serving if it failed before the freeze. After it, reconcile
+			// takes p up again at the next epoch (or sees that B owns it).
 			if m.n.table.epochs[p].Load() != 0 {
 				m.state[p] = stServing
 			} else {
 				m.state[p] = stIdle
+				m.poke()
 			}
 		}
 		if m.ctx.Err() == nil {
@@ -108,6 +109,19 @@ func (m *member) handOff(p uint32, e PartEntry) error {
 	abort := func(err error) error {
 		_ = send(opHandoffEnd, &handoffMsg{Partition: p, MoveID: moveID})
 		return err
+	}
+	// abortFrozen ends a handoff that failed after writes stopped (see the
+	// package comment above): B hears of it only once the switch cannot land.
+	abortFrozen := func(err error) error {
+		switched, rerr := m.retireSwitch(ctx, p, e)
+		switch {
+		case rerr != nil:
+			return fmt.Errorf("%w; whether the table switched is unknown (%v): the target is not told to drop the partition", err, rerr)
+		case switched:
+			_ = send(opHandoffEnd, &handoffMsg{Partition: p, MoveID: moveID, Commit: true})
+			return nil
+		}
+		return abort(err)
 	}
 	if err := send(opHandoffBegin, &handoffMsg{Partition: p, MoveID: moveID}); err != nil {
 		return fmt.Errorf("begin: %w", err)
@@ -168,32 +182,61 @@ func (m *member) handOff(p uint32, e PartEntry) error {
 	err := m.n.pipe.Barrier(bctx)
 	cancel()
 	if err != nil {
-		return abort(fmt.Errorf("barrier: %w", err))
+		return abortFrozen(fmt.Errorf("barrier: %w", err))
 	}
 	m.n.pipe.WaitApplied()
 	if _, err := stream(prev); err != nil {
-		return abort(fmt.Errorf("final stream: %w", err))
+		return abortFrozen(fmt.Errorf("final stream: %w", err))
 	}
 	// Switch the table.
 	cur, err := readPart(ctx, m.cli, m.k, p)
 	if err != nil {
-		return abort(err)
+		return abortFrozen(err)
 	}
 	if cur.Owner != m.id || cur.Epoch != e.Epoch || cur.Target != e.Target {
-		return abort(errors.New("the partition's entry changed during the handoff"))
+		return abortFrozen(errors.New("the partition's entry changed during the handoff"))
+	}
+	if hook := m.beforeSwitch.Load(); hook != nil {
+		if err := (*hook)(p, cur); err != nil {
+			return abortFrozen(fmt.Errorf("switch: %w", err))
+		}
 	}
 	if err := casPart(ctx, m.cli, m.k, p, cur, PartEntry{Owner: e.Target, Epoch: e.Epoch}); err != nil {
-		// Unknown outcome on a transport error: read back what happened.
-		got, rerr := readPart(ctx, m.cli, m.k, p)
-		if rerr != nil || got.Owner != e.Target {
-			return abort(fmt.Errorf("switch: %w", err))
-		}
+		// On a transport error the switch may have landed, or may still land.
+		return abortFrozen(fmt.Errorf("switch: %w", err))
 	}
 	if err := send(opHandoffEnd, &handoffMsg{Partition: p, MoveID: moveID, Commit: true}); err != nil {
 		m.log.Debug("the handoff's end did not reach the target; it takes the partition up from the table", "err", err)
 	}
 	m.log.Debug("partition writes paused for the switch", "partition", p, "paused", time.Since(frozen).Round(time.Millisecond))
 	return nil
+}
+
+// retireSwitch, after a handoff of p (entry e) failed past the freeze, finds out
+// whether the table switched to e.Target; if it did not, it rewrites p's entry
+// unchanged, which moves its revision on, so that a switch still on its way to
+// etcd fails its compare from then on. An error means it could not tell.
+func (m *member) retireSwitch(ctx context.Context, p uint32, e PartEntry) (switched bool, err error) {
+	for attempt := 0; ; attempt++ {
+		var cur PartEntry
+		cur, err = readPart(ctx, m.cli, m.k, p)
+		if err == nil {
+			if cur.Owner == e.Target && cur.Epoch == e.Epoch && cur.Lease == 0 {
+				return true, nil
+			}
+			if cur.Owner != m.id || cur.Epoch != e.Epoch {
+				// Someone else changed it: the switch's compare fails for good.
+				return false, nil
+			}
+			if err = casPart(ctx, m.cli, m.k, p, cur, cur); err == nil {
+				return false, nil
+			}
+		}
+		if attempt == 4 || ctx.Err() != nil {
+			return false, err
+		}
+		time.Sleep(time.Duration(200<<attempt) * time.Millisecond)
+	}
 }
 
 // serveHandoff is B's side.

@@ -93,6 +93,10 @@ type member struct {
 	ctx        context.Context
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
+
+	// beforeSwitch, when set (tests), runs before a handoff switches the table
+	// entry cur of partition p; an error stands for the switch's own error.
+	beforeSwitch atomic.Pointer[func(p uint32, cur PartEntry) error]
 }
 
 func newBoot() string {
@@ -675,6 +679,19 @@ func (m *member) nextAux() uint64 { return 1<<63 | m.auxSeq.Add(1) }
 // clean deletes this node's data of partition p, which another node owns.
 func (m *member) clean(p uint32) {
 	defer m.wg.Done()
+	// The view may lag behind etcd: a partition this node was handed, whose
+	// switch it has not seen yet, must keep its data.
+	if e, err := readPart(m.ctx, m.cli, m.k, p); err != nil || e.Owner == m.id {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.state[p] == stCleaning {
+			m.state[p] = stIdle
+			if err == nil {
+				m.stale[p] = false
+			}
+		}
+		return
+	}
 	aux := m.nextAux()
 	m.aux[p].Store(aux)
 	err := m.deletePartition(m.ctx, p, aux, func() bool {

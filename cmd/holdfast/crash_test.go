@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,8 +50,16 @@ const (
 type server struct {
 	cmd    *exec.Cmd
 	url    string
+	mu     sync.Mutex // guards stderr
 	stderr *bytes.Buffer
 	exited chan error
+}
+
+// log returns what the server printed so far.
+func (s *server) log() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stderr.String()
 }
 
 var listenRE = regexp.MustCompile(`"holdfast listening" addr=(\S+)`)
@@ -68,14 +77,13 @@ func startServer(t *testing.T, dataDir, configFile string) *server {
 	}
 	s := &server{cmd: cmd, stderr: &bytes.Buffer{}, exited: make(chan error, 1)}
 	addr := make(chan string, 1)
-	var mu sync.Mutex
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			line := sc.Text()
-			mu.Lock()
+			s.mu.Lock()
 			s.stderr.WriteString(line + "\n")
-			mu.Unlock()
+			s.mu.Unlock()
 			if m := listenRE.FindStringSubmatch(line); m != nil {
 				addr <- m[1]
 			}
@@ -87,9 +95,7 @@ func startServer(t *testing.T, dataDir, configFile string) *server {
 		s.url = "http://" + a
 	case <-time.After(30 * time.Second):
 		_ = cmd.Process.Kill()
-		mu.Lock()
-		defer mu.Unlock()
-		t.Fatalf("server did not start: %s", s.stderr)
+		t.Fatalf("server did not start: %s", s.log())
 	}
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
@@ -147,6 +153,8 @@ type op struct {
 	token  string
 	logID  uint64
 	value  json.Number // increment reply
+	served string      // X-Holdfast-Served-By (node/partition/epoch), in cluster tests
+	at     time.Time   // when the reply came, in cluster tests
 }
 
 // TestCrash_AcknowledgedWritesSurviveSIGKILL runs concurrent writers over many
@@ -182,7 +190,7 @@ func TestCrash_AcknowledgedWritesSurviveSIGKILL(t *testing.T) {
 		}
 		t.Logf("round %d: killed after %v with %d acknowledged writes", round, killAfter, len(roundAcked))
 		if len(roundAcked) == 0 {
-			t.Fatalf("round %d acknowledged nothing before the kill: %s", round, srv.stderr)
+			t.Fatalf("round %d acknowledged nothing before the kill: %s", round, srv.log())
 		}
 		srv = startServer(t, dataDir, cfgFile)
 		verify(t, srv.url, objects, acked, issued)
@@ -292,14 +300,21 @@ func verify(t *testing.T, url string, objects int, acked []op, issued map[string
 	ctx := context.Background()
 	client := &http.Client{Timeout: 30 * time.Second}
 	byObject := map[string]map[uint64]op{}
+	var dups []string
 	for _, o := range acked {
 		if byObject[o.object] == nil {
 			byObject[o.object] = map[uint64]op{}
 		}
 		if prev, dup := byObject[o.object][o.logID]; dup {
-			t.Fatalf("%s: log_id %d acknowledged twice (%v and %v)", o.object, o.logID, prev, o)
+			if len(dups) == 0 {
+				t.Logf("%s's acknowledged writes by time:\n%s", o.object, ackHistory(acked, o.object))
+			}
+			dups = append(dups, fmt.Sprintf("%s: log_id %d acknowledged twice (%+v and %+v)", o.object, o.logID, prev, o))
 		}
 		byObject[o.object][o.logID] = o
+	}
+	if len(dups) > 0 {
+		t.Fatalf("%d log_ids acknowledged twice; the first ones:\n%s", len(dups), strings.Join(dups[:min(len(dups), 5)], "\n"))
 	}
 	for i := 0; i < objects; i++ {
 		name := fmt.Sprintf("o%d", i)
@@ -436,4 +451,21 @@ func crashSetup(t *testing.T, types string) (cfgFile, dataDir string, rng *rand.
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	return cfgFile, filepath.Join(dir, "data"), rand.New(rand.NewSource(seed))
+}
+
+// ackHistory lists the writes to object that were acknowledged, by the time
+// their replies came (cluster tests record it), with who served them.
+func ackHistory(acked []op, object string) string {
+	var ops []op
+	for _, o := range acked {
+		if o.object == object {
+			ops = append(ops, o)
+		}
+	}
+	sort.SliceStable(ops, func(i, j int) bool { return ops[i].at.Before(ops[j].at) })
+	var b strings.Builder
+	for _, o := range ops {
+		fmt.Fprintf(&b, "%s log_id %d %s %s served by %s\n", o.at.Format("15:04:05.000"), o.logID, o.kind, o.token, o.served)
+	}
+	return b.String()
 }

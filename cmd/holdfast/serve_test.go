@@ -76,10 +76,10 @@ func TestServe_SIGTERMFinishesInflightWritesAndExitsZero(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	if err != nil {
-		t.Fatalf("server exit after SIGTERM: %v\n%s", err, srv.stderr)
+		t.Fatalf("server exit after SIGTERM: %v\n%s", err, srv.log())
 	}
-	if !strings.Contains(srv.stderr.String(), "stopped") {
-		t.Fatalf("no orderly shutdown in the log:\n%s", srv.stderr)
+	if !strings.Contains(srv.log(), "stopped") {
+		t.Fatalf("no orderly shutdown in the log:\n%s", srv.log())
 	}
 	srv = startServer(t, dataDir, cfgFile)
 	defer srv.kill(t)
