@@ -75,7 +75,10 @@ func (m *member) handoff(p uint32, e PartEntry) {
 			if m.n.table.epochs[p].Load() != 0 {
 				m.state[p] = stServing
 			} else {
+				// If the switch did land, this copy is stale (a cleanup reads
+				// etcd before it deletes anything); a take-up clears the mark.
 				m.state[p] = stIdle
+				m.stale[p] = true
 				m.poke()
 			}
 		}
