@@ -274,10 +274,18 @@ func (m *member) serveHandoff(ctx context.Context, req *wireRequest) *wireReply 
 		}
 		return &wireReply{}
 	case opHandoffChunk:
-		if !m.importing(p, h.MoveID) {
+		// The import's epoch is read with its check: a chunk of an earlier
+		// attempt still on its way must not carry the next attempt's epoch (the
+		// fence refuses it once a new attempt began).
+		m.mu.Lock()
+		st := m.imports[p]
+		ok := m.state[p] == stImporting && st != nil && st.moveID == h.MoveID
+		aux := m.aux[p].Load()
+		m.mu.Unlock()
+		if !ok {
 			return fail("no handoff %s of partition %d in progress", h.MoveID, p)
 		}
-		w := &persistence.Write{Partition: p, Epoch: m.aux[p].Load()}
+		w := &persistence.Write{Partition: p, Epoch: aux}
 		for _, c := range h.Changes {
 			if c.Deleted {
 				w.Deletes = append(w.Deletes, c.Key)
