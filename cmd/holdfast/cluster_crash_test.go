@@ -133,15 +133,46 @@ func (pc *procCluster) keepLogs() {
 	for i, n := range pc.started {
 		text := n.s.log()
 		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%02d-%s.log", i, n.id)), []byte(text), 0o644)
+		own := text
+		if at := strings.Index(text, "SIGQUIT: quit"); at >= 0 {
+			own = text[:at]
+		}
 		var keep []string
-		for _, line := range strings.Split(text, "\n") {
+		for _, line := range strings.Split(own, "\n") {
 			if !strings.Contains(line, "msg=request") && !strings.Contains(line, `"msg":"request"`) && line != "" {
 				keep = append(keep, line)
 			}
 		}
 		pc.t.Logf("node %s (start %d), its own messages:\n%s", n.id, i, strings.Join(keep[max(0, len(keep)-80):], "\n"))
+		if dump := requestGoroutines(text); dump != "" {
+			pc.t.Logf("node %s (start %d), its goroutines on a request's path when the test ended:\n%s", n.id, i, dump)
+		}
 	}
 	pc.t.Logf("node logs kept in %s", dir)
+}
+
+// requestGoroutines returns, from a log that ends in the goroutine dump of a
+// SIGQUIT, the goroutines on a request's path (at most 150 lines).
+func requestGoroutines(log string) string {
+	at := strings.Index(log, "SIGQUIT: quit")
+	if at < 0 {
+		return ""
+	}
+	var out []string
+	for _, g := range strings.Split(log[at:], "\n\n") {
+		for _, mark := range []string{"(*Host).Request", "(*member).request", "(*member).forward", "WaitApplied", "(*Pipeline).Barrier"} {
+			if strings.Contains(g, mark) {
+				for _, line := range strings.Split(g, "\n") {
+					if at := strings.Index(line, " fp="); at >= 0 {
+						line = line[:at] // frame addresses say nothing here
+					}
+					out = append(out, line)
+				}
+				break
+			}
+		}
+	}
+	return strings.Join(out[:min(len(out), 150)], "\n")
 }
 
 // newProcCluster starts the etcd process; types is the YAML under "types:"

@@ -67,7 +67,7 @@ var listenRE = regexp.MustCompile(`"holdfast listening" addr=(\S+)`)
 func startServer(t *testing.T, dataDir, configFile string) *server {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--config", configFile)
-	cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1")
+	cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1", "GOTRACEBACK=all")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -98,10 +98,21 @@ func startServer(t *testing.T, dataDir, configFile string) *server {
 		t.Fatalf("server did not start: %s", s.log())
 	}
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-s.exited
+		if cmd.ProcessState != nil {
+			return
 		}
+		if t.Failed() {
+			// SIGQUIT: the Go runtime prints every goroutine to stderr, which
+			// the logs of a failed test keep (a hang shows where it waits).
+			_ = cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-s.exited:
+				return
+			case <-time.After(5 * time.Second):
+			}
+		}
+		_ = cmd.Process.Kill()
+		<-s.exited
 	})
 	return s
 }
