@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"math"
 	"strconv"
+
+	"github.com/holdfast/holdfast/internal/jsonvalid"
 )
 
 // Size limits of spec/objects.md.
@@ -187,7 +189,7 @@ func (op *Op) value() (json.RawMessage, *Error) {
 
 func compactJSON(v json.RawMessage) (json.RawMessage, *Error) {
 	if bytes.IndexAny(v, " \t\r\n") < 0 {
-		if !json.Valid(v) {
+		if !jsonvalid.Valid(v) {
 			return nil, badRequestf("value is not valid JSON")
 		}
 		return append(json.RawMessage(nil), v...), nil // never alias the caller's buffer

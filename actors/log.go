@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/holdfast/holdfast/alarms"
+	"github.com/holdfast/holdfast/internal/jsonvalid"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -389,7 +390,7 @@ func (o *object) logAppend(m LogAppend) (any, error) {
 			return nil, badRequestf("record %d has no body", i)
 		case len(r.Body) > MaxRecordBody:
 			return nil, tooLargef("record %d: the body is %d bytes, at most %d", i, len(r.Body), MaxRecordBody)
-		case !m.Validated && !json.Valid(r.Body):
+		case !m.Validated && !jsonvalid.Valid(r.Body):
 			return nil, badRequestf("record %d: the body is not JSON", i)
 		case r.DeduplicationKey != nil && *r.DeduplicationKey == "":
 			return nil, invalidf("record %d: an empty deduplicationKey", i)

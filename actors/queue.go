@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/holdfast/holdfast/alarms"
+	"github.com/holdfast/holdfast/internal/jsonvalid"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -318,7 +319,7 @@ func (o *object) queueStageEnqueue(t *queueTxn, msgs []QueueMessageIn) ([]string
 				return nil, e
 			}
 		}
-		if len(in.Payload) == 0 || !json.Valid(in.Payload) {
+		if len(in.Payload) == 0 || !jsonvalid.Valid(in.Payload) {
 			return nil, badRequestf("message %d: the payload must be a JSON value", i)
 		}
 		if len(in.Payload) > maxQueuePayloadBytes {
