@@ -402,7 +402,7 @@ func (o *object) logAppend(m LogAppend) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &block{first: l.next, at: max(o.h.now().UnixMilli(), l.lastAt), cumEnd: l.cumNext}
+	b := &block{first: l.next, at: max(o.h.now().UnixMilli(), l.lastAt), cumEnd: l.cumNext, recs: make([]blockRecord, 0, len(m.Records))}
 	offsets := make([]uint64, len(m.Records))
 	var inBatch map[string]uint64
 	w := &persistence.Write{}
