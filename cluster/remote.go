@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -41,6 +43,13 @@ type transport struct {
 
 	downMu sync.Mutex
 	down   map[string]time.Time // addresses whose connection failed, and when
+
+	runMu   sync.Mutex
+	running map[uint64]struct{} // the Calls of other nodes' requests whose reply is not sent yet
+
+	// dropReply, when set (tests), says whether to drop the reply of a request
+	// of this op instead of sending it, as a connection lost on the way would.
+	dropReply atomic.Pointer[func(op int) bool]
 }
 
 // downFor is how long an address whose connection failed is taken for down:
@@ -126,11 +135,15 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 			return
 		}
 		sender := ctx.Sender()
+		// Registered before anything later from the same node is read, so that
+		// its pings see this request running.
+		t.started(w.Call)
 		go func() {
 			reply := t.serve(&w, serve)
-			if sender != nil {
+			if drop := t.dropReply.Load(); sender != nil && (drop == nil || !(*drop)(w.Op)) {
 				system.Root.Send(sender, reply)
 			}
+			t.finished(w.Call) // after the reply: replies to one node keep their order
 		}()
 	})
 	if _, err := system.Root.SpawnNamed(props, routerName); err != nil {
@@ -163,7 +176,40 @@ func (t *transport) serve(w *wireRequest, serve handler) *protocluster.GrainResp
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	reply := serve(ctx, w)
 	cancel()
+	if w.Op == opPing {
+		reply.Tracks, reply.Busy = true, t.isRunning(w.Ask)
+	}
 	return encodeReply(t.log, reply)
+}
+
+// started, finished and isRunning track the requests of other nodes that this
+// node runs, by their Call, for the pings of callers still waiting.
+func (t *transport) started(call uint64) {
+	if call == 0 {
+		return
+	}
+	t.runMu.Lock()
+	defer t.runMu.Unlock()
+	if t.running == nil {
+		t.running = map[uint64]struct{}{}
+	}
+	t.running[call] = struct{}{}
+}
+
+func (t *transport) finished(call uint64) {
+	if call == 0 {
+		return
+	}
+	t.runMu.Lock()
+	defer t.runMu.Unlock()
+	delete(t.running, call)
+}
+
+func (t *transport) isRunning(call uint64) bool {
+	t.runMu.Lock()
+	defer t.runMu.Unlock()
+	_, ok := t.running[call]
+	return ok
 }
 
 func encodeReply(log *slog.Logger, reply *wireReply) *protocluster.GrainResponse {
@@ -191,9 +237,11 @@ var errUnreachable = errors.New("cluster: no reply from the node")
 // call sends req to the router of node n and waits for its reply until ctx
 // ends. A reply slower than probeAfter is fine (a long poll), but meanwhile the
 // node is pinged every probeAfter: a node that does not answer is down or cut
-// off, and one that answers from another run (n.Boot, when set, differs)
-// restarted and lost the request or ran it before; either way the outcome is
-// unknown and waiting longer only delays the 503.
+// off, one that answers from another run (n.Boot, when set, differs)
+// restarted and lost the request or ran it before, and one that is not running
+// the request (any more) sent a reply that was lost, or never got the request
+// (a connection that broke and came back drops messages). Either way the
+// outcome is unknown and waiting longer only delays the 503.
 func (t *transport) call(ctx context.Context, n NodeInfo, req *wireRequest) (*wireReply, error) {
 	addr := n.Addr
 	wait := time.Minute
@@ -204,6 +252,7 @@ func (t *transport) call(ctx context.Context, n NodeInfo, req *wireRequest) (*wi
 		return nil, ctx.Err()
 	}
 	req.Wait = wait
+	req.Call = rand.Uint64() | 1 // never 0
 	data, err := encodeRequest(req)
 	if err != nil {
 		return nil, err
@@ -222,13 +271,23 @@ wait:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w %s: %w", errUnreachable, addr, ctx.Err())
 		case <-probe.C:
-			boot, ok := t.ping(addr)
+			pong, ok := t.ping(addr, req.Call)
 			if !ok {
 				t.markDown(addr)
 				return nil, fmt.Errorf("%w %s: it does not answer a ping", errUnreachable, addr)
 			}
-			if n.Boot != "" && boot != n.Boot {
+			if n.Boot != "" && pong.Boot != n.Boot {
 				return nil, fmt.Errorf("%w %s: the node restarted while the request was out", errUnreachable, addr)
+			}
+			if pong.Tracks && !pong.Busy {
+				// The reply, if one was sent, left before the ping's: give
+				// its delivery a moment before calling it lost.
+				select {
+				case <-done:
+					break wait
+				case <-time.After(lostReplyGrace):
+					return nil, fmt.Errorf("%w %s: it is not running the request; the reply was lost or the request never arrived", errUnreachable, addr)
+				}
 			}
 		}
 	}
@@ -250,26 +309,31 @@ wait:
 // and then between pings.
 const probeAfter = 500 * time.Millisecond
 
-// ping reports whether the router at addr answers within a second, and the
-// boot (the run) of the node that answered.
-func (t *transport) ping(addr string) (boot string, ok bool) {
-	data, err := encodeRequest(&wireRequest{Op: opPing})
+// lostReplyGrace is how long a call still waits for its reply after a ping
+// said the other node is not running it.
+const lostReplyGrace = time.Second
+
+// ping reports whether the router at addr answers within a second, with the
+// boot (the run) of the node that answered and whether it is running the
+// request call of this node (0: none asked).
+func (t *transport) ping(addr string, call uint64) (pong *wireReply, ok bool) {
+	data, err := encodeRequest(&wireRequest{Op: opPing, Ask: call})
 	if err != nil {
-		return "", false
+		return nil, false
 	}
 	res, err := t.system.Root.RequestFuture(actor.NewPID(addr, routerName), &protocluster.GrainRequest{MessageData: data}, time.Second).Result()
 	if err != nil {
-		return "", false
+		return nil, false
 	}
 	resp, ok := res.(*protocluster.GrainResponse)
 	if !ok {
-		return "", false
+		return nil, false
 	}
 	var reply wireReply
 	if decodeReply(resp.MessageData, &reply) != nil {
-		return "", false
+		return nil, false
 	}
-	return reply.Boot, true
+	return &reply, true
 }
 
 // clearDown forgets that addr's connection failed (the node there registered

@@ -44,6 +44,8 @@ type wireRequest struct {
 	Ptr     bool          // Msg was a pointer
 	Wait    time.Duration // how long the caller waits for the reply
 	From    string        // the sending node
+	Call    uint64        // the caller's id of this request (random; 0: none)
+	Ask     uint64        // opPing: the Call the caller still waits for
 
 	Handoff *handoffMsg
 	Feed    *feedMsg
@@ -57,6 +59,8 @@ type wireReply struct {
 	Err     *wireError
 	Served  Served
 	Boot    string // opPing: the answering node's run
+	Tracks  bool   // opPing: the node says whether it is running Ask (Busy)
+	Busy    bool   // opPing: Ask arrived and its reply has not been sent yet
 }
 
 // wireError carries an error across nodes with everything callers match on.
