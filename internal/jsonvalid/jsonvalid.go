@@ -170,17 +170,9 @@ func array(b []byte, i, depth int) (int, bool) {
 		if i, ok = value(b, i, depth); !ok {
 			return i, false
 		}
-		i = space(b, i)
-		if i >= len(b) {
-			return i, false
-		}
-		switch b[i] {
-		case ',':
-			i = space(b, i+1)
-		case ']':
-			return i + 1, true
-		default:
-			return i, false
+		var done bool
+		if i, done, ok = next(b, i, ']'); done || !ok {
+			return i, ok
 		}
 	}
 }
@@ -209,17 +201,24 @@ func object(b []byte, i, depth int) (int, bool) {
 		if i, ok = value(b, space(b, i+1), depth); !ok {
 			return i, false
 		}
-		i = space(b, i)
-		if i >= len(b) {
-			return i, false
-		}
-		switch b[i] {
-		case ',':
-			i = space(b, i+1)
-		case '}':
-			return i + 1, true
-		default:
-			return i, false
+		var done bool
+		if i, done, ok = next(b, i, '}'); done || !ok {
+			return i, ok
 		}
 	}
+}
+
+// next reads what follows an element of an array or object: a comma (the
+// next element starts at the returned index) or closer (done).
+func next(b []byte, i int, closer byte) (int, bool, bool) {
+	i = space(b, i)
+	switch {
+	case i >= len(b):
+		return i, false, false
+	case b[i] == ',':
+		return space(b, i+1), false, true
+	case b[i] == closer:
+		return i + 1, true, true
+	}
+	return i, false, false
 }

@@ -74,4 +74,3 @@ func BenchmarkEncodingJSONValid(b *testing.B) {
 		}
 	}
 }
-
