@@ -235,10 +235,14 @@ func (m *member) retireSwitch(ctx context.Context, p uint32, e PartEntry) (switc
 				return false, nil
 			}
 		}
-		if attempt == 4 || ctx.Err() != nil {
+		if attempt == 4 {
 			return false, err
 		}
-		time.Sleep(time.Duration(200<<attempt) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return false, err
+		case <-time.After(time.Duration(200<<attempt) * time.Millisecond):
+		}
 	}
 }
 

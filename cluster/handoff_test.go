@@ -9,6 +9,16 @@ import (
 	"time"
 )
 
+// oneNodeWithData starts a cluster of node a alone, writes slot v = p to one
+// object of every partition, and returns the objects' keys by partition.
+func oneNodeWithData(t *testing.T) (*testCluster, *Node, []string) {
+	t.Helper()
+	tc := newTestCluster(t)
+	a := tc.start("a")
+	tc.waitStable(30 * time.Second)
+	return tc, a, tc.setAll(context.Background(), a)
+}
+
 // setAll writes slot v = p to one object of every partition through n, and
 // returns the objects' keys by partition.
 func (tc *testCluster) setAll(ctx context.Context, n *Node) []string {
@@ -45,11 +55,8 @@ func (tc *testCluster) checkAll(ctx context.Context, n *Node, keys []string) {
 // what it got, can never be made owner of a partition it emptied. Once
 // switches go through, the partition moves with all its data.
 func TestCluster_HandoffFailingAfterTheFreeze(t *testing.T) {
-	tc := newTestCluster(t)
-	a := tc.start("a")
-	tc.waitStable(30 * time.Second)
+	tc, a, keys := oneNodeWithData(t)
 	ctx := context.Background()
-	keys := tc.setAll(ctx, a)
 
 	type failure struct {
 		p   uint32
@@ -110,11 +117,8 @@ func TestCluster_HandoffFailingAfterTheFreeze(t *testing.T) {
 // etcd, as after a handoff whose end it heard before the switch) reads the
 // entry first, and keeps the data when the partition is in fact its own.
 func TestCluster_CleanupKeepsAPartitionEtcdSaysIsOurs(t *testing.T) {
-	tc := newTestCluster(t)
-	a := tc.start("a")
-	tc.waitStable(30 * time.Second)
+	tc, a, keys := oneNodeWithData(t)
 	ctx := context.Background()
-	keys := tc.setAll(ctx, a)
 	const p = 3
 	m := a.member
 	m.mu.Lock()
