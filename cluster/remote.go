@@ -44,8 +44,9 @@ type transport struct {
 	downMu sync.Mutex
 	down   map[string]time.Time // addresses whose connection failed, and when
 
-	runMu   sync.Mutex
-	running map[uint64]struct{} // the Calls of other nodes' requests whose reply is not sent yet
+	// running holds the Calls of other nodes' requests this node runs whose
+	// reply is not sent yet, for the pings of callers still waiting.
+	running sync.Map
 
 	// dropReply, when set (tests), says whether to drop the reply of a request
 	// of this op instead of sending it, as a connection lost on the way would.
@@ -137,13 +138,15 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 		sender := ctx.Sender()
 		// Registered before anything later from the same node is read, so that
 		// its pings see this request running.
-		t.started(w.Call)
+		if w.Call != 0 {
+			t.running.Store(w.Call, struct{}{})
+		}
 		go func() {
 			reply := t.serve(&w, serve)
 			if drop := t.dropReply.Load(); sender != nil && (drop == nil || !(*drop)(w.Op)) {
 				system.Root.Send(sender, reply)
 			}
-			t.finished(w.Call) // after the reply: replies to one node keep their order
+			t.running.Delete(w.Call) // after the reply: replies to one node keep their order
 		}()
 	})
 	if _, err := system.Root.SpawnNamed(props, routerName); err != nil {
@@ -177,39 +180,10 @@ func (t *transport) serve(w *wireRequest, serve handler) *protocluster.GrainResp
 	reply := serve(ctx, w)
 	cancel()
 	if w.Op == opPing {
-		reply.Tracks, reply.Busy = true, t.isRunning(w.Ask)
+		_, busy := t.running.Load(w.Ask)
+		reply.Tracks, reply.Busy = true, busy
 	}
 	return encodeReply(t.log, reply)
-}
-
-// started, finished and isRunning track the requests of other nodes that this
-// node runs, by their Call, for the pings of callers still waiting.
-func (t *transport) started(call uint64) {
-	if call == 0 {
-		return
-	}
-	t.runMu.Lock()
-	defer t.runMu.Unlock()
-	if t.running == nil {
-		t.running = map[uint64]struct{}{}
-	}
-	t.running[call] = struct{}{}
-}
-
-func (t *transport) finished(call uint64) {
-	if call == 0 {
-		return
-	}
-	t.runMu.Lock()
-	defer t.runMu.Unlock()
-	delete(t.running, call)
-}
-
-func (t *transport) isRunning(call uint64) bool {
-	t.runMu.Lock()
-	defer t.runMu.Unlock()
-	_, ok := t.running[call]
-	return ok
 }
 
 func encodeReply(log *slog.Logger, reply *wireReply) *protocluster.GrainResponse {
