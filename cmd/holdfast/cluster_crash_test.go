@@ -139,7 +139,8 @@ func (pc *procCluster) keepLogs() {
 		}
 		var keep []string
 		for _, line := range strings.Split(own, "\n") {
-			if !strings.Contains(line, "msg=request") && !strings.Contains(line, `"msg":"request"`) && line != "" {
+			// Per-request lines (served or failed) would fill the window.
+			if !strings.Contains(line, "msg=request") && !strings.Contains(line, `msg="request failed"`) && line != "" {
 				keep = append(keep, line)
 			}
 		}
