@@ -413,10 +413,7 @@ func (p *Pipeline) commitRun(run []*Write) {
 	// The applier works on Badger while the log writes and syncs.
 	p.applies <- applyJob{seq: seq, writes: live}
 	syncStart := time.Now()
-	err := p.db.wal.append(seq, payload)
-	if err == nil {
-		err = p.db.wal.sync()
-	}
+	err := p.db.wal.commit(seq, payload)
 	if err == nil && p.cfg.OnCommit != nil {
 		p.cfg.OnCommit(len(live), time.Since(syncStart))
 	}

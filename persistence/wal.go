@@ -233,9 +233,6 @@ func (w *wal) startSegment(id uint64) error {
 		if err := w.zeroAhead(seg, zeroChunk); err != nil {
 			return err
 		}
-		if err := fdatasync(f); err != nil {
-			return fmt.Errorf("sync new log segment: %w", err)
-		}
 	}
 	if err := syncDir(w.dir); err != nil {
 		seg.f.Close()
@@ -251,9 +248,12 @@ func (w *wal) startSegment(id uint64) error {
 	return nil
 }
 
-// zeroAhead writes zeros from seg.zeroed up to at least upTo, so that records
-// overwrite allocated blocks: an overwrite syncs faster than an append, which must
-// also commit the file's new size and blocks.
+// zeroAhead writes zeros from seg.zeroed up to at least upTo, and syncs them, so
+// that records overwrite allocated blocks: an overwrite syncs faster than an
+// append, which must also commit the file's new size and blocks. The zeros are
+// synced here, not with the next record: a record's RWF_DSYNC write syncs only
+// its own range, and zeros still in the page cache would make every record's
+// write allocate blocks and commit the journal.
 func (w *wal) zeroAhead(seg *segment, upTo int64) error {
 	if upTo <= seg.zeroed {
 		return nil
@@ -271,12 +271,21 @@ func (w *wal) zeroAhead(seg *segment, upTo int64) error {
 		}
 		seg.zeroed += n
 	}
+	if err := fdatasync(seg.f); err != nil {
+		return fmt.Errorf("sync zeros of log segment %d: %w", seg.id, err)
+	}
 	return nil
 }
 
 // append writes one record holding payload, rotating to a new segment first if it
 // does not fit. It does not sync.
-func (w *wal) append(seq uint64, payload []byte) error {
+func (w *wal) append(seq uint64, payload []byte) error { return w.write(seq, payload, false) }
+
+// commit writes one record holding payload, as append does, and makes it durable
+// with every record before it (one write-and-sync where the kernel allows it).
+func (w *wal) commit(seq uint64, payload []byte) error { return w.write(seq, payload, true) }
+
+func (w *wal) write(seq uint64, payload []byte, durable bool) error {
 	need := int64(recordHeader + len(payload))
 	if w.cur.off > 0 && w.cur.off+need > w.segSize {
 		if err := w.rotate(); err != nil {
@@ -296,7 +305,11 @@ func (w *wal) append(seq uint64, payload []byte) error {
 	binary.LittleEndian.PutUint64(rec[8:], seq)
 	copy(rec[recordHeader:], payload)
 	binary.LittleEndian.PutUint32(rec[4:], recordCRC(seg.id, rec[:recordHeader], payload))
-	if err := seg.pw.write(rec); err != nil {
+	if durable {
+		if err := seg.pw.writeSync(rec); err != nil {
+			return fmt.Errorf("write and sync log segment %d: %w", seg.id, err)
+		}
+	} else if err := seg.pw.write(rec); err != nil {
 		return fmt.Errorf("write log segment %d: %w", seg.id, err)
 	}
 	seg.off += need

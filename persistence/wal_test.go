@@ -179,18 +179,36 @@ func TestDecodeChanges_RoundTripAndCorruption(t *testing.T) {
 // inside pages, fill pages exactly, span several pages, and one that grows the
 // page writer's buffer past its keep limit; every record replays, and the page
 // writer's last partial page matches the file.
+// TestWAL_PageWritesKeepEveryRecord writes records of awkward sizes three ways:
+// a write then a sync, a commit (one RWF_DSYNC write through the O_DIRECT handle
+// where the kernel takes it), and a commit whose writer fell back to a write and
+// an fdatasync, as on a kernel that refuses the flag.
 func TestWAL_PageWritesKeepEveryRecord(t *testing.T) {
+	for _, way := range []string{"append and sync", "commit", "commit without RWF_DSYNC"} {
+		t.Run(way, func(t *testing.T) { testPageWrites(t, way) })
+	}
+}
+
+func testPageWrites(t *testing.T, way string) {
 	dir := t.TempDir()
 	w, _, _ := openTestWAL(t, dir, 64<<20)
+	if way == "commit without RWF_DSYNC" {
+		w.cur.pw.dsync = false
+	}
+	t.Logf("direct I/O %v, RWF_DSYNC writes %v", w.cur.pw.direct, w.cur.pw.dsync)
 	sizes := []int{1, 100, pageSize - recordHeader, 3000, 3*pageSize + 17, 2 << 20, 5, pageSize, 200}
 	var want [][]byte
 	for i, n := range sizes {
 		p := bytes.Repeat([]byte{byte('a' + i)}, n)
 		want = append(want, p)
-		if err := w.append(uint64(i+1), p); err != nil {
-			t.Fatal(err)
-		}
-		if err := w.sync(); err != nil {
+		if way == "append and sync" {
+			if err := w.append(uint64(i+1), p); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.sync(); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := w.commit(uint64(i+1), p); err != nil {
 			t.Fatal(err)
 		}
 		pw := w.cur.pw
@@ -207,6 +225,9 @@ func TestWAL_PageWritesKeepEveryRecord(t *testing.T) {
 	}
 	if len(w.cur.pw.buf) > 1<<20 {
 		t.Fatalf("page writer kept a %d-byte buffer after a large record", len(w.cur.pw.buf))
+	}
+	if way == "commit" && w.cur.pw.direct && !w.cur.pw.dsync {
+		t.Fatal("the writer gave up RWF_DSYNC writes (a kernel older than 4.7 refuses them)")
 	}
 	w.closeAll() // a crash
 	w, r, last := openTestWAL(t, dir, 64<<20)

@@ -3,9 +3,12 @@ package persistence
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // pageSize is the unit the log writes in. It is a multiple of every logical block
@@ -25,6 +28,7 @@ const pageSize = 4096
 type pageWriter struct {
 	f      *os.File // the O_DIRECT handle, or the segment's own when direct I/O is refused
 	direct bool
+	dsync  bool   // writeSync uses RWF_DSYNC writes; cleared when the kernel refuses them
 	base   int64  // segment offset of buf[0], page aligned
 	n      int    // bytes of buf holding the segment's content from base
 	buf    []byte // page-aligned memory
@@ -34,7 +38,7 @@ type pageWriter struct {
 func openPageWriter(seg *segment) (*pageWriter, error) {
 	pw := &pageWriter{f: seg.f}
 	if f, err := os.OpenFile(seg.path, os.O_RDWR|syscall.O_DIRECT, 0); err == nil {
-		pw.f, pw.direct = f, true
+		pw.f, pw.direct, pw.dsync = f, true, true
 	} else if !errors.Is(err, syscall.EINVAL) {
 		return nil, fmt.Errorf("open log segment %d for direct writes: %w", seg.id, err)
 	}
@@ -71,14 +75,60 @@ func (pw *pageWriter) grow(size int) {
 // write writes rec at the end of what the writer holds (segment offset base+n), as
 // whole pages, and keeps the last partial page for the next record.
 func (pw *pageWriter) write(rec []byte) error {
+	pages := pw.fill(rec)
+	if _, err := pw.f.WriteAt(pages, pw.base); err != nil {
+		return err
+	}
+	pw.advance(len(rec))
+	return nil
+}
+
+// writeSync writes rec as write does and makes it durable, with everything written
+// before it. Through the O_DIRECT handle that is one pwritev2 with RWF_DSYNC: the
+// kernel writes the pages and flushes the device's cache in the same call (an
+// fdatasync of the file's data), which saves a system call and a wake-up on the
+// latency path of every commit. Measured on this machine's ext4 disk, a 4 KiB
+// page: 0.96-1.01x the raw fsync probe, against 0.91-0.95x for the O_DIRECT write
+// followed by fdatasync (/tmp/dsync in session 8; see docs/benchmarks.md).
+// Elsewhere, or when the kernel refuses the flag, it is write then fdatasync.
+func (pw *pageWriter) writeSync(rec []byte) error {
+	pages := pw.fill(rec)
+	if pw.dsync {
+		n, err := pwriteDsync(pw.f, pages, pw.base)
+		switch {
+		case errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS):
+			pw.dsync = false // an old kernel: write, then fdatasync, below
+		case err != nil:
+			return err
+		case n != len(pages):
+			return io.ErrShortWrite
+		default:
+			pw.advance(len(rec))
+			return nil
+		}
+	}
+	if _, err := pw.f.WriteAt(pages, pw.base); err != nil {
+		return err
+	}
+	pw.advance(len(rec))
+	return pw.sync()
+}
+
+// fill copies rec after the writer's content and returns the whole pages that
+// hold it, zero padded; advance then keeps the last partial page.
+func (pw *pageWriter) fill(rec []byte) []byte {
 	end := pw.n + len(rec)
 	size := (end + pageSize - 1) &^ (pageSize - 1)
 	pw.grow(size)
 	copy(pw.buf[pw.n:], rec)
 	clear(pw.buf[end:size])
-	if _, err := pw.f.WriteAt(pw.buf[:size], pw.base); err != nil {
-		return err
-	}
+	return pw.buf[:size]
+}
+
+// advance moves past a record of size bytes that fill placed and that is now
+// written: whole pages leave the buffer, the partial last page stays.
+func (pw *pageWriter) advance(size int) {
+	end := pw.n + size
 	keep := end &^ (pageSize - 1)
 	pw.base += int64(keep)
 	pw.n = copy(pw.buf, pw.buf[keep:end])
@@ -89,7 +139,16 @@ func (pw *pageWriter) write(rec []byte) error {
 		pw.grow(pageSize)
 		pw.n = copy(pw.buf, last)
 	}
-	return nil
+}
+
+// pwriteDsync is pwritev2(fd, [b], off, RWF_DSYNC), retried on EINTR.
+func pwriteDsync(f *os.File, b []byte, off int64) (int, error) {
+	for {
+		n, err := unix.Pwritev2(int(f.Fd()), [][]byte{b}, off, unix.RWF_DSYNC)
+		if !errors.Is(err, syscall.EINTR) {
+			return n, err
+		}
+	}
 }
 
 // sync makes every written page durable: with O_DIRECT the pages are on the
