@@ -23,7 +23,9 @@
 // length), for a value that is part of another value of the same write (a KV slot
 // and the change-log entry that holds it), so the log stores those bytes once.
 //
-// Badger applies records off the acknowledgement's path, on one applier goroutine.
+// Badger applies records off the acknowledgement's path, on one applier goroutine,
+// and only records the log made durable: Badger never holds a version that a
+// crash could take out of the log.
 // When records wait for it, it applies them as one transaction at the newest one's
 // version (a key written by several goes to Badger once); reads are always at the
 // newest version and versions are only compared with older marks, so the merge is
@@ -38,6 +40,7 @@
 // A clean Close flushes Badger and removes the log.
 //
 // A failed commit (a failed write or sync) is not retried: after it the pipeline
-// refuses every later Write with ErrFailed, because Badger may already show the
-// unsynced changes. The node must restart.
+// refuses every later Write with ErrFailed, because what the log's file holds is
+// unknown after a failed fdatasync (the kernel may have dropped the pages). Its
+// writes never reach Badger. The node must restart.
 package persistence

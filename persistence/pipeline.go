@@ -410,8 +410,6 @@ func (p *Pipeline) commitRun(run []*Write) {
 		p.cfg.BeforeCommit(len(live))
 	}
 	seq := p.seq + 1
-	// The applier works on Badger while the log writes and syncs.
-	p.applies <- applyJob{seq: seq, writes: live}
 	syncStart := time.Now()
 	err := p.db.wal.commit(seq, payload)
 	if err == nil && p.cfg.OnCommit != nil {
@@ -424,6 +422,10 @@ func (p *Pipeline) commitRun(run []*Write) {
 		}
 		return
 	}
+	// Badger gets the record once it is durable, so that it never holds a
+	// version the log could lose; the applier works on it while the log writes
+	// and syncs the next one.
+	p.applies <- applyJob{seq: seq, writes: live}
 	p.seq = seq
 	p.committed.Store(seq)
 	p.commits.Add(1)

@@ -464,3 +464,34 @@ func TestDB_ScanWithEndSeesNewestLiveVersions(t *testing.T) {
 		}
 	}
 }
+
+// TestPipeline_AFailedLogWriteNeverReachesBadger: Badger gets a record only once
+// the log made it durable. A commit whose log write fails fails its writes, and
+// nothing of it is readable, then or after the pipeline stopped.
+func TestPipeline_AFailedLogWriteNeverReachesBadger(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	defer db.Close()
+	p := startPipeline(t, db, PipelineConfig{})
+	ctx := context.Background()
+	before := p.Submit(set("before", "x"))
+	if err := before.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The log's next write fails: its segment's handle is gone.
+	p.Barrier(ctx)
+	db.wal.cur.pw.f.Close()
+	tk := p.Submit(set("lost", "x"))
+	if err := tk.Wait(ctx); err == nil {
+		t.Fatal("a write whose log write failed was acknowledged")
+	}
+	if !errors.Is(p.Failed(), ErrFailed) {
+		t.Fatalf("pipeline after a failed log write: %v, want ErrFailed", p.Failed())
+	}
+	p.Close() // the applier has done everything it was given
+	if _, found, err := db.Get(ctx, []byte("lost")); found || err != nil {
+		t.Fatalf("the failed write is readable (found %v, err %v)", found, err)
+	}
+	if _, found, _ := db.Get(ctx, []byte("before")); !found {
+		t.Fatal("the write before the failure is gone")
+	}
+}
