@@ -20,13 +20,26 @@ import (
 // socket's client joins again, resuming after its last log_id, wherever the
 // object lives now. Each side also drops the other's subscriptions when the
 // other node is no longer live.
+//
+// One-way messages can be lost (protoactor remote drops what is sent while its
+// endpoint to a restarted address is closing). So every message of events
+// carries its number in the subscription, and the stand-in tells the
+// subscriber's node, about once a second while events flow, how many it sent.
+// A subscriber that misses a number is told Lost and joins again as above: a
+// gap in the feed is never silent.
 
 // feedMsg carries events of one remote subscription, or its end.
 type feedMsg struct {
 	SubID  uint64
 	After  *uint64 // opSubscribe: resume after this log_id
 	Events []actors.Event
-	Lost   *wireError // the subscription ended (last message)
+	// Seq numbers the messages of events of one subscription: 1, 2, ...; 0
+	// in the other messages.
+	Seq uint64
+	// Sent, in a message without events, is the number of messages of events
+	// the stand-in has sent so far (a check for the ones lost at the end).
+	Sent uint64
+	Lost *wireError // the subscription ended (last message)
 }
 
 // remoteSubs is both sides' bookkeeping.
@@ -46,6 +59,7 @@ type outSub struct {
 	boot      string
 	addr      string
 	partition uint32
+	got       uint64 // messages of events received (the last Seq)
 }
 
 type inKey struct {
@@ -65,10 +79,29 @@ type remoteSub struct {
 	addr string
 	obj  actors.ObjectID
 	once sync.Once
+	// sent counts the messages of events sent; checked is the count the last
+	// check told. mu keeps a count and its message in the same order on the
+	// wire: Deliver runs on the object's actor, check on the sweep.
+	mu            sync.Mutex
+	sent, checked uint64
 }
 
 func (r *remoteSub) Deliver(ev actors.Event) {
-	r.m.tr.send(r.addr, &wireRequest{Op: opFeed, From: r.m.id, Feed: &feedMsg{SubID: r.key.id, Events: []actors.Event{ev}}})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sent++
+	r.m.tr.send(r.addr, &wireRequest{Op: opFeed, From: r.m.id, Feed: &feedMsg{SubID: r.key.id, Events: []actors.Event{ev}, Seq: r.sent}})
+}
+
+// check tells the subscriber's node how many messages of events were sent, if
+// any were since the last check.
+func (r *remoteSub) check() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.checked != r.sent {
+		r.checked = r.sent
+		r.m.tr.send(r.addr, &wireRequest{Op: opFeed, From: r.m.id, Feed: &feedMsg{SubID: r.key.id, Sent: r.sent}})
+	}
 }
 
 func (r *remoteSub) Lost(err error) {
@@ -180,13 +213,34 @@ func (m *member) serveFeed(req *wireRequest) {
 	}
 	m.subs.mu.Lock()
 	o := m.subs.out[f.SubID]
-	if o != nil && f.Lost != nil {
+	if o == nil || o.node != req.From {
+		m.subs.mu.Unlock()
+		return // unsubscribed meanwhile
+	}
+	gap := false
+	switch {
+	case f.Lost != nil:
+	case len(f.Events) > 0 && f.Seq != 0: // 0: an owner that does not number them
+		gap = f.Seq != o.got+1
+		o.got = f.Seq
+	case len(f.Events) == 0 && f.Sent != 0:
+		gap = f.Sent != o.got
+	}
+	if f.Lost != nil || gap {
 		delete(m.subs.out, f.SubID)
 		delete(m.subs.outBy, o.sub)
 	}
 	m.subs.mu.Unlock()
-	if o == nil || o.node != req.From {
-		return // unsubscribed meanwhile
+	if gap {
+		m.log.Warn("events of a live feed were lost between nodes; the subscriber resumes", "node", o.node, "sub", f.SubID)
+		o.sub.Lost(errFeedGap)
+		// The owner's stand-in must go too; serveFeed must not block.
+		go func() {
+			ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
+			defer cancel()
+			_, _ = m.tr.call(ctx, NodeInfo{Addr: o.addr, Boot: o.boot}, &wireRequest{Op: opUnsubscribe, From: m.id, Feed: &feedMsg{SubID: f.SubID}})
+		}()
+		return
 	}
 	for _, ev := range f.Events {
 		o.sub.Deliver(ev)
@@ -196,6 +250,10 @@ func (m *member) serveFeed(req *wireRequest) {
 	}
 }
 
+// errFeedGap ends a remote subscription that missed events: its client joins
+// again, resuming after the last log_id it got.
+var errFeedGap = &actors.Error{Kind: actors.KindUnavailable, Msg: "events of the live feed were lost between nodes; subscribe again after the last log_id received", RetryAfter: 100 * time.Millisecond}
+
 // sweepSubs drops the subscriptions whose other side is gone: here, stand-ins
 // for subscribers on nodes that are no longer live (or restarted); there,
 // subscriptions at owners that are no longer live or no longer own the
@@ -204,12 +262,15 @@ func (m *member) sweepSubs() {
 	nodes, parts, _, _ := m.view.snapshot()
 	var drop []*remoteSub
 	var lost []*outSub
+	var live []*remoteSub
 	m.subs.mu.Lock()
 	for k, rs := range m.subs.in {
 		if n, ok := nodes[k.node]; !ok || n.Boot != rs.boot {
 			delete(m.subs.in, k)
 			drop = append(drop, rs)
+			continue
 		}
+		live = append(live, rs)
 	}
 	for id, o := range m.subs.out {
 		n, ok := nodes[o.node]
@@ -220,6 +281,9 @@ func (m *member) sweepSubs() {
 		}
 	}
 	m.subs.mu.Unlock()
+	for _, rs := range live {
+		rs.check()
+	}
 	for _, rs := range drop {
 		rs.once.Do(func() {})
 		ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)

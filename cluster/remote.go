@@ -51,6 +51,9 @@ type transport struct {
 	// dropReply, when set (tests), says whether to drop the reply of a request
 	// of this op instead of sending it, as a connection lost on the way would.
 	dropReply atomic.Pointer[func(op int) bool]
+	// dropSend, when set (tests), says whether to drop a one-way message
+	// instead of sending it.
+	dropSend atomic.Pointer[func(*wireRequest) bool]
 }
 
 // downFor is how long an address whose connection failed is taken for down:
@@ -197,6 +200,9 @@ func encodeReply(log *slog.Logger, reply *wireReply) *protocluster.GrainResponse
 
 // send sends req to the router at addr without waiting for a reply.
 func (t *transport) send(addr string, req *wireRequest) {
+	if drop := t.dropSend.Load(); drop != nil && (*drop)(req) {
+		return
+	}
 	data, err := encodeRequest(req)
 	if err != nil {
 		t.log.Error("cannot encode a message for another node", "err", err)
