@@ -87,9 +87,9 @@ func (pw *pageWriter) write(rec []byte) error {
 // before it. Through the O_DIRECT handle that is one pwritev2 with RWF_DSYNC: the
 // kernel writes the pages and flushes the device's cache in the same call (an
 // fdatasync of the file's data), which saves a system call and a wake-up on the
-// latency path of every commit. Measured on this machine's ext4 disk, a 4 KiB
-// page: 0.96-1.01x the raw fsync probe, against 0.91-0.95x for the O_DIRECT write
-// followed by fdatasync (/tmp/dsync in session 8; see docs/benchmarks.md).
+// latency path of every commit. Measured on an ext4 disk, a 4 KiB page:
+// 0.96-1.01x the raw fsync probe, against 0.91-0.95x for the O_DIRECT write
+// followed by fdatasync (BenchmarkSyncWays; docs/benchmarks.md, session 8).
 // Elsewhere, or when the kernel refuses the flag, it is write then fdatasync.
 func (pw *pageWriter) writeSync(rec []byte) error {
 	pages := pw.fill(rec)
