@@ -26,7 +26,9 @@ import (
 // carries its number in the subscription, and the stand-in tells the
 // subscriber's node, about once a second while events flow, how many it sent.
 // A subscriber that misses a number is told Lost and joins again as above: a
-// gap in the feed is never silent.
+// gap in the feed is never silent. A lost Lost would leave a subscriber waiting
+// for events that never come, so every few seconds the subscriber's node asks
+// each owner which of its subscriptions it still holds (opSubsCheck).
 
 // feedMsg carries events of one remote subscription, or its end.
 type feedMsg struct {
@@ -40,6 +42,9 @@ type feedMsg struct {
 	// the stand-in has sent so far (a check for the ones lost at the end).
 	Sent uint64
 	Lost *wireError // the subscription ended (last message)
+	// SubIDs, in opSubsCheck, are the subscriptions the asking node holds at
+	// the owner.
+	SubIDs []uint64
 }
 
 // remoteSubs is both sides' bookkeeping.
@@ -51,7 +56,15 @@ type remoteSubs struct {
 	outBy map[actors.Subscriber]uint64
 	// owner side: stand-ins for other nodes' subscribers
 	in map[inKey]*remoteSub
+	// checking: owners (by address) with an opSubsCheck in flight; lastCheck:
+	// when the last round of them started.
+	checking  map[string]bool
+	lastCheck time.Time
 }
+
+// subsCheckEvery is how often a subscriber's node asks each owner which of its
+// subscriptions it still holds.
+const subsCheckEvery = 5 * time.Second
 
 type outSub struct {
 	sub       actors.Subscriber
@@ -60,6 +73,7 @@ type outSub struct {
 	addr      string
 	partition uint32
 	got       uint64 // messages of events received (the last Seq)
+	ready     bool   // the owner answered the subscription: checks may ask about it
 }
 
 type inKey struct {
@@ -68,7 +82,7 @@ type inKey struct {
 }
 
 func newRemoteSubs() *remoteSubs {
-	return &remoteSubs{out: map[uint64]*outSub{}, outBy: map[actors.Subscriber]uint64{}, in: map[inKey]*remoteSub{}}
+	return &remoteSubs{out: map[uint64]*outSub{}, outBy: map[actors.Subscriber]uint64{}, in: map[inKey]*remoteSub{}, checking: map[string]bool{}}
 }
 
 // remoteSub stands in, at the owner, for a subscriber on another node.
@@ -140,6 +154,11 @@ func (m *member) subscribeRemote(ctx context.Context, owner NodeInfo, id actors.
 		forget()
 		return nil, Served{}, reply.Err.err(), reply.Err.NotOwner
 	}
+	m.subs.mu.Lock()
+	if o := m.subs.out[subID]; o != nil {
+		o.ready = true
+	}
+	m.subs.mu.Unlock()
 	return reply.Val, reply.Served, nil, false
 }
 
@@ -293,4 +312,73 @@ func (m *member) sweepSubs() {
 	for _, o := range lost {
 		o.sub.Lost(&actors.Error{Kind: actors.KindUnavailable, Msg: "the object's node is gone", RetryAfter: time.Second})
 	}
+	m.checkSubs()
+}
+
+// checkSubs asks, every subsCheckEvery, each owner holding subscriptions of
+// this node's subscribers which of them it still holds, and tells the
+// subscribers of the others Lost. An owner from an older version does not know
+// the request; its subscriptions are left as they are.
+func (m *member) checkSubs() {
+	type owner struct{ node, boot, addr string }
+	byOwner := map[owner][]uint64{}
+	m.subs.mu.Lock()
+	if time.Since(m.subs.lastCheck) < subsCheckEvery {
+		m.subs.mu.Unlock()
+		return
+	}
+	m.subs.lastCheck = time.Now()
+	for id, o := range m.subs.out {
+		if k := (owner{o.node, o.boot, o.addr}); o.ready && !m.subs.checking[o.addr] {
+			byOwner[k] = append(byOwner[k], id)
+		}
+	}
+	for k := range byOwner {
+		m.subs.checking[k.addr] = true
+	}
+	m.subs.mu.Unlock()
+	for k, ids := range byOwner {
+		go func() {
+			ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
+			defer cancel()
+			reply, err := m.tr.call(ctx, NodeInfo{ID: k.node, Addr: k.addr, Boot: k.boot}, &wireRequest{Op: opSubsCheck, From: m.id, Feed: &feedMsg{SubIDs: ids}})
+			var lost []*outSub
+			m.subs.mu.Lock()
+			delete(m.subs.checking, k.addr)
+			if err == nil && reply.Err == nil {
+				for _, id := range reply.Unknown {
+					if o := m.subs.out[id]; o != nil && o.node == k.node && o.boot == k.boot {
+						delete(m.subs.out, id)
+						delete(m.subs.outBy, o.sub)
+						lost = append(lost, o)
+					}
+				}
+			}
+			m.subs.mu.Unlock()
+			for _, o := range lost {
+				m.log.Warn("a live feed's owner no longer holds it; the subscriber resumes", "node", k.node)
+				o.sub.Lost(errSubGone)
+			}
+		}()
+	}
+}
+
+// errSubGone ends a remote subscription that its owner no longer holds (its
+// Lost was lost on the way).
+var errSubGone = &actors.Error{Kind: actors.KindUnavailable, Msg: "the object's node no longer holds this live feed; subscribe again after the last log_id received", RetryAfter: 100 * time.Millisecond}
+
+// serveSubsCheck is the owner's side of opSubsCheck.
+func (m *member) serveSubsCheck(req *wireRequest) *wireReply {
+	if req.Feed == nil {
+		return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindBadRequest, Msg: "malformed subscription check"})}
+	}
+	var unknown []uint64
+	m.subs.mu.Lock()
+	for _, id := range req.Feed.SubIDs {
+		if m.subs.in[inKey{node: req.From, id: id}] == nil {
+			unknown = append(unknown, id)
+		}
+	}
+	m.subs.mu.Unlock()
+	return &wireReply{Unknown: unknown}
 }

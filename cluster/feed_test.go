@@ -287,3 +287,70 @@ func boolInt(b bool) int {
 	}
 	return 0
 }
+
+// TestCluster_ARemoteSubscriptionTheOwnerForgotIsLost: the owner dropped its
+// stand-in (its Lost message was lost on the way). The subscriber's node asks
+// the owner which subscriptions it holds and tells the subscriber Lost; a
+// subscription the owner holds is left alone.
+func TestCluster_ARemoteSubscriptionTheOwnerForgotIsLost(t *testing.T) {
+	tc := newTestCluster(t)
+	a := tc.start("a")
+	b := tc.start("b")
+	tc.waitStable(30 * time.Second)
+	_, parts, _, _ := a.member.view.snapshot()
+	var keys []string
+	for p, e := range parts {
+		if e.Owner == "b" && len(keys) < 2 {
+			keys = append(keys, keyIn(uint32(p)))
+		}
+	}
+	if len(keys) < 2 {
+		t.Fatal("b owns too little")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	forgotten, kept := newCollector(), newCollector()
+	for i, sub := range []*collector{forgotten, kept} {
+		if _, err := a.Request(ctx, actors.ObjectID{App: "app_t", Type: "kv", Key: keys[i]}, actors.KVSubscribe{Sub: sub}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// b forgets the first subscription without a word to a.
+	b.member.subs.mu.Lock()
+	var gone *remoteSub
+	for k, rs := range b.member.subs.in {
+		if rs.obj.Key == keys[0] {
+			gone = rs
+			delete(b.member.subs.in, k)
+		}
+	}
+	b.member.subs.mu.Unlock()
+	if gone == nil {
+		t.Fatal("b holds no stand-in for the first subscription")
+	}
+	gone.once.Do(func() {}) // its Lost is never sent
+	if _, err := b.Request(ctx, gone.obj, actors.KVUnsubscribe{Sub: gone}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	select {
+	case <-forgotten.gotLost:
+	case <-time.After(3 * subsCheckEvery):
+		t.Fatal("a subscription its owner forgot was never lost")
+	}
+	if actors.KindOf(forgotten.lost) != actors.KindUnavailable {
+		t.Fatalf("lost with %v", forgotten.lost)
+	}
+	t.Logf("noticed after %v", time.Since(start))
+	// The other one was checked too (the same round), and lives on.
+	time.Sleep(subsCheckEvery + time.Second)
+	select {
+	case <-kept.gotLost:
+		t.Fatalf("a subscription its owner holds was lost: %v", kept.lost)
+	default:
+	}
+	if _, err := tc.set(ctx, a, keys[1], "v", 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, live := kept.logIDs(t); return len(live) == 1 })
+}

@@ -533,6 +533,8 @@ func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 		return &wireReply{Boot: m.boot}
 	case opSubscribe, opUnsubscribe:
 		return m.serveSubscribe(ctx, req)
+	case opSubsCheck:
+		return m.serveSubsCheck(req)
 	}
 	return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindInternal, Msg: fmt.Sprintf("unknown request %d from node %s", req.Op, req.From)})}
 }

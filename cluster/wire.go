@@ -33,6 +33,7 @@ const (
 	opUnsubscribe             // end a remote subscription
 	opFeed                    // events of a remote subscription (owner to subscriber node)
 	opPing                    // are you there?
+	opSubsCheck               // which of these remote subscriptions does the owner still hold?
 )
 
 type wireRequest struct {
@@ -58,9 +59,10 @@ type wireReply struct {
 	Ptr     bool
 	Err     *wireError
 	Served  Served
-	Boot    string // opPing: the answering node's run
-	Tracks  bool   // opPing: the node says whether it is running Ask (Busy)
-	Busy    bool   // opPing: Ask arrived and its reply has not been sent yet
+	Boot    string   // opPing: the answering node's run
+	Tracks  bool     // opPing: the node says whether it is running Ask (Busy)
+	Busy    bool     // opPing: Ask arrived and its reply has not been sent yet
+	Unknown []uint64 // opSubsCheck: the subscriptions the owner does not hold
 }
 
 // wireError carries an error across nodes with everything callers match on.
