@@ -58,6 +58,23 @@ func (tc *testCluster) crash(id string) {
 	_ = n.db.Close()
 }
 
+// keysOwnedBy returns object keys in count different partitions that owner
+// owns in n's view.
+func keysOwnedBy(t *testing.T, n *Node, owner string, count int) []string {
+	t.Helper()
+	_, parts, _, _ := n.member.view.snapshot()
+	var keys []string
+	for p, e := range parts {
+		if e.Owner == owner && len(keys) < count {
+			keys = append(keys, keyIn(uint32(p)))
+		}
+	}
+	if len(keys) < count {
+		t.Fatalf("%s owns %d partitions, want %d", owner, len(keys), count)
+	}
+	return keys
+}
+
 // keyIn returns an object key whose partition is p.
 func keyIn(p uint32) string {
 	for i := 0; ; i++ {

@@ -39,6 +39,19 @@ func (c *collector) Lost(err error) {
 	close(c.gotLost)
 }
 
+// count returns how many events of kind the subscriber got.
+func (c *collector) count(kind actors.EventKind) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, ev := range c.events {
+		if ev.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
 // logIDs returns the log_ids of the live changes received, and the snapshot's.
 func (c *collector) logIDs(t *testing.T) (snapshot uint64, live []uint64) {
 	c.mu.Lock()
@@ -133,15 +146,7 @@ func TestCluster_LiveFeedAcrossNodesFollowsTheObject(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { _, live := again.logIDs(t); return len(live) == 1 })
-	again.mu.Lock()
-	replayed := 0
-	for _, ev := range again.events {
-		if ev.Kind == actors.EventReplay {
-			replayed++
-		}
-	}
-	again.mu.Unlock()
-	if replayed != 1 {
+	if replayed := again.count(actors.EventReplay); replayed != 1 {
 		t.Fatalf("replay after 23 gave %d items, want the one change of log_id 24", replayed)
 	}
 	// Unsubscribed, it gets nothing more.
@@ -182,17 +187,7 @@ func TestCluster_LostFeedEventsEndTheSubscription(t *testing.T) {
 	a := tc.start("a")
 	b := tc.start("b")
 	tc.waitStable(30 * time.Second)
-	_, parts, _, _ := a.member.view.snapshot()
-	var key string
-	for p, e := range parts {
-		if e.Owner == "b" {
-			key = keyIn(uint32(p))
-			break
-		}
-	}
-	if key == "" {
-		t.Fatal("b owns nothing")
-	}
+	key := keysOwnedBy(t, a, "b", 1)[0]
 	id := actors.ObjectID{App: "app_t", Type: "kv", Key: key}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -264,15 +259,7 @@ func TestCluster_LostFeedEventsEndTheSubscription(t *testing.T) {
 			defer again.mu.Unlock()
 			return uint64(len(again.events)) >= want
 		})
-		again.mu.Lock()
-		replays := 0
-		for _, ev := range again.events {
-			if ev.Kind == actors.EventReplay {
-				replays++
-			}
-		}
-		again.mu.Unlock()
-		if uint64(replays) != want {
+		if replays := again.count(actors.EventReplay); uint64(replays) != want {
 			t.Fatalf("tail %v: %d changes replayed, want %d", tail, replays, want)
 		}
 		if _, err := a.Request(ctx, id, actors.KVUnsubscribe{Sub: again}); err != nil {
@@ -297,16 +284,7 @@ func TestCluster_ARemoteSubscriptionTheOwnerForgotIsLost(t *testing.T) {
 	a := tc.start("a")
 	b := tc.start("b")
 	tc.waitStable(30 * time.Second)
-	_, parts, _, _ := a.member.view.snapshot()
-	var keys []string
-	for p, e := range parts {
-		if e.Owner == "b" && len(keys) < 2 {
-			keys = append(keys, keyIn(uint32(p)))
-		}
-	}
-	if len(keys) < 2 {
-		t.Fatal("b owns too little")
-	}
+	keys := keysOwnedBy(t, a, "b", 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	forgotten, kept := newCollector(), newCollector()

@@ -19,17 +19,7 @@ func TestCluster_LostReplyIsNoticedByThePing(t *testing.T) {
 	a := tc.start("a")
 	b := tc.start("b")
 	tc.waitStable(30 * time.Second)
-	_, parts, _, _ := a.member.view.snapshot()
-	var key string
-	for p, e := range parts {
-		if e.Owner == "b" {
-			key = keyIn(uint32(p))
-			break
-		}
-	}
-	if key == "" {
-		t.Fatal("b owns nothing")
-	}
+	key := keysOwnedBy(t, a, "b", 1)[0]
 	drop := func(op int) bool { return op == opObject }
 	b.member.tr.dropReply.Store(&drop)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
