@@ -277,15 +277,10 @@ func (w *wal) zeroAhead(seg *segment, upTo int64) error {
 	return nil
 }
 
-// append writes one record holding payload, rotating to a new segment first if it
-// does not fit. It does not sync.
-func (w *wal) append(seq uint64, payload []byte) error { return w.write(seq, payload, false) }
-
-// commit writes one record holding payload, as append does, and makes it durable
-// with every record before it (one write-and-sync where the kernel allows it).
-func (w *wal) commit(seq uint64, payload []byte) error { return w.write(seq, payload, true) }
-
-func (w *wal) write(seq uint64, payload []byte, durable bool) error {
+// commit writes one record holding payload, rotating to a new segment first if it
+// does not fit, and makes it durable with every record before it (one
+// write-and-sync where the kernel allows it).
+func (w *wal) commit(seq uint64, payload []byte) error {
 	need := int64(recordHeader + len(payload))
 	if w.cur.off > 0 && w.cur.off+need > w.segSize {
 		if err := w.rotate(); err != nil {
@@ -305,12 +300,8 @@ func (w *wal) write(seq uint64, payload []byte, durable bool) error {
 	binary.LittleEndian.PutUint64(rec[8:], seq)
 	copy(rec[recordHeader:], payload)
 	binary.LittleEndian.PutUint32(rec[4:], recordCRC(seg.id, rec[:recordHeader], payload))
-	if durable {
-		if err := seg.pw.writeSync(rec); err != nil {
-			return fmt.Errorf("write and sync log segment %d: %w", seg.id, err)
-		}
-	} else if err := seg.pw.write(rec); err != nil {
-		return fmt.Errorf("write log segment %d: %w", seg.id, err)
+	if err := seg.pw.writeSync(rec); err != nil {
+		return fmt.Errorf("write and sync log segment %d: %w", seg.id, err)
 	}
 	seg.off += need
 	seg.lastSeq = seq

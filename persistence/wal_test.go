@@ -38,10 +38,7 @@ func TestWAL_ReplaysEveryRecordInOrderAcrossSegments(t *testing.T) {
 	dir := t.TempDir()
 	w, _, _ := openTestWAL(t, dir, 4096) // forces many rotations
 	for seq := uint64(1); seq <= 300; seq++ {
-		if err := w.append(seq, payloadOf(seq)); err != nil {
-			t.Fatal(err)
-		}
-		if err := w.sync(); err != nil {
+		if err := w.commit(seq, payloadOf(seq)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -60,10 +57,7 @@ func TestWAL_ReplaysEveryRecordInOrderAcrossSegments(t *testing.T) {
 		}
 	}
 	// Writes after a reopen go on in a new segment and replay after the old ones.
-	if err := w.append(301, payloadOf(301)); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.sync(); err != nil {
+	if err := w.commit(301, payloadOf(301)); err != nil {
 		t.Fatal(err)
 	}
 	w.closeAll()
@@ -80,7 +74,7 @@ func TestWAL_StopsAtATornRecord(t *testing.T) {
 	var offs []int64
 	for seq := uint64(1); seq <= 3; seq++ {
 		offs = append(offs, w.cur.off)
-		if err := w.append(seq, payloadOf(seq)); err != nil {
+		if err := w.commit(seq, payloadOf(seq)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -110,10 +104,7 @@ func TestWAL_ReleasedSegmentsAreNeverReplayed(t *testing.T) {
 	write := func(n int) {
 		for i := 0; i < n; i++ {
 			seq++
-			if err := w.append(seq, payloadOf(seq)); err != nil {
-				t.Fatal(err)
-			}
-			if err := w.sync(); err != nil {
+			if err := w.commit(seq, payloadOf(seq)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -179,12 +170,12 @@ func TestDecodeChanges_RoundTripAndCorruption(t *testing.T) {
 // inside pages, fill pages exactly, span several pages, and one that grows the
 // page writer's buffer past its keep limit; every record replays, and the page
 // writer's last partial page matches the file.
-// TestWAL_PageWritesKeepEveryRecord writes records of awkward sizes three ways:
-// a write then a sync, a commit (one RWF_DSYNC write through the O_DIRECT handle
-// where the kernel takes it), and a commit whose writer fell back to a write and
-// an fdatasync, as on a kernel that refuses the flag.
+// TestWAL_PageWritesKeepEveryRecord writes records of awkward sizes two ways: a
+// commit (one RWF_DSYNC write through the O_DIRECT handle where the kernel takes
+// it), and a commit whose writer fell back to a write and an fdatasync, as on a
+// kernel that refuses the flag.
 func TestWAL_PageWritesKeepEveryRecord(t *testing.T) {
-	for _, way := range []string{"append and sync", "commit", "commit without RWF_DSYNC"} {
+	for _, way := range []string{"commit", "commit without RWF_DSYNC"} {
 		t.Run(way, func(t *testing.T) { testPageWrites(t, way) })
 	}
 }
@@ -201,14 +192,7 @@ func testPageWrites(t *testing.T, way string) {
 	for i, n := range sizes {
 		p := bytes.Repeat([]byte{byte('a' + i)}, n)
 		want = append(want, p)
-		if way == "append and sync" {
-			if err := w.append(uint64(i+1), p); err != nil {
-				t.Fatal(err)
-			}
-			if err := w.sync(); err != nil {
-				t.Fatal(err)
-			}
-		} else if err := w.commit(uint64(i+1), p); err != nil {
+		if err := w.commit(uint64(i+1), p); err != nil {
 			t.Fatal(err)
 		}
 		pw := w.cur.pw

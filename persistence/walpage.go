@@ -72,19 +72,9 @@ func (pw *pageWriter) grow(size int) {
 	pw.buf = buf
 }
 
-// write writes rec at the end of what the writer holds (segment offset base+n), as
-// whole pages, and keeps the last partial page for the next record.
-func (pw *pageWriter) write(rec []byte) error {
-	pages := pw.fill(rec)
-	if _, err := pw.f.WriteAt(pages, pw.base); err != nil {
-		return err
-	}
-	pw.advance(len(rec))
-	return nil
-}
-
-// writeSync writes rec as write does and makes it durable, with everything written
-// before it. Through the O_DIRECT handle that is one pwritev2 with RWF_DSYNC: the
+// writeSync writes rec at the end of what the writer holds (segment offset
+// base+n), as whole pages, keeps the last partial page for the next record, and
+// makes rec durable with everything written before it. Through the O_DIRECT handle that is one pwritev2 with RWF_DSYNC: the
 // kernel writes the pages and flushes the device's cache in the same call (an
 // fdatasync of the file's data), which saves a system call and a wake-up on the
 // latency path of every commit. Measured on an ext4 disk, a 4 KiB page:
