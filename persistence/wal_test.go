@@ -169,11 +169,9 @@ func TestDecodeChanges_RoundTripAndCorruption(t *testing.T) {
 // TestWAL_PageWritesKeepEveryRecord writes records of sizes that start and end
 // inside pages, fill pages exactly, span several pages, and one that grows the
 // page writer's buffer past its keep limit; every record replays, and the page
-// writer's last partial page matches the file.
-// TestWAL_PageWritesKeepEveryRecord writes records of awkward sizes two ways: a
-// commit (one RWF_DSYNC write through the O_DIRECT handle where the kernel takes
-// it), and a commit whose writer fell back to a write and an fdatasync, as on a
-// kernel that refuses the flag.
+// writer's last partial page matches the file. It does so two ways: one RWF_DSYNC
+// write through the O_DIRECT handle per commit (where the kernel takes it), and a
+// write and an fdatasync, as on a kernel that refuses the flag.
 func TestWAL_PageWritesKeepEveryRecord(t *testing.T) {
 	for _, way := range []string{"commit", "commit without RWF_DSYNC"} {
 		t.Run(way, func(t *testing.T) { testPageWrites(t, way) })
