@@ -6,6 +6,7 @@
 package s3test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,6 +17,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
 )
 
 const (
@@ -169,7 +173,7 @@ func (s *Server) start() (portTaken bool) {
 		resp, err := c.Get("http://" + s.Endpoint + s.health)
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == 200 && listensOn(cmd.Process.Pid, s.Endpoint) {
+			if resp.StatusCode == 200 && listensOn(cmd.Process.Pid, s.Endpoint) && s.servesS3() {
 				return false
 			}
 		}
@@ -188,6 +192,20 @@ func (s *Server) start() (portTaken bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// servesS3 reports whether the server answers a signed S3 request. MinIO's
+// health probe answers 200 before its object layer and IAM are up; a request
+// in that window fails with "Server not initialized yet".
+func (s *Server) servesS3() bool {
+	c, err := minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(AccessKey, SecretKey, ""), MaxRetries: 1})
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = c.ListBuckets(ctx)
+	return err == nil
 }
 
 // listensOn reports whether process pid holds the listening socket of
