@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -175,4 +176,60 @@ func TestPipeline_MergedRecordsLargerThanABadgerTransaction(t *testing.T) {
 		}
 	}
 	check(reopen(t, p, db, Config{Dir: dir, MemTableSize: 8 << 20}))
+}
+
+// withApplyWait sets how long the applier waits for more small records, for
+// one test.
+func withApplyWait(t *testing.T, d time.Duration) {
+	old := applyWait
+	applyWait = d
+	t.Cleanup(func() { applyWait = old })
+}
+
+// TestPipeline_SmallRecordsReachBadgerTogether: a serial writer's small
+// records, each acknowledged on its own sync, wait for the applier's window
+// and reach Badger as one transaction: one version of the key they all write.
+func TestPipeline_SmallRecordsReachBadgerTogether(t *testing.T) {
+	withApplyWait(t, 2*time.Second)
+	db := openTestDB(t, t.TempDir())
+	p := NewPipeline(db, PipelineConfig{})
+	p.Start()
+	defer func() { p.Close(); _ = db.Close() }()
+	ctx := context.Background()
+	var last *Ticket
+	for i := range 5 {
+		last = p.Submit(set("k", fmt.Sprint(i)))
+		if err := last.Wait(ctx); err != nil { // durable: acknowledged without the applier
+			t.Fatal(err)
+		}
+	}
+	if last.Applied() {
+		t.Fatal("applied before the applier's window closed")
+	}
+	waitApplied(t, last)
+	if vs := versions(t, db, "k"); len(vs) != 1 {
+		t.Fatalf("versions of k: %v, want one: the five records in one Badger transaction", vs)
+	}
+	if v, _, err := db.Get(ctx, []byte("k")); err != nil || string(v) != "4" {
+		t.Fatalf("k = %q, %v; want the newest value 4", v, err)
+	}
+}
+
+// TestPipeline_WaitAppliedCutsTheApplierWindowShort: an activation waiting for
+// Badger does not wait out the applier's window for more records.
+func TestPipeline_WaitAppliedCutsTheApplierWindowShort(t *testing.T) {
+	withApplyWait(t, 20*time.Second)
+	db := openTestDB(t, t.TempDir())
+	p := NewPipeline(db, PipelineConfig{})
+	p.Start()
+	defer func() { p.Close(); _ = db.Close() }()
+	tk := p.Submit(set("k", "v"))
+	if err := tk.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	p.WaitApplied()
+	if took := time.Since(start); took > 10*time.Second || !tk.Applied() {
+		t.Fatalf("WaitApplied took %v (the window is 20s); applied=%v", took, tk.Applied())
+	}
 }
