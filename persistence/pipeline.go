@@ -463,12 +463,12 @@ type applyJob struct {
 // version is only ever compared with an older mark ("changed after"), which a
 // higher version still passes, so nothing can tell the records apart.
 //
-// While what it holds is small (under applySmall), it waits up to applyWait
-// for more before it applies: a serial writer's records then reach Badger
-// several at a time, with a fraction of the goroutine hand-offs (the applier,
-// Badger's writer, its value-size tracker) that each Badger commit costs, and
-// those hand-offs no longer compete with the writer's next commit for the
-// CPU. WaitApplied cuts the wait short.
+// When its first record is small (under applySmall), it waits applyWait before
+// it takes the records queued behind it, without listening for them: a serial
+// writer's records then reach Badger several per transaction, and a commit
+// during the wait only queues its record instead of waking the applier. Each
+// Badger transaction costs several goroutine hand-offs (the applier, Badger's
+// writer, its value-size tracker). WaitApplied cuts the wait short.
 func (p *Pipeline) applyLoop() {
 	defer p.done.Done()
 	var jobs []applyJob
@@ -481,40 +481,30 @@ func (p *Pipeline) applyLoop() {
 		}
 		jobs = append(jobs[:0], job)
 		size := job.estimate()
-		// A small record waits a little for the next ones (see applyWait).
-		var wait <-chan time.Time
 		if size < applySmall {
+			// A small record waits a little for the next ones, without
+			// listening for them: a commit meanwhile only queues its record,
+			// it does not wake the applier.
 			timer.Reset(applyWait)
-			wait = timer.C
+			select {
+			case <-timer.C:
+			case <-p.hurry:
+				timer.Stop()
+			}
 		}
 	merge:
 		for size < applyMergeBytes {
-			var j applyJob
-			var ok bool
 			select {
-			case j, ok = <-p.applies:
+			case j, ok := <-p.applies:
+				if !ok {
+					open = false
+					break merge
+				}
+				jobs = append(jobs, j)
+				size += j.estimate()
 			default:
-				if wait == nil || size >= applySmall {
-					break merge
-				}
-				select {
-				case j, ok = <-p.applies:
-				case <-wait:
-					wait = nil
-					break merge
-				case <-p.hurry:
-					break merge
-				}
-			}
-			if !ok {
-				open = false
 				break merge
 			}
-			jobs = append(jobs, j)
-			size += j.estimate()
-		}
-		if wait != nil {
-			timer.Stop()
 		}
 		last := jobs[len(jobs)-1].seq
 		if p.cfg.BeforeApply != nil {
@@ -547,8 +537,8 @@ func (p *Pipeline) applyLoop() {
 	p.applyMu.Unlock()
 }
 
-// applyWait is how long the applier waits for more records while it holds
-// fewer than applySmall bytes. A record's writer never waits for it: it was
+// applyWait is how long the applier waits for more records after a first one
+// of fewer than applySmall bytes. A record's writer never waits for it: it was
 // acknowledged once durable, and the object's overlay serves its reads until
 // Badger shows it.
 var applyWait = 2 * time.Millisecond // a variable for tests
