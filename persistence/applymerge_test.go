@@ -192,9 +192,8 @@ func withApplyWait(t *testing.T, d time.Duration) {
 func TestPipeline_SmallRecordsReachBadgerTogether(t *testing.T) {
 	withApplyWait(t, 2*time.Second)
 	db := openTestDB(t, t.TempDir())
-	p := NewPipeline(db, PipelineConfig{})
-	p.Start()
-	defer func() { p.Close(); _ = db.Close() }()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's
+	p := startPipeline(t, db, PipelineConfig{})
 	ctx := context.Background()
 	var last *Ticket
 	for i := range 5 {
@@ -220,9 +219,8 @@ func TestPipeline_SmallRecordsReachBadgerTogether(t *testing.T) {
 func TestPipeline_WaitAppliedCutsTheApplierWindowShort(t *testing.T) {
 	withApplyWait(t, 20*time.Second)
 	db := openTestDB(t, t.TempDir())
-	p := NewPipeline(db, PipelineConfig{})
-	p.Start()
-	defer func() { p.Close(); _ = db.Close() }()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's
+	p := startPipeline(t, db, PipelineConfig{})
 	tk := p.Submit(set("k", "v"))
 	if err := tk.Wait(context.Background()); err != nil {
 		t.Fatal(err)
