@@ -141,8 +141,7 @@ func (m *member) subscribeRemote(ctx context.Context, owner NodeInfo, id actors.
 	m.subs.mu.Unlock()
 	forget := func() {
 		m.subs.mu.Lock()
-		delete(m.subs.out, subID)
-		delete(m.subs.outBy, msg.Sub)
+		m.subs.forget(subID, msg.Sub)
 		m.subs.mu.Unlock()
 	}
 	reply, err := m.tr.call(ctx, owner, &wireRequest{Op: opSubscribe, ID: id, From: m.id, Feed: &feedMsg{SubID: subID, After: msg.After}})
@@ -162,6 +161,18 @@ func (m *member) subscribeRemote(ctx context.Context, owner NodeInfo, id actors.
 	return reply.Val, reply.Served, nil, false
 }
 
+// forget drops subscription id of sub from this node's side; mu is held.
+func (r *remoteSubs) forget(id uint64, sub actors.Subscriber) {
+	delete(r.out, id)
+	delete(r.outBy, sub)
+}
+
+// unsubscribeAt asks the owner o subscribed at to drop its stand-in for
+// subscription id.
+func (m *member) unsubscribeAt(ctx context.Context, o *outSub, id uint64) {
+	_, _ = m.tr.call(ctx, NodeInfo{Addr: o.addr, Boot: o.boot}, &wireRequest{Op: opUnsubscribe, From: m.id, Feed: &feedMsg{SubID: id}})
+}
+
 // unsubscribeRemote ends sub's subscription at another node; ok is false when
 // sub has none (it may be subscribed here).
 func (m *member) unsubscribeRemote(ctx context.Context, sub actors.Subscriber) bool {
@@ -170,14 +181,13 @@ func (m *member) unsubscribeRemote(ctx context.Context, sub actors.Subscriber) b
 	var o *outSub
 	if ok {
 		o = m.subs.out[subID]
-		delete(m.subs.out, subID)
-		delete(m.subs.outBy, sub)
+		m.subs.forget(subID, sub)
 	}
 	m.subs.mu.Unlock()
 	if !ok {
 		return false
 	}
-	_, _ = m.tr.call(ctx, NodeInfo{Addr: o.addr, Boot: o.boot}, &wireRequest{Op: opUnsubscribe, From: m.id, Feed: &feedMsg{SubID: subID}})
+	m.unsubscribeAt(ctx, o, subID)
 	return true
 }
 
@@ -246,8 +256,7 @@ func (m *member) serveFeed(req *wireRequest) {
 		gap = f.Sent != o.got
 	}
 	if f.Lost != nil || gap {
-		delete(m.subs.out, f.SubID)
-		delete(m.subs.outBy, o.sub)
+		m.subs.forget(f.SubID, o.sub)
 	}
 	m.subs.mu.Unlock()
 	if gap {
@@ -257,7 +266,7 @@ func (m *member) serveFeed(req *wireRequest) {
 		go func() {
 			ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
 			defer cancel()
-			_, _ = m.tr.call(ctx, NodeInfo{Addr: o.addr, Boot: o.boot}, &wireRequest{Op: opUnsubscribe, From: m.id, Feed: &feedMsg{SubID: f.SubID}})
+			m.unsubscribeAt(ctx, o, f.SubID)
 		}()
 		return
 	}
@@ -294,8 +303,7 @@ func (m *member) sweepSubs() {
 	for id, o := range m.subs.out {
 		n, ok := nodes[o.node]
 		if !ok || n.Boot != o.boot || parts[o.partition].Owner != o.node {
-			delete(m.subs.out, id)
-			delete(m.subs.outBy, o.sub)
+			m.subs.forget(id, o.sub)
 			lost = append(lost, o)
 		}
 	}
@@ -348,8 +356,7 @@ func (m *member) checkSubs() {
 			if err == nil && reply.Err == nil {
 				for _, id := range reply.Unknown {
 					if o := m.subs.out[id]; o != nil && o.node == k.node && o.boot == k.boot {
-						delete(m.subs.out, id)
-						delete(m.subs.outBy, o.sub)
+						m.subs.forget(id, o.sub)
 						lost = append(lost, o)
 					}
 				}
