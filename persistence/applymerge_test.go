@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,7 +62,7 @@ func versions(t *testing.T, db *DB, key string) []uint64 {
 }
 
 // TestPipeline_ApplierMergesTheRecordsWaitingForIt: records that queue up
-// behind a slow applier reach Badger as one transaction at the newest one's
+// behind a slow applier reach Badger as one batch at the newest one's
 // sequence number, so a key written by several of them gets one version, with
 // the newest value; a delete and a set in later records win over earlier ones;
 // every ticket is marked applied, and a reopen (which replays the log record by
@@ -122,12 +123,13 @@ func TestPipeline_ApplierMergesTheRecordsWaitingForIt(t *testing.T) {
 	check(reopen(t, p, db, Config{Dir: dir}))
 }
 
-// TestPipeline_MergedRecordsLargerThanABadgerTransaction: records waiting for
-// the applier that together do not fit one Badger transaction are applied one
-// at a time, each at its own sequence number, every one of them whole.
-func TestPipeline_MergedRecordsLargerThanABadgerTransaction(t *testing.T) {
+// TestPipeline_MergedRecordsLargerThanABadgerWriteRequest: records waiting for
+// the applier that together exceed one Badger write request (Badger splits
+// them into several) are still applied together at the newest one's sequence
+// number, every one of them whole, before and after a restart.
+func TestPipeline_MergedRecordsLargerThanABadgerWriteRequest(t *testing.T) {
 	dir := t.TempDir()
-	db, err := Open(Config{Dir: dir, MemTableSize: 8 << 20}) // Badger takes ~1.2 MiB per transaction
+	db, err := Open(Config{Dir: dir, MemTableSize: 8 << 20}) // Badger takes ~1.2 MiB per write request
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,10 +171,18 @@ func TestPipeline_MergedRecordsLargerThanABadgerTransaction(t *testing.T) {
 		}
 	}
 	check(db)
+	// Record 0 was applied alone; records 1 to 7 (3.5 MiB) waited and were
+	// applied together, in three of Badger's write requests.
 	seqs := held.seen()
 	for r := 0; r < 8; r++ {
-		if vs := versions(t, db, fmt.Sprintf("r%d-0", r)); !slices.Equal(vs, []uint64{seqs[r]}) {
-			t.Fatalf("versions of record %d's keys: %v, want [%d] (its own sequence number)", r, vs, seqs[r])
+		want := seqs[len(seqs)-1]
+		if r == 0 {
+			want = seqs[0]
+		}
+		for i := 0; i < 5; i++ {
+			if vs := versions(t, db, fmt.Sprintf("r%d-%d", r, i)); !slices.Equal(vs, []uint64{want}) {
+				t.Fatalf("versions of r%d-%d: %v, want [%d]", r, i, vs, want)
+			}
 		}
 	}
 	check(reopen(t, p, db, Config{Dir: dir, MemTableSize: 8 << 20}))
@@ -188,7 +198,7 @@ func withApplyWait(t *testing.T, d time.Duration) {
 
 // TestPipeline_SmallRecordsReachBadgerTogether: a serial writer's small
 // records, each acknowledged on its own sync, wait for the applier's window
-// and reach Badger as one transaction: one version of the key they all write.
+// and reach Badger as one batch: one version of the key they all write.
 func TestPipeline_SmallRecordsReachBadgerTogether(t *testing.T) {
 	withApplyWait(t, 2*time.Second)
 	db := openTestDB(t, t.TempDir())
@@ -207,7 +217,7 @@ func TestPipeline_SmallRecordsReachBadgerTogether(t *testing.T) {
 	}
 	waitApplied(t, last)
 	if vs := versions(t, db, "k"); len(vs) != 1 {
-		t.Fatalf("versions of k: %v, want one: the five records in one Badger transaction", vs)
+		t.Fatalf("versions of k: %v, want one: the five records in one batch", vs)
 	}
 	if v, _, err := db.Get(ctx, []byte("k")); err != nil || string(v) != "4" {
 		t.Fatalf("k = %q, %v; want the newest value 4", v, err)
@@ -230,4 +240,109 @@ func TestPipeline_WaitAppliedCutsTheApplierWindowShort(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second || !tk.Applied() {
 		t.Fatalf("WaitApplied took %v (the window is 20s); applied=%v", took, tk.Applied())
 	}
+}
+
+// TestDB_ReleasableStaysBelowABatchSplitAcrossMemtables: a record larger than
+// a memtable reaches Badger in several write requests at one version, and so
+// in two memtables. Once the first is flushed, Badger's tables show that
+// version while part of the record is still only in the second, unflushed
+// memtable: the log must keep the record (releasable stays below it).
+func TestDB_ReleasableStaysBelowABatchSplitAcrossMemtables(t *testing.T) {
+	db, err := Open(Config{Dir: t.TempDir(), MemTableSize: 8 << 20}) // ~1.2 MiB per write request
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's
+	var seq atomic.Uint64
+	p := startPipeline(t, db, PipelineConfig{BeforeApply: func(s uint64) { seq.Store(s) }})
+	w := &Write{}
+	for i := 0; i < 30; i++ { // 12 MiB: more than a memtable
+		w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("big-%02d", i)), Value: bytes.Repeat([]byte{'v'}, 400<<10)})
+	}
+	tk := p.Submit(w)
+	if err := tk.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitApplied(t, tk)
+	v := seq.Load()
+	deadline := time.Now().Add(10 * time.Second)
+	for newestTableVersion(db) < v {
+		if time.Now().After(deadline) {
+			t.Fatalf("Badger never flushed the first memtable of version %d (tables at %d)", v, newestTableVersion(db))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := db.releasable(); got >= v {
+		t.Fatalf("releasable = %d while version %d is partly in an unflushed memtable, want below it", got, v)
+	}
+}
+
+func newestTableVersion(db *DB) uint64 {
+	var v uint64
+	for _, t := range db.bdb.Tables() {
+		v = max(v, t.MaxVersion)
+	}
+	return v
+}
+
+// TestPipeline_LargeMergedBatchKeepsTheLastChangeOfEachKey: a merged batch of
+// more than applyLoaderEntries keys (sent through Badger's KVLoader in key
+// order) keeps, for each key, the change of the newest record: sets over sets,
+// deletes over sets and sets over deletes, before and after a restart.
+func TestPipeline_LargeMergedBatchKeepsTheLastChangeOfEachKey(t *testing.T) {
+	dir := t.TempDir()
+	db := openTestDB(t, dir)
+	held := newHeldApplier()
+	p := NewPipeline(db, PipelineConfig{BeforeApply: held.before})
+	p.Start()
+	ctx := context.Background()
+	const keys = applyLoaderEntries + 500
+	key := func(i int) []byte { return []byte(fmt.Sprintf("a%05d", keys-i)) } // written in reverse order
+	all, evens, fours := &Write{}, &Write{}, &Write{}
+	for i := 0; i < keys; i++ {
+		all.Sets = append(all.Sets, KV{Key: key(i), Value: []byte("1")})
+		if i%2 == 0 {
+			evens.Deletes = append(evens.Deletes, key(i))
+		}
+		if i%4 == 0 {
+			fours.Sets = append(fours.Sets, KV{Key: key(i), Value: []byte("3")})
+		}
+	}
+	var tickets []*Ticket
+	for i, w := range []*Write{set("first", "alone"), all, evens, fours} {
+		tk := p.Submit(w)
+		if err := tk.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tickets = append(tickets, tk)
+		if i == 0 {
+			<-held.entered // the first record alone; the others queue and merge
+		}
+	}
+	close(held.release)
+	for _, tk := range tickets {
+		waitApplied(t, tk)
+	}
+	if p.Failed() != nil {
+		t.Fatal(p.Failed())
+	}
+	last := held.seen()[len(held.seen())-1]
+	check := func(db *DB, merged bool) {
+		t.Helper()
+		for i := 0; i < keys; i++ {
+			want := map[bool]string{true: "1", false: ""}[i%2 == 1]
+			if i%4 == 0 {
+				want = "3"
+			}
+			v, found, err := db.Get(ctx, key(i))
+			if err != nil || found != (want != "") || string(v) != want {
+				t.Fatalf("%s: %q found=%v err=%v, want %q", key(i), v, found, err, want)
+			}
+			if vs := versions(t, db, string(key(i))); merged && (len(vs) == 0 || vs[0] != last) {
+				t.Fatalf("versions of %s: %v, want the newest at %d", key(i), vs, last)
+			}
+		}
+	}
+	check(db, true)
+	check(reopen(t, p, db, Config{Dir: dir}), false)
 }

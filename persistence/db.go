@@ -294,14 +294,23 @@ func (db *DB) Ends(ctx context.Context, prefix []byte) (first, last []byte, foun
 	return first, last, found, err
 }
 
-// flushedVersion is the highest version in Badger's synced tables: every commit
-// at or below it is durable without the log.
-func (db *DB) flushedVersion() uint64 {
+// releasable is the newest sequence number whose record, and every one before
+// it, Badger holds in its tables: once Badger is synced, the log no longer needs
+// them. It is one below the newest version in Badger's tables: the applier may
+// hand Badger one batch, at one version, in several write requests (a batch
+// larger than Badger's request limit), and those can land in two memtables, the
+// first flushed, the second not yet. The records before that version were all
+// in earlier requests, so in that memtable or older ones, which Badger flushes
+// first.
+func (db *DB) releasable() uint64 {
 	var v uint64
 	for _, t := range db.bdb.Tables() {
 		v = max(v, t.MaxVersion)
 	}
-	return v
+	if v == 0 {
+		return 0
+	}
+	return v - 1
 }
 
 // badgerLogger routes Badger's log through slog. Badger's info messages are

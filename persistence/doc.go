@@ -26,16 +26,18 @@
 // Badger applies records off the acknowledgement's path, on one applier goroutine,
 // and only records the log made durable: Badger never holds a version that a
 // crash could take out of the log.
-// When records wait for it, it applies them as one transaction at the newest one's
-// version (a key written by several goes to Badger once); reads are always at the
-// newest version and versions are only compared with older marks, so the merge is
-// invisible.
+// When records wait for it, it applies them together at the newest one's version
+// (a key written by several goes to Badger once), in key order, through Badger's
+// KVLoader rather than a transaction; reads are always at the newest version and
+// versions are only compared with older marks, so the merge is invisible.
 //
 // Durability. Badger runs in managed mode without syncing; the log is the
 // durability point. Open replays every retained log record into Badger at its
 // version, which makes replay idempotent: a version Badger already holds is written
 // again with the same value. A log segment is released only once Badger holds all
-// its records in synced tables (and its value log is synced), and a released segment
+// its records in synced tables (and its value log is synced): records below the
+// newest version of Badger's tables, since a large batch can span two memtables, so
+// the newest version may be only partly flushed. A released segment
 // is renamed out of the log, durably, so it can never be replayed over newer history.
 // A clean Close flushes Badger and removes the log.
 //

@@ -1,16 +1,20 @@
 package persistence
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/pb"
 )
 
 // KV is one key set to one value.
@@ -24,8 +28,8 @@ type KV struct {
 	Of, At int
 }
 
-// Write is one atomic change of one actor: every Set and Delete of it commits in
-// the same Badger transaction, or none does.
+// Write is one atomic change of one actor: every Set and Delete of it is in the
+// same log record, so a crash keeps all of them or none.
 type Write struct {
 	// Partition and Epoch tag the write with its partition's ownership; the
 	// pipeline's Fence refuses a write whose epoch is no longer current.
@@ -176,6 +180,8 @@ type PipelineStats struct {
 type Pipeline struct {
 	db  *DB
 	cfg PipelineConfig
+
+	sorted []applyEntry // the applier's buffer, reused
 
 	mu      sync.Mutex
 	queue   []*Write
@@ -456,8 +462,8 @@ type applyJob struct {
 
 // applyLoop applies committed records to Badger in order and marks their
 // tickets applied. When records wait for it (Badger falls behind the log), it
-// applies them together, as one Badger transaction at the newest one's
-// sequence number (applyMergeBytes bounds it): a key written by several of them
+// applies them together, as one batch at the newest one's sequence number
+// (applyMergeBytes bounds it): a key written by several of them
 // goes to Badger once, with its newest value, so that Badger's work shrinks
 // when it is the bottleneck. Reads are always at the newest version, and a
 // version is only ever compared with an older mark ("changed after"), which a
@@ -465,10 +471,10 @@ type applyJob struct {
 //
 // When its first record is small (under applySmall), it waits applyWait before
 // it takes the records queued behind it, without listening for them: a serial
-// writer's records then reach Badger several per transaction, and a commit
-// during the wait only queues its record instead of waking the applier. Each
-// Badger transaction costs several goroutine hand-offs (the applier, Badger's
-// writer, its value-size tracker). WaitApplied cuts the wait short.
+// writer's records then reach Badger several per batch, and a commit during the
+// wait only queues its record instead of waking the applier. Each batch costs
+// several goroutine hand-offs (the applier, Badger's writer, its value-size
+// tracker). WaitApplied cuts the wait short.
 func (p *Pipeline) applyLoop() {
 	defer p.done.Done()
 	var jobs []applyJob
@@ -545,8 +551,8 @@ var applyWait = 2 * time.Millisecond // a variable for tests
 
 const applySmall = 64 << 10
 
-// applyMergeBytes bounds the records the applier merges into one Badger
-// transaction, far below Badger's own limit (15% of a memtable).
+// applyMergeBytes bounds the records the applier merges into one batch, far
+// below Badger's limit for one write request (15% of a memtable).
 const applyMergeBytes = 4 << 20
 
 func (j applyJob) estimate() int {
@@ -576,94 +582,123 @@ func (p *Pipeline) WaitApplied() {
 	p.applyMu.Unlock()
 }
 
-// apply writes the changes of jobs (records in sequence order) to Badger: as
-// one transaction at the last record's sequence number when they fit in one,
-// one record at a time otherwise.
+// apply writes the changes of jobs (records in sequence order) to Badger at
+// the last record's sequence number, each key once with its newest value.
+//
+// A large batch goes to Badger in key order, through its KVLoader, which
+// writes the entries as given, without a transaction. Key order is what makes
+// it cheap: Badger inserts every key into its memtable's skiplist by a search
+// from the top, and keys in order walk almost the same path one after the
+// other, through memory the previous search just touched, where a
+// transaction's keys come out of a map in random order (measured against
+// transactions: 1,000 objects 1.15x the writes per second, single records over
+// 1,000 logs 1.08x). A small batch goes in one transaction: a KVLoader
+// allocates two buffers of Badger's largest request count (1.6 MiB each at
+// 128 MiB memtables), which only a large batch repays (a serial writer was
+// 0.95x through a KVLoader).
+//
+// Badger may split a large batch into several of its write requests, and so
+// across two memtables: DB.releasable accounts for that. Atomicity across a
+// crash comes from the log, not from Badger: every record here is durable in
+// the log already, and a restart replays the log over whatever part of it
+// Badger kept.
 func (p *Pipeline) apply(jobs []applyJob) error {
-	if len(jobs) > 1 {
-		err := p.applyMerged(jobs)
-		if !errors.Is(err, badger.ErrTxnTooBig) {
-			return err
-		}
-	}
-	for _, job := range jobs {
-		if err := p.applyOne(job); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// applyMerged applies jobs as one Badger transaction, or nothing and
-// badger.ErrTxnTooBig when they do not fit in one.
-func (p *Pipeline) applyMerged(jobs []applyJob) error {
-	txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
-	defer txn.Discard()
+	entries := p.sorted[:0]
 	for _, job := range jobs {
 		for _, w := range job.writes {
 			for _, kv := range w.Sets {
-				if err := txn.Set(kv.Key, kv.Value); err != nil {
-					return err
-				}
+				entries = append(entries, applyEntry{key: kv.Key, value: kv.Value, ord: len(entries)})
 			}
 			for _, k := range w.Deletes {
-				if err := txn.Delete(k); err != nil {
-					return err
-				}
+				entries = append(entries, applyEntry{key: k, del: true, ord: len(entries)})
 			}
 		}
 	}
-	return txn.CommitAt(jobs[len(jobs)-1].seq, nil)
-}
-
-// applyOne writes one record's changes to Badger, as one transaction when it
-// fits. A record too large for one Badger transaction is applied in several,
-// but only once the log holds it durably: a crash in between then replays it
-// whole, so no restart ever shows part of it.
-func (p *Pipeline) applyOne(job applyJob) error {
-	txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
-	defer func() { txn.Discard() }()
-	split := false
-	add := func(op func(*badger.Txn) error) error {
-		err := op(txn)
+	slices.SortFunc(entries, func(a, b applyEntry) int {
+		if c := bytes.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ord, b.ord)
+	})
+	// Keep the last change of each key.
+	n := 0
+	for i, e := range entries {
+		if i+1 < len(entries) && bytes.Equal(entries[i+1].key, e.key) {
+			continue
+		}
+		entries[n] = e
+		n++
+	}
+	defer func() {
+		clear(entries) // do not keep the writes alive
+		p.sorted = entries[:0]
+	}()
+	version := jobs[len(jobs)-1].seq
+	if n < applyLoaderEntries {
+		err := p.applyTxn(entries[:n], version)
 		if !errors.Is(err, badger.ErrTxnTooBig) {
 			return err
 		}
-		if !split {
-			split = true
-			if err := job.writes[0].ticket.Wait(context.Background()); err != nil {
-				return errSkipApply // the record never became durable: nothing to apply
-			}
+	}
+	return p.applyLoader(entries[:n], version)
+}
+
+// applyLoaderEntries is the smallest batch, in keys, that the applier sends
+// through a KVLoader rather than a transaction.
+const applyLoaderEntries = 1024
+
+// applyTxn writes entries as one Badger transaction at version, or nothing and
+// badger.ErrTxnTooBig when they do not fit in one.
+func (p *Pipeline) applyTxn(entries []applyEntry, version uint64) error {
+	txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
+	defer txn.Discard()
+	for _, e := range entries {
+		var err error
+		if e.del {
+			err = txn.Delete(e.key)
+		} else {
+			err = txn.Set(e.key, e.value)
 		}
-		if err := txn.CommitAt(job.seq, nil); err != nil {
+		if err != nil {
 			return err
 		}
-		txn = p.db.bdb.NewTransactionAt(math.MaxUint64, true)
-		return op(txn)
 	}
-	for _, w := range job.writes {
-		for _, kv := range w.Sets {
-			if err := add(func(t *badger.Txn) error { return t.Set(kv.Key, kv.Value) }); err != nil {
-				return skipped(err)
-			}
-		}
-		for _, k := range w.Deletes {
-			if err := add(func(t *badger.Txn) error { return t.Delete(k) }); err != nil {
-				return skipped(err)
-			}
-		}
-	}
-	return txn.CommitAt(job.seq, nil)
+	return txn.CommitAt(version, nil)
 }
 
-var errSkipApply = errors.New("persistence: record not durable")
-
-func skipped(err error) error {
-	if errors.Is(err, errSkipApply) {
-		return nil
+// applyLoader writes entries, in their order, through a KVLoader at version,
+// in as many write requests as Badger needs.
+func (p *Pipeline) applyLoader(entries []applyEntry, version uint64) error {
+	kvs := make([]pb.KV, 0, len(entries))
+	for _, e := range entries {
+		var meta []byte
+		if e.del {
+			meta = badgerDeleteMeta
+		}
+		kvs = append(kvs, pb.KV{Key: e.key, Value: e.value, Version: version, Meta: meta})
 	}
-	return err
+	loader := p.db.bdb.NewKVLoader(4)
+	for i := range kvs {
+		if err := loader.Set(&kvs[i]); err != nil {
+			_ = loader.Finish()
+			return err
+		}
+	}
+	return loader.Finish()
 }
+
+// applyEntry is one change of a batch the applier sends to Badger; ord is its
+// place in the batch, so that the later of two changes of a key wins.
+type applyEntry struct {
+	key, value []byte
+	del        bool
+	ord        int
+}
+
+// badgerDeleteMeta is the meta byte of a Badger entry that deletes its key
+// (badger's bitDelete, part of its on-disk format), which a KVLoader entry
+// carries in pb.KV.Meta.
+var badgerDeleteMeta = []byte{1}
 
 // maybeRelease gives up log segments that Badger has flushed, at most once a second.
 func (p *Pipeline) maybeRelease() {
@@ -671,7 +706,7 @@ func (p *Pipeline) maybeRelease() {
 		return
 	}
 	p.lastRelease = time.Now()
-	if err := p.db.wal.release(p.db.flushedVersion(), p.db.bdb.Sync); err != nil {
+	if err := p.db.wal.release(p.db.releasable(), p.db.bdb.Sync); err != nil {
 		p.cfg.Logger.Warn("could not release write-ahead log segments", "err", err)
 	}
 }
