@@ -308,6 +308,9 @@ func TestPipeline_LargeMergedBatchKeepsTheLastChangeOfEachKey(t *testing.T) {
 			fours.Sets = append(fours.Sets, KV{Key: key(i), Value: []byte("3")})
 		}
 	}
+	// A value above Badger's value threshold (1 MiB) goes to its value log.
+	huge := bytes.Repeat([]byte{'h'}, 2<<20)
+	all.Sets = append(all.Sets, KV{Key: []byte("huge"), Value: huge})
 	var tickets []*Ticket
 	for i, w := range []*Write{set("first", "alone"), all, evens, fours} {
 		tk := p.Submit(w)
@@ -329,6 +332,9 @@ func TestPipeline_LargeMergedBatchKeepsTheLastChangeOfEachKey(t *testing.T) {
 	last := held.seen()[len(held.seen())-1]
 	check := func(db *DB, merged bool) {
 		t.Helper()
+		if v, found, err := db.Get(ctx, []byte("huge")); err != nil || !found || !bytes.Equal(v, huge) {
+			t.Fatalf("huge: %d bytes found=%v err=%v, want %d bytes", len(v), found, err, len(huge))
+		}
 		for i := 0; i < keys; i++ {
 			want := map[bool]string{true: "1", false: ""}[i%2 == 1]
 			if i%4 == 0 {
