@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 )
 
 type replayed struct {
@@ -119,6 +120,7 @@ func TestWAL_ReleasedSegmentsAreNeverReplayed(t *testing.T) {
 		t.Fatal("segments released without syncing the database first")
 	}
 	free, _ := filepath.Glob(filepath.Join(dir, "*.free"))
+	free = slices.DeleteFunc(free, func(p string) bool { return filepath.Base(p) == preparedFree })
 	if len(free) != keepRecycled {
 		t.Fatalf("%d released segments kept, want %d", len(free), keepRecycled)
 	}
@@ -281,5 +283,89 @@ func TestDecodeChanges_PartsOfEarlierValues(t *testing.T) {
 		if err := decodeChanges(bad, func(k, v []byte) error { return nil }, func(k []byte) error { return nil }); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// TestWAL_PreparesTheNextSegmentAhead: once the current segment is half full
+// and no released segment waits, a zeroed segment is prepared in the
+// background, and the next rotation takes it (already zeroed to its end)
+// instead of zeroing a new file on the commit's path.
+func TestWAL_PreparesTheNextSegmentAhead(t *testing.T) {
+	dir := t.TempDir()
+	const segSize = 8 << 20
+	w, _, _ := openTestWAL(t, dir, segSize)
+	payload := bytes.Repeat([]byte{'p'}, 64<<10)
+	seq := uint64(0)
+	commit := func() {
+		t.Helper()
+		seq++
+		if err := w.commit(seq, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for w.cur.off < segSize/2 {
+		commit()
+	}
+	prepared := filepath.Join(dir, preparedFree)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(prepared); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no segment was prepared ahead")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	first := w.cur.id
+	for w.cur.id == first {
+		commit()
+	}
+	if _, err := os.Stat(prepared); !os.IsNotExist(err) {
+		t.Fatalf("the prepared segment is still free after the rotation (stat: %v)", err)
+	}
+	if w.cur.zeroed != segSize {
+		t.Fatalf("the new segment is zeroed to %d, want the prepared %d", w.cur.zeroed, segSize)
+	}
+	w.closeAll()
+	w, r, last := openTestWAL(t, dir, segSize)
+	defer w.closeAll()
+	if last != seq || len(r.seqs) != int(seq) {
+		t.Fatalf("replayed %d records up to %d, want %d", len(r.seqs), last, seq)
+	}
+}
+
+// TestWAL_CloseStopsPreparingASegment: closing the log stops a preparation
+// under way and leaves neither its file nor a prepared segment behind.
+func TestWAL_CloseStopsPreparingASegment(t *testing.T) {
+	dir := t.TempDir()
+	w, _, _ := openTestWAL(t, dir, 1<<30) // a gigabyte to zero: far from done at Close
+	w.cur.off = w.segSize / 2
+	w.maybePrepare()
+	w.mu.Lock()
+	preparing := w.preparing
+	w.mu.Unlock()
+	if !preparing {
+		t.Fatal("no preparation started")
+	}
+	w.closeAll()
+	for _, name := range []string{preparedName, preparedFree} {
+		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+			t.Fatalf("%s is left after Close (stat: %v)", name, err)
+		}
+	}
+}
+
+// TestWAL_OpenRemovesAHalfPreparedSegment: a preparation a crash cut short
+// leaves its temporary file, which the next open removes.
+func TestWAL_OpenRemovesAHalfPreparedSegment(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, preparedName), make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, _, _ := openTestWAL(t, dir, 1<<20)
+	defer w.closeAll()
+	if _, err := os.Stat(filepath.Join(dir, preparedName)); !os.IsNotExist(err) {
+		t.Fatalf("the half-prepared segment is still there (stat: %v)", err)
 	}
 }
