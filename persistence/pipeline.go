@@ -591,11 +591,11 @@ func (p *Pipeline) WaitApplied() {
 // from the top, and keys in order walk almost the same path one after the
 // other, through memory the previous search just touched, where a
 // transaction's keys come out of a map in random order (measured against
-// transactions: 1,000 objects 1.15x the writes per second, single records over
-// 1,000 logs 1.08x). A small batch goes in one transaction: a KVLoader
+// transactions: 1,000 objects 1.16x the writes per second, single records over
+// 1,000 logs 1.06x–1.07x). A small batch goes in one transaction: a KVLoader
 // allocates two buffers of Badger's largest request count (1.6 MiB each at
 // 128 MiB memtables), which only a large batch repays (a serial writer was
-// 0.95x through a KVLoader).
+// 0.94x through a KVLoader).
 //
 // Badger may split a large batch into several of its write requests, and so
 // across two memtables: DB.releasable accounts for that. Atomicity across a
