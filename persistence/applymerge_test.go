@@ -61,6 +61,35 @@ func versions(t *testing.T, db *DB, key string) []uint64 {
 	return vs
 }
 
+// submitHeld submits writes one record each (each waits for its sync) while
+// the applier holds the first one alone, so that the others queue behind it;
+// then it lets the applier go and waits until every write is applied.
+func submitHeld(t *testing.T, p *Pipeline, held *heldApplier, writes []*Write) []*Ticket {
+	t.Helper()
+	var tickets []*Ticket
+	for i, w := range writes {
+		tk := p.Submit(w)
+		if err := tk.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		tickets = append(tickets, tk)
+		if i == 0 {
+			<-held.entered
+		}
+	}
+	if tickets[0].Applied() {
+		t.Fatal("the first record was applied while the applier was held")
+	}
+	close(held.release)
+	for _, tk := range tickets {
+		waitApplied(t, tk)
+	}
+	if p.Failed() != nil {
+		t.Fatal(p.Failed())
+	}
+	return tickets
+}
+
 // TestPipeline_ApplierMergesTheRecordsWaitingForIt: records that queue up
 // behind a slow applier reach Badger as one batch at the newest one's
 // sequence number, so a key written by several of them gets one version, with
@@ -82,26 +111,7 @@ func TestPipeline_ApplierMergesTheRecordsWaitingForIt(t *testing.T) {
 		{Deletes: [][]byte{[]byte("e")}},
 		set("e", "back"),
 	}
-	var tickets []*Ticket
-	for i, w := range writes { // one record each: each waits for its sync
-		tk := p.Submit(w)
-		if err := tk.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		tickets = append(tickets, tk)
-		if i == 0 {
-			// The applier takes the first record alone; the others queue
-			// behind it while it is held.
-			<-held.entered
-		}
-	}
-	if tickets[0].Applied() {
-		t.Fatal("the first record was applied while the applier was held")
-	}
-	close(held.release)
-	for _, tk := range tickets {
-		waitApplied(t, tk)
-	}
+	submitHeld(t, p, held, writes)
 	p.WaitApplied()
 	if got := held.seen(); len(got) != 6 || !slices.IsSorted(got) || got[5]-got[0] != 5 {
 		t.Fatalf("BeforeApply saw %v, want six sequence numbers in order", got)
@@ -137,28 +147,15 @@ func TestPipeline_MergedRecordsLargerThanABadgerWriteRequest(t *testing.T) {
 	p := NewPipeline(db, PipelineConfig{BeforeApply: held.before})
 	p.Start()
 	ctx := context.Background()
-	var tickets []*Ticket
+	var writes []*Write
 	for r := 0; r < 8; r++ {
 		w := &Write{}
 		for i := 0; i < 5; i++ {
 			w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("r%d-%d", r, i)), Value: bytes.Repeat([]byte{byte(r)}, 100<<10)})
 		}
-		tk := p.Submit(w)
-		if err := tk.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		tickets = append(tickets, tk)
-		if r == 0 {
-			<-held.entered // the first record alone; the others queue
-		}
+		writes = append(writes, w)
 	}
-	close(held.release)
-	for _, tk := range tickets {
-		waitApplied(t, tk)
-	}
-	if p.Failed() != nil {
-		t.Fatal(p.Failed())
-	}
+	submitHeld(t, p, held, writes)
 	check := func(db *DB) {
 		t.Helper()
 		for r := 0; r < 8; r++ {
@@ -266,9 +263,9 @@ func TestDB_ReleasableStaysBelowABatchSplitAcrossMemtables(t *testing.T) {
 	waitApplied(t, tk)
 	v := seq.Load()
 	deadline := time.Now().Add(10 * time.Second)
-	for newestTableVersion(db) < v {
+	for db.newestTableVersion() < v {
 		if time.Now().After(deadline) {
-			t.Fatalf("Badger never flushed the first memtable of version %d (tables at %d)", v, newestTableVersion(db))
+			t.Fatalf("Badger never flushed the first memtable of version %d (tables at %d)", v, db.newestTableVersion())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -277,13 +274,6 @@ func TestDB_ReleasableStaysBelowABatchSplitAcrossMemtables(t *testing.T) {
 	}
 }
 
-func newestTableVersion(db *DB) uint64 {
-	var v uint64
-	for _, t := range db.bdb.Tables() {
-		v = max(v, t.MaxVersion)
-	}
-	return v
-}
 
 // TestPipeline_LargeMergedBatchKeepsTheLastChangeOfEachKey: a merged batch of
 // more than applyLoaderEntries keys (sent through Badger's KVLoader in key
@@ -311,24 +301,7 @@ func TestPipeline_LargeMergedBatchKeepsTheLastChangeOfEachKey(t *testing.T) {
 	// A value above Badger's value threshold (1 MiB) goes to its value log.
 	huge := bytes.Repeat([]byte{'h'}, 2<<20)
 	all.Sets = append(all.Sets, KV{Key: []byte("huge"), Value: huge})
-	var tickets []*Ticket
-	for i, w := range []*Write{set("first", "alone"), all, evens, fours} {
-		tk := p.Submit(w)
-		if err := tk.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		tickets = append(tickets, tk)
-		if i == 0 {
-			<-held.entered // the first record alone; the others queue and merge
-		}
-	}
-	close(held.release)
-	for _, tk := range tickets {
-		waitApplied(t, tk)
-	}
-	if p.Failed() != nil {
-		t.Fatal(p.Failed())
-	}
+	submitHeld(t, p, held, []*Write{set("first", "alone"), all, evens, fours})
 	last := held.seen()[len(held.seen())-1]
 	check := func(db *DB, merged bool) {
 		t.Helper()

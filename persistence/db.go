@@ -303,14 +303,19 @@ func (db *DB) Ends(ctx context.Context, prefix []byte) (first, last []byte, foun
 // in earlier requests, so in that memtable or older ones, which Badger flushes
 // first.
 func (db *DB) releasable() uint64 {
+	if v := db.newestTableVersion(); v > 0 {
+		return v - 1
+	}
+	return 0
+}
+
+// newestTableVersion is the highest version in Badger's tables.
+func (db *DB) newestTableVersion() uint64 {
 	var v uint64
 	for _, t := range db.bdb.Tables() {
 		v = max(v, t.MaxVersion)
 	}
-	if v == 0 {
-		return 0
-	}
-	return v - 1
+	return v
 }
 
 // badgerLogger routes Badger's log through slog. Badger's info messages are
