@@ -274,7 +274,6 @@ func TestDB_ReleasableStaysBelowABatchSplitAcrossMemtables(t *testing.T) {
 	}
 }
 
-
 // TestPipeline_LargeMergedBatchKeepsTheLastChangeOfEachKey: a merged batch of
 // more than applyLoaderEntries keys (sent through Badger's KVLoader in key
 // order) keeps, for each key, the change of the newest record: sets over sets,
