@@ -167,6 +167,10 @@ type activation struct {
 	// subscribed counts the live feed's subscribers: the sweeper leaves the
 	// object active while it has any.
 	subscribed atomic.Int32
+	// queued is set when the object's turn queued a write without waking the
+	// committer (object.submit); whoever delivered the message wakes it or
+	// commits on its own goroutine (Host.send).
+	queued atomic.Bool
 }
 
 // NewHost returns a host over db and pipe; register types, then Start it.
@@ -266,8 +270,32 @@ func (h *Host) post(id ObjectID, msg any) error {
 	if err != nil {
 		return err
 	}
-	h.system.Root.Send(act.pid, &envelope{msg: msg, reply: make(chan result, 1), act: act})
+	h.send(act, &envelope{msg: msg, reply: make(chan result, 1), act: act}, false)
 	return nil
+}
+
+// send delivers msg to a's actor: every message to an object goes through here.
+// The mailbox runs on this goroutine (the synchronized dispatcher), and the
+// object's turns queue their writes without waking the committer
+// (object.submit); send then sees that they are committed. help says that this
+// goroutine may commit them itself when the committer is idle
+// (Pipeline.Help): a request's caller, which waits for the reply anyway.
+// Otherwise it wakes the committer.
+func (h *Host) send(a *activation, msg any, help bool) {
+	h.system.Root.Send(a.pid, msg)
+	h.commitQueued(a, help)
+}
+
+// commitQueued commits, or has the committer commit, what a's turns queued.
+func (h *Host) commitQueued(a *activation, help bool) {
+	if !a.queued.Swap(false) {
+		return
+	}
+	if help {
+		h.pipe.Help()
+	} else {
+		h.pipe.Kick()
+	}
 }
 
 // sweepLoop passivates idle objects: one goroutine and one ticker for the node,
@@ -306,10 +334,15 @@ func (h *Host) sweepLoop() {
 			// Sent without a lock held: the object's turn runs right here and
 			// takes the shard lock to release itself.
 			for _, a := range idle {
-				h.system.Root.Send(a.pid, passivate{})
+				h.send(a, passivate{}, false)
 			}
 			for _, a := range quiet {
-				h.system.Root.Send(a.pid, tidy{})
+				h.send(a, tidy{}, false)
+			}
+			// A backstop: every delivery commits what its turns queued, so
+			// this finds nothing to do unless a delivery path was missed.
+			if h.pipe.KickStale(time.Second) {
+				h.log.Warn("writes waited over a second in the commit queue: a turn ran long after writing, or a delivery path did not commit what its turn queued")
 			}
 			clear(idle)
 			clear(quiet)
@@ -337,6 +370,7 @@ func (h *Host) Close(ctx context.Context) error {
 		s.mu.Lock()
 		for id, a := range s.m {
 			h.system.Root.Stop(a.pid)
+			h.commitQueued(a, false)
 			delete(s.m, id)
 			if s.routed != nil {
 				s.routed(id, false)
@@ -396,7 +430,7 @@ func (h *Host) Request(ctx context.Context, id ObjectID, msg any) (any, error) {
 		return nil, err
 	}
 	env := &envelope{msg: msg, reply: make(chan result, 1), act: act}
-	h.system.Root.Send(act.pid, env)
+	h.send(act, env, true)
 	select {
 	case r := <-env.reply:
 		return r.val, r.err
@@ -432,7 +466,7 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 		a.pid = h.system.Root.Spawn(h.props)
 		// The activation is the actor's first message: nothing can reach the new
 		// actor before it, since the shard lock is held until it is sent.
-		h.system.Root.Send(a.pid, a)
+		h.send(a, a, false) // init queues no write
 		s.m[id] = a
 		if s.routed != nil {
 			s.routed(id, true)
@@ -494,7 +528,7 @@ func (h *Host) DropPartition(p uint32) {
 		s.mu.Unlock()
 	}
 	for _, a := range drop {
-		h.system.Root.Send(a.pid, dropPartition{})
+		h.send(a, dropPartition{}, false)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,6 +38,11 @@ func startNode(t testing.TB, dir string, o nodeOpts) *testNode {
 	}
 	pipe := persistence.NewPipeline(db, o.pipe)
 	pipe.Start()
+	if o.cfg.Logger == nil {
+		// Every test fails if the sweeper's backstop had to commit writes
+		// that a delivery path left queued (Host.send).
+		o.cfg.Logger = slog.New(&backstopAlarm{t: t, next: slog.Default().Handler()})
+	}
 	h := NewHost(db, pipe, o.cfg)
 	if o.now != nil {
 		h.now = o.now
@@ -69,6 +76,33 @@ func (n *testNode) stop() {
 
 func (n *testNode) kv(typ, key string) *KV {
 	return NewKV(n.host, ObjectID{App: "app_t", Type: typ, Key: key})
+}
+
+// backstopAlarm fails its test on the host's warning that writes waited in the
+// commit queue, and passes every record on.
+type backstopAlarm struct {
+	t    testing.TB
+	next slog.Handler
+}
+
+func (b *backstopAlarm) Enabled(ctx context.Context, l slog.Level) bool { return true }
+
+func (b *backstopAlarm) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "commit queue") {
+		b.t.Errorf("host warned: %s", r.Message)
+	}
+	if !b.next.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return b.next.Handle(ctx, r)
+}
+
+func (b *backstopAlarm) WithAttrs(as []slog.Attr) slog.Handler {
+	return &backstopAlarm{t: b.t, next: b.next.WithAttrs(as)}
+}
+
+func (b *backstopAlarm) WithGroup(name string) slog.Handler {
+	return &backstopAlarm{t: b.t, next: b.next.WithGroup(name)}
 }
 
 // waitFor polls cond until it holds or the deadline passes.

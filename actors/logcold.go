@@ -209,7 +209,7 @@ func (o *object) flushNext(l *logState) {
 		o.submit(&persistence.Write{Sets: []persistence.KV{{Key: l.ks.Key(logMeta, nil), Value: l.metaValue()}}}, l.readBack)
 	}
 	// Step 2, off the turn: after the run is durable, create the segment.
-	t, store, timeout, pid, system := o.last, o.h.cfg.Cold, o.h.cfg.ColdTimeout, o.act.pid, o.h.system
+	t, store, timeout, h, act := o.last, o.h.cfg.Cold, o.h.cfg.ColdTimeout, o.h, o.act
 	go func() {
 		var err error
 		if t != nil {
@@ -223,7 +223,7 @@ func (o *object) flushNext(l *logState) {
 				err = fmt.Errorf("segment %s exists with other content", key)
 			}
 		}
-		system.Root.Send(pid, flushDone{err: err})
+		h.send(act, flushDone{err: err}, false)
 	}()
 }
 

@@ -265,7 +265,7 @@ func (o *object) recordsOf(l *logState, first, last uint64, fn func([]LogRecord,
 			return
 		}
 	}
-	store, timeout, pid, system := o.h.cfg.Cold, o.h.cfg.ColdTimeout, o.act.pid, o.h.system
+	store, timeout, h, act := o.h.cfg.Cold, o.h.cfg.ColdTimeout, o.h, o.act
 	if store == nil {
 		fn(nil, unavailable("this node has no cold store", nil))
 		return
@@ -290,7 +290,7 @@ func (o *object) recordsOf(l *logState, first, last uint64, fn func([]LogRecord,
 			err = &OffsetTruncatedError{Requested: next, Oldest: l.hot}
 		}
 		recs = append(recs, hot...)
-		system.Root.Send(pid, resume{fn: func() { fn(recs, err) }})
+		h.send(act, resume{fn: func() { fn(recs, err) }}, false)
 	}()
 }
 

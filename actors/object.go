@@ -80,6 +80,11 @@ type object struct {
 }
 
 func (o *object) Receive(c actor.Context) {
+	if o.act != nil && o.act.queued.Swap(false) {
+		// A write of the previous message of this mailbox run: commit it now
+		// rather than after the whole run.
+		o.h.pipe.Kick()
+	}
 	switch m := c.Message().(type) {
 	case *activation:
 		o.init(c, m)
@@ -308,8 +313,10 @@ func (o *object) health() error {
 	return nil
 }
 
-// submit hands w to the commit pipeline without waiting and makes it the write
-// that later replies wait for.
+// submit queues w in the commit pipeline without waiting and makes it the write
+// that later replies wait for. It does not wake the committer: Host.send, which
+// delivered the message, commits it once the mailbox run is over, or the next
+// message of the same run has it committed first (Receive).
 //
 // readBack says which keys of w later turns read from storage, so that reads see
 // them before Badger does; nil means every key.
@@ -317,7 +324,8 @@ func (o *object) submit(w *persistence.Write, readBack func([]byte) bool) {
 	w.Partition = o.part
 	w.Epoch = o.epoch
 	w.Chain = o.chain
-	t := o.h.pipe.Submit(w)
+	t := o.h.pipe.Queue(w)
+	o.act.queued.Store(true)
 	o.ov.record(w, t, readBack)
 	o.last = t
 	o.act.dirty.Store(true)
@@ -366,9 +374,8 @@ func (o *object) drop(c actor.Context) {
 		o.moved()
 	}
 	if o.act.inflight.Load() != 0 || (o.last != nil && !o.last.Done()) || o.push.inflight != 0 {
-		self := c.Self()
-		sys := c.ActorSystem()
-		time.AfterFunc(10*time.Millisecond, func() { sys.Root.Send(self, dropPartition{}) })
+		h, act := o.h, o.act
+		time.AfterFunc(10*time.Millisecond, func() { h.send(act, dropPartition{}, false) })
 		return
 	}
 	c.Stop(c.Self())

@@ -42,7 +42,7 @@ type Write struct {
 	// lost write ever reaches disk.
 	Chain *Chain
 
-	err    error // set by the committer goroutine before completion
+	err    error // set by the goroutine committing it, before completion
 	ticket Ticket
 }
 
@@ -124,8 +124,8 @@ func (t *Ticket) complete(err error) {
 	}
 }
 
-// Chain links the writes of one writer; see Write.Chain. Only the committer
-// goroutine touches it.
+// Chain links the writes of one writer; see Write.Chain. Only the goroutine
+// holding the pipeline's commitMu touches it.
 type Chain struct{ err error }
 
 // fail records w's failure on its chain.
@@ -155,11 +155,12 @@ type PipelineConfig struct {
 	AckFence func(partition uint32, epoch uint64) error
 	// Logger receives commit failures. Nil means slog.Default().
 	Logger *slog.Logger
-	// BeforeCommit, if set, is called on the committer goroutine just before each
-	// Badger commit with the number of writes it covers. For instrumentation and
-	// tests (a test may block in it to hold the pipeline).
+	// BeforeCommit, if set, is called on the goroutine committing (the committer,
+	// or a writer's in Help) just before each commit with the number of writes
+	// it covers. For instrumentation and tests (a test may block in it to hold
+	// the pipeline).
 	BeforeCommit func(writes int)
-	// OnCommit, if set, is called on the committer goroutine after each commit
+	// OnCommit, if set, is called on the goroutine committing after each commit
 	// that reached disk, with the writes it covered and the time of its log
 	// write and sync (metrics).
 	OnCommit func(writes int, sync time.Duration)
@@ -183,11 +184,22 @@ type Pipeline struct {
 
 	sorted []applyEntry // the applier's buffer, reused
 
+	// commitMu is held while a batch commits and completes: by the committer
+	// goroutine, or by a writer's goroutine helping while the committer is
+	// parked (Help). Taken before mu.
+	commitMu sync.Mutex
+
 	mu      sync.Mutex
 	queue   []*Write
 	closing bool
 	failErr error // set once a commit failed; guarded by mu
-	wake    chan struct{}
+	// idle is set while the committer is parked and nobody has woken it;
+	// guarded by mu. Only then does a write need a wake-up, or may a writer
+	// commit on its own goroutine.
+	idle bool
+	// queuedAt is when the queue last became non-empty; guarded by mu.
+	queuedAt time.Time
+	wake     chan struct{}
 
 	completions chan []*Write
 	completing  atomic.Int32 // batches sent to the completion goroutine, not yet completed
@@ -209,7 +221,7 @@ type Pipeline struct {
 	holdMu sync.Mutex
 	holds  map[*uint64]struct{}
 
-	// Owned by the committer goroutine.
+	// Owned by whoever holds commitMu.
 	seq         uint64 // sequence number (Badger version) of the last commit
 	payload     []byte // reused record buffer
 	lastRelease time.Time
@@ -255,6 +267,7 @@ func (p *Pipeline) Close() {
 	p.mu.Lock()
 	already := p.closing
 	p.closing = true
+	p.idle = false
 	p.mu.Unlock()
 	if already {
 		return
@@ -281,7 +294,16 @@ func (p *Pipeline) Queued() int {
 
 // Submit queues w for the next commit and returns its ticket at once; it never
 // waits for disk. w must not be changed or submitted again afterwards.
-func (p *Pipeline) Submit(w *Write) *Ticket {
+func (p *Pipeline) Submit(w *Write) *Ticket { return p.submit(w, true) }
+
+// Queue queues w like Submit but does not wake the committer: the caller must
+// call Help or Kick soon, once it has nothing more to queue. An object's turn
+// queues its writes this way, and the goroutine that ran the turn then commits
+// them itself when the committer is idle (one writer at a time: no hand-off to
+// the committer and back on the write's path).
+func (p *Pipeline) Queue(w *Write) *Ticket { return p.submit(w, false) }
+
+func (p *Pipeline) submit(w *Write, wake bool) *Ticket {
 	p.mu.Lock()
 	if p.closing || p.failErr != nil {
 		err := ErrClosed
@@ -293,16 +315,76 @@ func (p *Pipeline) Submit(w *Write) *Ticket {
 		w.ticket.complete(err)
 		return &w.ticket
 	}
-	p.queue = append(p.queue, w)
-	n := len(p.queue)
-	p.mu.Unlock()
-	if n == 1 {
-		select {
-		case p.wake <- struct{}{}:
-		default:
-		}
+	if len(p.queue) == 0 {
+		p.queuedAt = time.Now()
 	}
+	p.queue = append(p.queue, w)
+	if wake {
+		p.wakeLocked()
+	}
+	p.mu.Unlock()
 	return &w.ticket
+}
+
+// wakeLocked wakes the committer if it is parked and writes wait. p.mu is held.
+func (p *Pipeline) wakeLocked() {
+	if !p.idle || len(p.queue) == 0 {
+		return // the committer looks at the queue again before it parks
+	}
+	p.idle = false
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Kick wakes the committer for the writes Queue left waiting.
+func (p *Pipeline) Kick() {
+	p.mu.Lock()
+	p.wakeLocked()
+	p.mu.Unlock()
+}
+
+// KickStale wakes the parked committer if writes have waited longer than age,
+// and reports whether it had to. Every Queue is followed by a Kick or a Help
+// within a turn, so this is a backstop that finds nothing to do; true means
+// a path that queued writes forgot to commit them.
+func (p *Pipeline) KickStale(age time.Duration) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.idle || len(p.queue) == 0 || time.Since(p.queuedAt) < age {
+		return false
+	}
+	p.wakeLocked()
+	return true
+}
+
+// Help commits the waiting writes on the calling goroutine, synced and
+// completed as the committer would, if the committer is parked; otherwise it
+// only makes sure the committer will see them (Kick). The caller must be free
+// to block for a sync, and must hold no lock a completion callback takes.
+//
+// Why: a serial writer's write used to go to the committer goroutine and its
+// acknowledgement back, two hand-offs between threads. On this project's
+// 2-core virtual machine a goroutine woken on the other core costs 8-9 µs (a
+// futex wake and an inter-processor interrupt), and a write waited about 20 µs
+// in all for them; one writer, one write at a time, was 1.13x faster with
+// Help (docs/benchmarks.md, session 11). Under load the committer is never
+// parked, so Help is a Kick and group commit is unchanged.
+func (p *Pipeline) Help() {
+	p.mu.Lock()
+	if !p.idle || len(p.queue) == 0 || p.closing || !p.commitMu.TryLock() {
+		p.wakeLocked()
+		p.mu.Unlock()
+		return
+	}
+	batch := p.queue
+	p.queue = nil
+	p.mu.Unlock()
+	p.commitBatch(batch)
+	p.commitMu.Unlock()
+	// Writes queued meanwhile woke the committer (Submit) or are their
+	// queuers' to kick (Queue).
 }
 
 func (p *Pipeline) commitLoop() {
@@ -312,10 +394,17 @@ func (p *Pipeline) commitLoop() {
 	for {
 		p.mu.Lock()
 		for len(p.queue) == 0 && !p.closing {
+			p.idle = true
 			p.mu.Unlock()
 			<-p.wake
 			p.mu.Lock()
 		}
+		p.idle = false
+		p.mu.Unlock()
+		// A helper may be committing: wait for it, then take what is left,
+		// so that batches commit in the order their writes were queued.
+		p.commitMu.Lock()
+		p.mu.Lock()
 		batch := p.queue
 		p.queue = nil // the completion goroutine owns batch from here
 		closing := p.closing
@@ -324,6 +413,7 @@ func (p *Pipeline) commitLoop() {
 		if len(batch) > 0 {
 			p.commitBatch(batch)
 		}
+		p.commitMu.Unlock()
 		if closing && len(batch) == 0 {
 			return
 		}
