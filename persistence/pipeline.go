@@ -186,7 +186,8 @@ type Pipeline struct {
 
 	// commitMu is held while a batch commits and completes: by the committer
 	// goroutine, or by a writer's goroutine helping while the committer is
-	// parked (Help). Taken before mu.
+	// parked (Help). The committer locks it before mu; Help only tries it
+	// while holding mu.
 	commitMu sync.Mutex
 
 	mu      sync.Mutex
@@ -368,9 +369,9 @@ func (p *Pipeline) KickStale(age time.Duration) bool {
 // acknowledgement back, two hand-offs between threads. On this project's
 // 2-core virtual machine a goroutine woken on the other core costs 8-9 µs (a
 // futex wake and an inter-processor interrupt), and a write waited about 20 µs
-// in all for them; one writer, one write at a time, was 1.13x faster with
-// Help (docs/benchmarks.md, session 11). Under load the committer is never
-// parked, so Help is a Kick and group commit is unchanged.
+// in all for them; one writer, one write at a time, was 1.22x faster with
+// Help (8 of 8 pairs; docs/benchmarks.md, session 11). Under load the
+// committer is never parked, so Help is a Kick and group commit is unchanged.
 func (p *Pipeline) Help() {
 	p.mu.Lock()
 	if !p.idle || len(p.queue) == 0 || p.closing || !p.commitMu.TryLock() {
