@@ -2,6 +2,8 @@ package actors
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -116,5 +118,46 @@ func TestHost_AWriteIsCommittedBeforeTheNextMessageOfItsRun(t *testing.T) {
 	// sweeper's backstop, which waits a second first).
 	if elapsed > 500*time.Millisecond {
 		t.Fatalf("the write of the message before took %v to commit", elapsed)
+	}
+}
+
+// warnings records the messages of the warnings logged through it.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) Enabled(context.Context, slog.Level) bool { return true }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		w.mu.Lock()
+		w.msgs = append(w.msgs, r.Message)
+		w.mu.Unlock()
+	}
+	return nil
+}
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+
+// A write queued without anyone committing it (a delivery path that forgot)
+// is committed by the sweeper once it has waited a second, with a warning.
+func TestHost_TheSweeperCommitsWritesLeftQueued(t *testing.T) {
+	var logged warnings
+	n := startNode(t, t.TempDir(), nodeOpts{cfg: Config{Logger: slog.New(&logged)}})
+	time.Sleep(50 * time.Millisecond) // the committer parks
+	start := time.Now()
+	tk := n.pipe.Queue(&persistence.Write{Sets: []persistence.KV{{Key: []byte("stranded"), Value: []byte("v")}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tk.Wait(ctx); err != nil {
+		t.Fatalf("the stranded write was never committed: %v", err)
+	}
+	if waited := time.Since(start); waited < time.Second {
+		t.Fatalf("committed after %v: something other than the sweeper committed it", waited)
+	}
+	logged.mu.Lock()
+	defer logged.mu.Unlock()
+	if len(logged.msgs) != 1 || !strings.Contains(logged.msgs[0], "commit queue") {
+		t.Fatalf("warnings %q, want the commit queue's", logged.msgs)
 	}
 }
