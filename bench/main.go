@@ -207,8 +207,9 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 				}
 				peers.LeaseRecords = leaseRecordsFor(d, warmup, w.fill)
 			}
-			stopProfile, stopTrace := profileCPU(), traceRun()
+			stopProfile, stopTrace, stopAllocs := profileCPU(), traceRun(), profileAllocs()
 			r, err = w.holdfast(filepath.Join(dir, "data"), d)
+			stopAllocs()
 			stopTrace()
 			stopProfile()
 			if !w.payload {
@@ -229,6 +230,22 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 // it returns the function that stops it.
 func profileCPU() func() {
 	return profileTo("HOLDFAST_BENCH_CPUPROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile)
+}
+
+// profileAllocs writes a heap profile into $HOLDFAST_BENCH_ALLOCPROFILE, when
+// set, at the end of the measured interval; it returns the function that writes
+// it. Its alloc_space counts every allocation since the process started, the
+// warm-up's included.
+func profileAllocs() func() {
+	var f *os.File
+	return profileTo("HOLDFAST_BENCH_ALLOCPROFILE", func(w io.Writer) error {
+		f = w.(*os.File)
+		return nil
+	}, func() {
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			fatal(err)
+		}
+	})
 }
 
 // traceRun writes an execution trace into $HOLDFAST_BENCH_TRACE, when set; it

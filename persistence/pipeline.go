@@ -183,6 +183,7 @@ type Pipeline struct {
 	cfg PipelineConfig
 
 	sorted []applyEntry // the applier's buffer, reused
+	kvs    []pb.KV      // the applier's KVLoader entries, reused
 
 	// commitMu is held while a batch commits and completes: by the committer
 	// goroutine, or by a writer's goroutine helping while the committer is
@@ -760,7 +761,11 @@ func (p *Pipeline) applyTxn(entries []applyEntry, version uint64) error {
 // applyLoader writes entries, in their order, through a KVLoader at version,
 // in as many write requests as Badger needs.
 func (p *Pipeline) applyLoader(entries []applyEntry, version uint64) error {
-	kvs := make([]pb.KV, 0, len(entries))
+	kvs := p.kvs[:0]
+	defer func() {
+		clear(kvs) // do not keep the writes alive
+		p.kvs = kvs[:0]
+	}()
 	for _, e := range entries {
 		var meta []byte
 		if e.del {
