@@ -23,4 +23,11 @@
 // object.
 //
 // Other modes: -fanout (websocket fan-out), -cold (cold storage), -alarms.
+//
+// One case alone, profiled over its measured interval (a fresh -dir each time):
+//
+//	HOLDFAST_BENCH_CPUPROFILE=cpu.prof go run ./bench -case holdfast/1000-objects -dir /tmp/k -duration 5s
+//
+// HOLDFAST_BENCH_ALLOCPROFILE writes a heap profile (go tool pprof
+// -sample_index=alloc_space) and HOLDFAST_BENCH_TRACE an execution trace.
 package main
