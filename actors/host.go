@@ -431,6 +431,10 @@ func (h *Host) Request(ctx context.Context, id ObjectID, msg any) (any, error) {
 	}
 	env := &envelope{msg: msg, reply: make(chan result, 1), act: act}
 	h.send(act, env, true)
+	if ctx.Done() == nil { // a context that never ends: no select to pay for
+		r := <-env.reply
+		return r.val, r.err
+	}
 	select {
 	case r := <-env.reply:
 		return r.val, r.err

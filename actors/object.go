@@ -93,15 +93,15 @@ func (o *object) Receive(c actor.Context) {
 	case passivate:
 		o.idle(c)
 	case flushDone:
-		o.ov.evict() // long trims run here, pass after pass: keep the overlay short
+		o.ov.evict(o.h.pipe.AppliedSeq()) // long trims run here, pass after pass: keep the overlay short
 		o.onFlushDone(m)
 	case resume:
-		o.ov.evict()
+		o.ov.evict(o.h.pipe.AppliedSeq())
 		m.fn()
 	case dropPartition:
 		o.drop(c)
 	case tidy:
-		o.ov.evict()
+		o.ov.evict(o.h.pipe.AppliedSeq())
 		if o.health() == nil && o.last == nil && len(o.ov.entries) == 0 {
 			o.act.dirty.Store(false)
 		}
@@ -125,7 +125,7 @@ type passivate struct{}
 type tidy struct{}
 
 func (o *object) handle(c actor.Context, env *envelope) {
-	o.ov.evict()
+	o.ov.evict(o.h.pipe.AppliedSeq())
 	if o.broken == nil && o.h.epoch(o.part) != o.epoch {
 		o.moved()
 	}
@@ -335,7 +335,7 @@ func (o *object) submit(w *persistence.Write, readBack func([]byte) bool) {
 // delivered, every write is durable and visible in Badger, and no caller holds the
 // activation.
 func (o *object) idle(c actor.Context) {
-	o.ov.evict()
+	o.ov.evict(o.h.pipe.AppliedSeq())
 	// Applied, not only durable: the next activation loads from Badger. An object
 	// with subscribers stays: its feed lives in this activation.
 	if len(o.subs) == 0 && o.push.inflight == 0 && (o.last == nil || o.last.Applied()) && o.h.release(o.act) {

@@ -15,6 +15,11 @@ import (
 // search it from the newest entry. Only the actor's goroutine touches an overlay.
 type overlay struct {
 	entries []overlayEntry
+	// appliedSeen is the pipeline's applied sequence number when evict last
+	// looked at the tickets. A ticket is marked applied before that number
+	// moves past it, so while the number stands still there is nothing new to
+	// drop, and evict does not read tickets that other cores just wrote.
+	appliedSeen uint64
 }
 
 type overlayEntry struct {
@@ -39,9 +44,14 @@ func (o *overlay) record(w *persistence.Write, t *persistence.Ticket, readBack f
 	}
 }
 
-// evict drops the entries whose writes Badger shows now. Tickets are applied in
-// submission order, so they leave from the front.
-func (o *overlay) evict() {
+// evict drops the entries whose writes Badger shows now; applied is the
+// pipeline's applied sequence number (Pipeline.AppliedSeq). Tickets are applied
+// in submission order, so they leave from the front.
+func (o *overlay) evict(applied uint64) {
+	if len(o.entries) == 0 || applied == o.appliedSeen {
+		return
+	}
+	o.appliedSeen = applied
 	n := 0
 	for n < len(o.entries) && o.entries[n].t.Applied() {
 		n++

@@ -73,3 +73,38 @@ func TestStore_ScanMergesOverlayOverBadger(t *testing.T) {
 	}
 	hd.open()
 }
+
+// TestOverlay_EvictDropsWritesOnceBadgerShowsThem: an overlay keeps the entries
+// of writes the applier holds back, and drops them at the first evict after
+// Badger shows them; an evict before that drops nothing.
+func TestOverlay_EvictDropsWritesOnceBadgerShowsThem(t *testing.T) {
+	applyHold := newHold(t)
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeApply: func(uint64) { applyHold.before(1) }}})
+	ctx := context.Background()
+	var ov overlay
+	var tickets []*persistence.Ticket
+	for i := range 3 {
+		w := &persistence.Write{Sets: []persistence.KV{{Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}}}
+		tk := n.pipe.Submit(w)
+		ov.record(w, tk, nil)
+		tickets = append(tickets, tk)
+	}
+	for _, tk := range tickets {
+		if err := tk.Wait(ctx); err != nil { // durable; the applier is held
+			t.Fatal(err)
+		}
+	}
+	ov.evict(n.pipe.AppliedSeq())
+	if len(ov.entries) != 3 {
+		t.Fatalf("%d overlay entries while Badger shows none of the writes, want 3", len(ov.entries))
+	}
+	applyHold.open()
+	waitFor(t, "the writes to be applied", tickets[2].Applied)
+	waitFor(t, "the applied sequence number to pass the writes", func() bool {
+		return n.pipe.AppliedSeq() >= n.pipe.Committed()
+	})
+	ov.evict(n.pipe.AppliedSeq())
+	if len(ov.entries) != 0 {
+		t.Fatalf("%d overlay entries after Badger shows every write, want 0", len(ov.entries))
+	}
+}

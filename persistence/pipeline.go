@@ -195,6 +195,9 @@ type Pipeline struct {
 	queue   []*Write
 	closing bool
 	failErr error // set once a commit failed; guarded by mu
+	// stopped is set right after failErr, so that Failed, which every request
+	// calls, need not take mu while nothing failed.
+	stopped atomic.Bool
 	// idle is set while the committer is parked and nobody has woken it;
 	// guarded by mu. Only then does a write need a wake-up, or may a writer
 	// commit on its own goroutine.
@@ -539,6 +542,7 @@ func (p *Pipeline) fatal(err error) {
 	p.mu.Lock()
 	if p.failErr == nil {
 		p.failErr = err
+		p.stopped.Store(true)
 		p.mu.Unlock()
 		p.cfg.Logger.Error("storage failed; refusing every request until restart", "err", err)
 		return
@@ -892,10 +896,17 @@ func (p *Pipeline) discardTs(applied uint64) uint64 {
 
 // Failed returns the storage failure that stopped the pipeline, or nil.
 func (p *Pipeline) Failed() error {
+	if !p.stopped.Load() {
+		return nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.failErr
 }
+
+// AppliedSeq returns the sequence number up to which Badger shows every
+// commit. Tickets are marked applied before it moves past them.
+func (p *Pipeline) AppliedSeq() uint64 { return p.applied.Load() }
 
 // Committed returns the sequence number (Badger version) of the last durable
 // commit.
