@@ -139,14 +139,36 @@ func (o *KV) Write(ctx context.Context, w *KVWrite) (*WriteResult, error) {
 // valid, compact and not shared with the caller, so that the plan need not
 // check and copy it again. A json.RawMessage is the caller's, checked later.
 func marshalValue(v any) (json.RawMessage, bool, error) {
-	if raw, ok := v.(json.RawMessage); ok {
-		return raw, false, nil
+	switch v := v.(type) {
+	case json.RawMessage:
+		return v, false, nil
+	case string:
+		if b, ok := quotePlain(v); ok {
+			return b, true, nil
+		}
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		return nil, false, badRequestf("value cannot be encoded as JSON: %v", err)
 	}
 	return b, true, nil
+}
+
+// quotePlain quotes s as JSON, byte for byte as json.Marshal does but without
+// its reflection, when s is ASCII and none of its bytes needs an escape there:
+// no control character, '"', '\\', or HTML-sensitive '<', '>' or '&'. It
+// leaves every other string to json.Marshal (ok false), non-ASCII ones
+// included, which json.Marshal may rewrite (invalid UTF-8, U+2028, U+2029).
+func quotePlain(s string) (json.RawMessage, bool) {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return nil, false
+		}
+	}
+	b := make([]byte, 0, len(s)+2)
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"'), true
 }
 
 // Set sets slot to value (any JSON-encodable Go value, or json.RawMessage).
