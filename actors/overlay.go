@@ -18,7 +18,9 @@ type overlay struct {
 	// appliedSeen is the pipeline's applied sequence number when evict last
 	// looked at the tickets. A ticket is marked applied before that number
 	// moves past it, so while the number stands still there is nothing new to
-	// drop, and evict does not read tickets that other cores just wrote.
+	// drop, and evict does not read tickets that other cores just wrote. (A
+	// failed write's ticket is marked at once instead, but its activation is
+	// forgotten on the failure, so nothing reads its overlay again.)
 	appliedSeen uint64
 }
 
