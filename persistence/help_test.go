@@ -124,14 +124,11 @@ func TestPipeline_HelpLeavesABusyCommitterItsWork(t *testing.T) {
 			<-release
 		}
 	}})
-	var mu sync.Mutex
-	var order []string
+	// Completions in the order their callbacks ran. Wait can return before a
+	// ticket's callbacks have run, so the order is read from here.
+	completed := make(chan string, 2)
 	track := func(name string, tk *Ticket) *Ticket {
-		tk.OnDone(func(error) {
-			mu.Lock()
-			order = append(order, name)
-			mu.Unlock()
-		})
+		tk.OnDone(func(error) { completed <- name })
 		return tk
 	}
 	t1 := track("first", p.Submit(set("a", "1")))
@@ -159,8 +156,15 @@ func TestPipeline_HelpLeavesABusyCommitterItsWork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	var order []string
+	for range 2 {
+		select {
+		case name := <-completed:
+			order = append(order, name)
+		case <-ctx.Done():
+			t.Fatalf("completion callbacks so far: %v", order)
+		}
+	}
 	if fmt.Sprint(order) != "[first second]" {
 		t.Fatalf("completion order %v", order)
 	}
@@ -218,6 +222,19 @@ func TestPipeline_HelpersAndTheCommitterKeepTheQueuesOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitApplied(t, last[g])
+	}
+	// Wait can return before a ticket's callbacks have run: give the last
+	// ones a bounded moment before counting.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := 0
+		for _, seq := range done {
+			n += len(seq)
+		}
+		mu.Unlock()
+		if n == writers*each {
+			break
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
