@@ -16,19 +16,11 @@ import (
 // waitParked waits until p's committer is parked with nothing to do.
 func waitParked(t *testing.T, p *Pipeline) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitFor(t, "the committer to park", func() bool {
 		p.mu.Lock()
-		parked := p.idle && len(p.queue) == 0
-		p.mu.Unlock()
-		if parked {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the committer never parked")
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+		defer p.mu.Unlock()
+		return p.idle && len(p.queue) == 0
+	})
 }
 
 // commitGoroutines records the goroutine of every commit.
@@ -223,19 +215,16 @@ func TestPipeline_HelpersAndTheCommitterKeepTheQueuesOrder(t *testing.T) {
 		}
 		waitApplied(t, last[g])
 	}
-	// Wait can return before a ticket's callbacks have run: give the last
-	// ones a bounded moment before counting.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	// Wait can return before a ticket's callbacks have run.
+	waitFor(t, "every completion callback", func() bool {
 		mu.Lock()
+		defer mu.Unlock()
 		n := 0
 		for _, seq := range done {
 			n += len(seq)
 		}
-		mu.Unlock()
-		if n == writers*each {
-			break
-		}
-	}
+		return n == writers*each
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	for g, seq := range done {

@@ -43,16 +43,22 @@ func reopen(t *testing.T, p *Pipeline, db *DB, cfg Config) *DB {
 	return db
 }
 
-// waitApplied waits until Badger shows tk's write.
-func waitApplied(t testing.TB, tk *Ticket) {
+// waitFor polls cond until it holds, and fails the test after 10 s.
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !tk.Applied() {
+	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("write never applied")
+			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
+}
+
+// waitApplied waits until Badger shows tk's write.
+func waitApplied(t testing.TB, tk *Ticket) {
+	t.Helper()
+	waitFor(t, "the write to be applied", tk.Applied)
 }
 
 func set(k, v string) *Write {

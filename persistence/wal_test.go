@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 )
 
 type replayed struct {
@@ -307,16 +306,10 @@ func TestWAL_PreparesTheNextSegmentAhead(t *testing.T) {
 		commit()
 	}
 	prepared := filepath.Join(dir, preparedFree)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(prepared); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no segment was prepared ahead")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFor(t, "a segment prepared ahead", func() bool {
+		_, err := os.Stat(prepared)
+		return err == nil
+	})
 	first := w.cur.id
 	for w.cur.id == first {
 		commit()
