@@ -293,7 +293,8 @@ func encodeLogEntry(changes []Change) ([]byte, []int) {
 	return append(b, ']'), at
 }
 
-// appendJSONString appends s as a JSON string.
+// appendJSONString appends s as a JSON string: json.Marshal's bytes, except that
+// '<', '>' and '&' stay as they are (json.Marshal escapes them for HTML).
 func appendJSONString(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x7F {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 )
 
 // Messages of the KV behaviour. Every object, of any type, answers them.
@@ -154,21 +155,15 @@ func marshalValue(v any) (json.RawMessage, bool, error) {
 	return b, true, nil
 }
 
-// quotePlain quotes s as JSON, byte for byte as json.Marshal does but without
-// its reflection, when s is ASCII and none of its bytes needs an escape there:
-// no control character, '"', '\\', or HTML-sensitive '<', '>' or '&'. It
-// leaves every other string to json.Marshal (ok false), non-ASCII ones
-// included, which json.Marshal may rewrite (invalid UTF-8, U+2028, U+2029).
+// quotePlain quotes s as JSON, byte for byte as json.Marshal does, without its
+// reflection for the common string: appendJSONString quotes as json.Marshal
+// does but for the HTML escapes of '<', '>' and '&', so it leaves strings with
+// those to json.Marshal (ok false).
 func quotePlain(s string) (json.RawMessage, bool) {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			return nil, false
-		}
+	if strings.ContainsAny(s, "<>&") {
+		return nil, false
 	}
-	b := make([]byte, 0, len(s)+2)
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"'), true
+	return appendJSONString(make([]byte, 0, len(s)+2), s), true
 }
 
 // Set sets slot to value (any JSON-encodable Go value, or json.RawMessage).
