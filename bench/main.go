@@ -237,12 +237,12 @@ func profileCPU() func() {
 // it. Its alloc_space counts every allocation since the process started, the
 // warm-up's included.
 func profileAllocs() func() {
-	var f *os.File
+	var out io.Writer
 	return profileTo("HOLDFAST_BENCH_ALLOCPROFILE", func(w io.Writer) error {
-		f = w.(*os.File)
+		out = w
 		return nil
 	}, func() {
-		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		if err := pprof.Lookup("allocs").WriteTo(out, 0); err != nil {
 			fatal(err)
 		}
 	})
