@@ -93,15 +93,15 @@ func (o *object) Receive(c actor.Context) {
 	case passivate:
 		o.idle(c)
 	case flushDone:
-		o.ov.evict(o.h.pipe.AppliedSeq()) // long trims run here, pass after pass: keep the overlay short
+		o.evict() // long trims run here, pass after pass: keep the overlay short
 		o.onFlushDone(m)
 	case resume:
-		o.ov.evict(o.h.pipe.AppliedSeq())
+		o.evict()
 		m.fn()
 	case dropPartition:
 		o.drop(c)
 	case tidy:
-		o.ov.evict(o.h.pipe.AppliedSeq())
+		o.evict()
 		if o.health() == nil && o.last == nil && len(o.ov.entries) == 0 {
 			o.act.dirty.Store(false)
 		}
@@ -118,6 +118,9 @@ func (o *object) init(c actor.Context, a *activation) {
 	o.opts = o.h.typeOptions(a.id.Type)
 }
 
+// evict drops the overlay's entries that Badger shows now.
+func (o *object) evict() { o.ov.evict(o.h.pipe.AppliedSeq()) }
+
 // passivate asks an object that the host's sweeper saw idle to go away.
 type passivate struct{}
 
@@ -125,7 +128,7 @@ type passivate struct{}
 type tidy struct{}
 
 func (o *object) handle(c actor.Context, env *envelope) {
-	o.ov.evict(o.h.pipe.AppliedSeq())
+	o.evict()
 	if o.broken == nil && o.h.epoch(o.part) != o.epoch {
 		o.moved()
 	}
@@ -335,7 +338,7 @@ func (o *object) submit(w *persistence.Write, readBack func([]byte) bool) {
 // delivered, every write is durable and visible in Badger, and no caller holds the
 // activation.
 func (o *object) idle(c actor.Context) {
-	o.ov.evict(o.h.pipe.AppliedSeq())
+	o.evict()
 	// Applied, not only durable: the next activation loads from Badger. An object
 	// with subscribers stays: its feed lives in this activation.
 	if len(o.subs) == 0 && o.push.inflight == 0 && (o.last == nil || o.last.Applied()) && o.h.release(o.act) {
