@@ -24,6 +24,7 @@ type testNode struct {
 }
 
 type nodeOpts struct {
+	db    persistence.Config // Dir is the node's; the rest as given
 	cfg   Config
 	pipe  persistence.PipelineConfig
 	types []TypeSpec
@@ -32,7 +33,8 @@ type nodeOpts struct {
 
 func startNode(t testing.TB, dir string, o nodeOpts) *testNode {
 	t.Helper()
-	db, err := persistence.Open(persistence.Config{Dir: dir})
+	o.db.Dir = dir
+	db, err := persistence.Open(o.db)
 	if err != nil {
 		t.Fatal(err)
 	}

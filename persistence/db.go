@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -28,6 +29,10 @@ type Config struct {
 	MemTableSize int64
 	// SegmentSize is the size of a write-ahead log segment. Zero means 64 MiB.
 	SegmentSize int64
+	// ValueLogFileSize is the size of one of Badger's value-log files, which
+	// hold values of 1 MiB and more (see valuelog.go). Zero means 128 MiB; at
+	// least 1 MiB.
+	ValueLogFileSize int64
 	// Logger receives Badger's messages. Nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -42,8 +47,15 @@ const MaxPartitions = 1 << 16
 // version is its sequence number in the write-ahead log, and the log itself. Reads
 // see every commit the pipeline applied.
 type DB struct {
-	bdb        *badger.DB
-	wal        *wal
+	bdb  *badger.DB
+	wal  *wal
+	vlog *valueLog
+	// writeMu is held around Badger's writes after Open (the applier's, and
+	// the value-log GC's) and around its Sync. Badger (v4.9.6) grows its
+	// current value-log file's mapping in a write without the lock its Sync
+	// takes, and a Sync at that moment syncs the old, unmapped range and fails
+	// (ENOMEM; the race detector sees it too).
+	writeMu    sync.Mutex
 	log        *slog.Logger
 	partitions int
 	lastSeq    uint64 // the highest version in Badger or the log at Open
@@ -62,6 +74,9 @@ func Open(cfg Config) (*DB, error) {
 	if cfg.SegmentSize == 0 {
 		cfg.SegmentSize = 64 << 20
 	}
+	if cfg.ValueLogFileSize == 0 {
+		cfg.ValueLogFileSize = valueLogFileSize
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -76,12 +91,13 @@ func Open(cfg Config) (*DB, error) {
 		WithDetectConflicts(false).
 		WithMemTableSize(cfg.MemTableSize).
 		WithNumMemtables(3).
+		WithValueLogFileSize(cfg.ValueLogFileSize).
 		WithLogger(badgerLogger{cfg.Logger.With("component", "badger")})
 	bdb, err := badger.OpenManaged(opts)
 	if err != nil {
 		return nil, fmt.Errorf("open badger in %s: %w", cfg.Dir, err)
 	}
-	db := &DB{bdb: bdb, log: cfg.Logger}
+	db := &DB{bdb: bdb, vlog: newValueLog(opts.Dir), log: cfg.Logger}
 	wb := bdb.NewManagedWriteBatch()
 	replayed := 0
 	w, last, err := openWAL(filepath.Join(cfg.Dir, "wal"), cfg.SegmentSize, cfg.Logger, func(seq uint64, payload []byte) error {

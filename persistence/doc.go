@@ -41,6 +41,11 @@
 // is renamed out of the log, durably, so it can never be replayed over newer history.
 // A clean Close flushes Badger and removes the log.
 //
+// Values of 1 MiB and more live in Badger's value log, which Badger neither
+// syncs nor reclaims on its own: the release syncs every value-log file, and
+// the pipeline runs Badger's value-log GC so that it deletes a file only once
+// the copies it made are synced (valuelog.go).
+//
 // A failed commit (a failed write or sync) is not retried: after it the pipeline
 // refuses every later Write with ErrFailed, because what the log's file holds is
 // unknown after a failed fdatasync (the kernel may have dropped the pages). Its

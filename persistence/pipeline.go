@@ -167,6 +167,9 @@ type PipelineConfig struct {
 	// BeforeApply, if set, is called on the applier goroutine before each record is
 	// applied to Badger. For tests (a test may block in it to hold the applier).
 	BeforeApply func(seq uint64)
+	// ValueLogGCEvery is how often the pipeline looks for value-log files to
+	// reclaim (see valuelog.go). Zero means a minute; negative, never.
+	ValueLogGCEvery time.Duration
 }
 
 // PipelineStats counts the pipeline's work since Start.
@@ -217,6 +220,8 @@ type Pipeline struct {
 	applyMu            sync.Mutex
 	applyCond          *sync.Cond
 	done               sync.WaitGroup
+	stopGC             chan struct{}   // closed by Close
+	flushes            chan chan error // the GC loop asks the applier to flush Badger's memtables
 
 	commits, writes, failed atomic.Uint64
 
@@ -243,6 +248,9 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.ValueLogGCEvery == 0 {
+		cfg.ValueLogGCEvery = time.Minute
+	}
 	p := &Pipeline{
 		seq:         db.lastSeq,
 		db:          db,
@@ -251,6 +259,8 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 		completions: make(chan []*Write, 64),
 		applies:     make(chan applyJob, 256),
 		hurry:       make(chan struct{}, 1),
+		stopGC:      make(chan struct{}),
+		flushes:     make(chan chan error),
 	}
 	p.committed.Store(db.lastSeq)
 	p.applied.Store(db.lastSeq)
@@ -264,6 +274,10 @@ func (p *Pipeline) Start() {
 	go p.commitLoop()
 	go p.completeLoop()
 	go p.applyLoop()
+	if p.cfg.ValueLogGCEvery > 0 {
+		p.done.Add(1)
+		go p.gcLoop()
+	}
 }
 
 // Close stops accepting writes, commits every write already submitted, completes
@@ -277,12 +291,88 @@ func (p *Pipeline) Close() {
 	if already {
 		return
 	}
+	close(p.stopGC)
 	select {
 	case p.wake <- struct{}{}:
 	default:
 	}
 	p.done.Wait()
 }
+
+// gcLoop reclaims Badger's value-log files every ValueLogGCEvery, until Close.
+// A failed sync of what the GC rewrote fails the pipeline, as a failed commit
+// does: what Badger's files hold is unknown after it.
+//
+// The GC can only reclaim garbage that Badger's compactions have found, and
+// those compact tables, not memtables. A tree entry for a value in the value log
+// is a small pointer, so a node that writes mostly such values fills a
+// memtable (128 MiB) only after terabytes, and would never get its space back.
+// So when the value log has grown by flushEveryFiles files since Badger last
+// flushed its memtables for it, the applier flushes them (Pipeline.flushBadger)
+// before the GC runs; Badger's compactions take it from there.
+func (p *Pipeline) gcLoop() {
+	defer p.done.Done()
+	t := time.NewTicker(p.cfg.ValueLogGCEvery)
+	defer t.Stop()
+	var flushedAt uint64 // the newest value-log file at the last flush
+	for {
+		select {
+		case <-p.stopGC:
+			return
+		case <-t.C:
+		}
+		if newest, err := p.db.vlog.newest(); err != nil {
+			p.cfg.Logger.Warn("value log GC failed", "err", err)
+		} else if newest >= flushedAt+flushEveryFiles {
+			reply := make(chan error, 1)
+			select {
+			case p.flushes <- reply:
+			case <-p.stopGC:
+				return
+			}
+			if err := <-reply; err != nil {
+				p.cfg.Logger.Warn("could not flush Badger's memtables for the value log GC", "err", err)
+			}
+			flushedAt = newest
+		}
+		n, err := p.db.collectValueLog(maxGCFiles)
+		switch {
+		case errors.Is(err, errRewriteSync):
+			p.fatal(err)
+			return
+		case err != nil:
+			p.cfg.Logger.Warn("value log GC failed", "err", err)
+		case n > 0:
+			p.cfg.Logger.Info("value log GC reclaimed files", "files", n)
+		}
+	}
+}
+
+// flushEveryFiles is how many value-log files Badger may start before the GC
+// loop has the applier flush Badger's memtables.
+const flushEveryFiles = 2
+
+// flushBadger flushes Badger's memtables to tables. Badger has no call for that
+// but DropPrefix, which flushes every memtable before it drops a prefix found
+// in them; so it writes a marker key and drops it. DropPrefix refuses writes
+// while it runs, so only the applier, Badger's one writer, calls it, between
+// two batches. (The value-log GC writes too, but only in collectValueLog, on
+// the GC loop, which waits for this.)
+func (p *Pipeline) flushBadger() error {
+	key := metaKey("flush-marker")
+	txn := p.db.bdb.NewTransactionAt(math.MaxUint64, true)
+	defer txn.Discard()
+	if err := txn.Set(key, nil); err != nil {
+		return err
+	}
+	if err := txn.CommitAt(p.applied.Load(), nil); err != nil {
+		return err
+	}
+	return p.db.bdb.DropPrefix(key)
+}
+
+// maxGCFiles bounds the value-log files one GC round rewrites.
+const maxGCFiles = 8
 
 // Stats returns the pipeline's counters.
 func (p *Pipeline) Stats() PipelineStats {
@@ -577,9 +667,20 @@ func (p *Pipeline) applyLoop() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for open := true; open; {
-		job, ok := <-p.applies
-		if !ok {
-			break
+		var job applyJob
+		select {
+		case j, ok := <-p.applies:
+			if !ok {
+				open = false
+				continue
+			}
+			job = j
+		case reply := <-p.flushes:
+			p.db.writeMu.Lock()
+			err := p.flushBadger()
+			p.db.writeMu.Unlock()
+			reply <- err
+			continue
 		}
 		jobs = append(jobs[:0], job)
 		size := job.estimate()
@@ -614,7 +715,10 @@ func (p *Pipeline) applyLoop() {
 				p.cfg.BeforeApply(j.seq)
 			}
 		}
-		if err := p.apply(jobs); err != nil {
+		p.db.writeMu.Lock()
+		err := p.apply(jobs)
+		p.db.writeMu.Unlock()
+		if err != nil {
 			// The records are durable in the log; Badger lags behind it until
 			// the node restarts and replays them.
 			p.fatal(fmt.Errorf("apply seq %d..%d to badger: %w", jobs[0].seq, last, err))
@@ -805,8 +909,15 @@ func (p *Pipeline) maybeRelease() {
 	if p.db.wal.segments() < 2 || time.Since(p.lastRelease) < time.Second {
 		return
 	}
+	// Badger's Sync must not run beside its writes (DB.writeMu). Rather than
+	// wait here, on the commits' path, for the applier or the value-log GC,
+	// try again at the next commit.
+	if !p.db.writeMu.TryLock() {
+		return
+	}
+	defer p.db.writeMu.Unlock()
 	p.lastRelease = time.Now()
-	if err := p.db.wal.release(p.db.releasable(), p.db.bdb.Sync); err != nil {
+	if err := p.db.wal.release(p.db.releasable(), p.db.syncBadger); err != nil {
 		p.cfg.Logger.Warn("could not release write-ahead log segments", "err", err)
 	}
 }

@@ -1,0 +1,231 @@
+package persistence
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Badger's value log. Badger keeps a value of 1 MiB or more (its largest
+// ValueThreshold) out of its LSM tree, in value-log files (NNNNNN.vlog) that
+// the tree points into: a slot value of 1 MiB, the change-log entry of a large
+// transaction, the block of a large log append. Badger does not sync those
+// files (SyncWrites is off: the write-ahead log is the durability point), and
+// it reclaims none of their space by itself. Two things follow.
+//
+// Before the write-ahead log gives up records, every value-log file that they
+// may point into must be synced. Badger's DB.Sync syncs only the file it writes
+// now; one it filled and left since is synced by nobody until Close.
+// syncValueLog syncs those too, and the directory, which Badger does not sync
+// when it creates a value-log file, a memtable's log or a table.
+//
+// The space of values deleted, overwritten or trimmed comes back only through
+// Badger's value-log GC (RunValueLogGC). It copies a file's live values into
+// the current file, through Badger's unsynced write path, points the tree at
+// the copies, and deletes the old file at once: a power loss after that delete
+// would lose values whose only synced copy was in it. collectValueLog makes it
+// safe. It holds an iterator open while the GC runs, which makes Badger defer
+// the delete (Badger deletes a rewritten file only once no iterator is open);
+// then it syncs the copies, and the memtable logs (NNNNN.mem) that hold the
+// tree's new pointers; only then does it close the iterator and let the old
+// file go. (That deferral is Badger's, v4.9.6: valueLog.rewrite and
+// decrIteratorCount. TestValueLog_GCKeepsRewrittenFilesUntilItsCopiesAreSynced
+// fails if an upgrade changes it.) Badger finds the garbage of a file in its
+// compactions (discard statistics), so space comes back as the tree is
+// compacted, not at once; Pipeline.gcLoop sees that compactions happen.
+
+// valueLogFileSize is the size at which Badger starts a new value-log file,
+// and so the unit in which the GC gives space back. Badger's default is 1 GiB.
+const valueLogFileSize = 128 << 20
+
+// valueLogDiscardRatio is the share of a value-log file that must be garbage
+// before the GC rewrites it: the rewrite costs the live rest.
+const valueLogDiscardRatio = 0.5
+
+// valueLog syncs Badger's value-log and memtable-log files, in Badger's
+// directory.
+type valueLog struct {
+	dir string
+	mu  sync.Mutex
+	// syncedBelow: every value-log file with a lower number was synced after
+	// Badger had left it for a newer one, and Badger no longer writes to it.
+	syncedBelow uint64
+	// fsync syncs a file or directory; tests replace it to see what is synced.
+	fsync func(path string) error
+	// pins are iterators left open after a failed sync, so that Badger never
+	// deletes the value-log files a GC rewrote (collectValueLog).
+	pins []*badger.Iterator
+}
+
+func newValueLog(dir string) *valueLog {
+	return &valueLog{dir: dir, fsync: fsyncPath}
+}
+
+func fsyncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// numbered is a file named NNN.ext in Badger's directory.
+type numbered struct {
+	id   uint64
+	path string
+}
+
+// files returns the files in the directory named NNN.ext, in order.
+func (v *valueLog) files(ext string) ([]numbered, error) {
+	entries, err := os.ReadDir(v.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []numbered
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ext)
+		if !ok {
+			continue
+		}
+		if id, err := strconv.ParseUint(name, 10, 64); err == nil {
+			out = append(out, numbered{id, filepath.Join(v.dir, e.Name())})
+		}
+	}
+	slices.SortFunc(out, func(a, b numbered) int { return cmp.Compare(a.id, b.id) })
+	return out, nil
+}
+
+// syncFiles syncs the files NNN.ext numbered from and up; a file gone
+// meanwhile is skipped (Badger deleted it: see collectValueLog). It returns the
+// highest number it saw, or from.
+func (v *valueLog) syncFiles(ext string, from uint64) (uint64, error) {
+	files, err := v.files(ext)
+	if err != nil {
+		return 0, fmt.Errorf("list the %s files: %w", ext, err)
+	}
+	top := from
+	for _, f := range files {
+		if f.id < from {
+			continue
+		}
+		top = f.id
+		if err := v.fsync(f.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return 0, fmt.Errorf("sync %s: %w", f.path, err)
+		}
+	}
+	return top, nil
+}
+
+// newest returns the number of the newest value-log file, or 0.
+func (v *valueLog) newest() (uint64, error) {
+	files, err := v.files(".vlog")
+	if err != nil || len(files) == 0 {
+		return 0, err
+	}
+	return files[len(files)-1].id, nil
+}
+
+// syncValueLog syncs every value-log file Badger may have written since the
+// last call, then the directory. Call it after Badger's DB.Sync, which syncs
+// the file Badger writes now: the files are listed after it, so a file Badger
+// left meanwhile is among them.
+func (v *valueLog) syncValueLog() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	top, err := v.syncFiles(".vlog", v.syncedBelow)
+	if err != nil {
+		return err
+	}
+	if err := v.fsync(v.dir); err != nil {
+		return fmt.Errorf("sync %s: %w", v.dir, err)
+	}
+	// The newest file may still be written: the next call syncs it again.
+	v.syncedBelow = top
+	return nil
+}
+
+// syncBadger makes what Badger holds in its files durable, as far as the
+// write-ahead log relies on it: the value log (every file), and the directory.
+// Its tables are synced by Badger as it writes them. The caller holds
+// db.writeMu.
+func (db *DB) syncBadger() error {
+	if err := db.bdb.Sync(); err != nil {
+		return err
+	}
+	return db.vlog.syncValueLog()
+}
+
+// collectValueLog runs Badger's value-log GC until it finds no file worth
+// rewriting, or has rewritten maxFiles, and returns how many it rewrote. The
+// rewritten files are deleted only once their live values' copies, and the
+// pointers to them, are synced (see the top of this file). When that sync
+// fails, the old files are kept for good (the error is the node's end: the
+// pipeline fails). One goroutine at a time calls it: the pipeline's gcLoop, or
+// a test.
+func (db *DB) collectValueLog(maxFiles int) (int, error) {
+	txn := db.bdb.NewTransactionAt(math.MaxUint64, false)
+	// While an iterator is open, Badger keeps every file its GC rewrites.
+	pin := txn.NewIterator(badger.IteratorOptions{})
+	n := 0
+	var err error
+	for n < maxFiles {
+		db.writeMu.Lock()
+		err = db.bdb.RunValueLogGC(valueLogDiscardRatio)
+		db.writeMu.Unlock()
+		if err != nil {
+			break
+		}
+		n++
+	}
+	if errors.Is(err, badger.ErrNoRewrite) || errors.Is(err, badger.ErrRejected) {
+		err = nil
+	}
+	if n > 0 {
+		db.writeMu.Lock()
+		serr := db.syncRewrites()
+		db.writeMu.Unlock()
+		if serr != nil {
+			db.vlog.pins = append(db.vlog.pins, pin) // never closed: the rewritten files stay
+			return n, fmt.Errorf("%w: %v", errRewriteSync, serr)
+		}
+	}
+	pin.Close()
+	txn.Discard()
+	if err != nil {
+		return n, fmt.Errorf("value log GC: %w", err)
+	}
+	return n, nil
+}
+
+// errRewriteSync is collectValueLog's error when it could not sync what the GC
+// rewrote.
+var errRewriteSync = errors.New("could not sync the values the value-log GC rewrote")
+
+// syncRewrites makes durable what a value-log GC wrote: the copies in the
+// value log, and the tree's new pointers, which are in the memtables' logs
+// until Badger flushes them to tables. Badger's DB.Sync syncs only the current
+// memtable's log, so every memtable log is synced here. The caller holds
+// db.writeMu.
+func (db *DB) syncRewrites() error {
+	if err := db.syncBadger(); err != nil {
+		return err
+	}
+	if _, err := db.vlog.syncFiles(".mem", 0); err != nil {
+		return err
+	}
+	return db.vlog.fsync(db.vlog.dir)
+}

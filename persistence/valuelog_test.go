@@ -1,0 +1,302 @@
+package persistence
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// bigValue is a value Badger keeps in its value log (1 MiB or more; and at
+// most a value-log file, the tests' 1 MiB), made of one byte repeated so that
+// a wrong copy shows.
+func bigValue(b byte) []byte {
+	return bytes.Repeat([]byte{b}, 1<<20)
+}
+
+// vlogFiles lists Badger's value-log files in dir.
+func vlogFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, "badger", "*.vlog"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(m)
+	return m
+}
+
+func put(t *testing.T, p *Pipeline, key string, value []byte) {
+	t.Helper()
+	w := &Write{Sets: []KV{{Key: []byte(key), Value: value}}}
+	if err := p.Submit(w).Wait(context.Background()); err != nil {
+		t.Fatalf("set %s: %v", key, err)
+	}
+}
+
+func del(t *testing.T, p *Pipeline, key string) {
+	t.Helper()
+	if err := p.Submit(&Write{Deletes: [][]byte{[]byte(key)}}).Wait(context.Background()); err != nil {
+		t.Fatalf("delete %s: %v", key, err)
+	}
+}
+
+// syncRecorder replaces db's fsync with one that records each path and then
+// syncs it.
+type syncRecorder struct {
+	mu    sync.Mutex
+	paths []string
+	// before, if set, is called with each path before it is synced.
+	before func(path string)
+}
+
+func recordSyncs(db *DB) *syncRecorder {
+	r := &syncRecorder{}
+	db.vlog.fsync = func(path string) error {
+		r.mu.Lock()
+		r.paths = append(r.paths, path)
+		before := r.before
+		r.mu.Unlock()
+		if before != nil {
+			before(path)
+		}
+		return fsyncPath(path)
+	}
+	return r
+}
+
+func (r *syncRecorder) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.paths
+	r.paths = nil
+	return p
+}
+
+func syncBadger(db *DB) error {
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	return db.syncBadger()
+}
+
+// Badger's own Sync covers only the value-log file it writes now. Before the
+// write-ahead log gives up records, every file they may point into must be
+// synced, the ones Badger filled and left included, and the directory that
+// names them.
+func TestValueLog_SyncCoversEveryFileBadgerLeft(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(Config{Dir: dir, ValueLogFileSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	p := startPipeline(t, db, PipelineConfig{ValueLogGCEvery: -1})
+	rec := recordSyncs(db)
+	for i := range 3 {
+		put(t, p, fmt.Sprintf("big-%d", i), bigValue(byte('a'+i)))
+	}
+	p.WaitApplied()
+	files := vlogFiles(t, dir)
+	if len(files) < 3 {
+		t.Fatalf("value-log files after three 1 MiB values in 1 MiB files: %v", files)
+	}
+	if err := syncBadger(db); err != nil {
+		t.Fatal(err)
+	}
+	synced := rec.take()
+	for _, f := range files {
+		if !slices.Contains(synced, f) {
+			t.Errorf("%s was not synced (synced: %v)", filepath.Base(f), synced)
+		}
+	}
+	if !slices.Contains(synced, filepath.Join(dir, "badger")) {
+		t.Errorf("Badger's directory was not synced (synced: %v)", synced)
+	}
+
+	// The next sync takes the files Badger wrote since: the newest of the
+	// last round (still written to), and every newer one; not the older ones.
+	newestBefore := files[len(files)-1]
+	for i := 3; i < 5; i++ {
+		put(t, p, fmt.Sprintf("big-%d", i), bigValue(byte('a'+i)))
+	}
+	p.WaitApplied()
+	if err := syncBadger(db); err != nil {
+		t.Fatal(err)
+	}
+	synced = rec.take()
+	for _, f := range vlogFiles(t, dir) {
+		if want := f >= newestBefore; slices.Contains(synced, f) != want {
+			t.Errorf("%s synced = %v, want %v (synced: %v)", filepath.Base(f), !want, want, synced)
+		}
+	}
+}
+
+// The pipeline releases log segments only after syncing the value log.
+func TestPipeline_ReleaseSyncsTheValueLog(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(Config{Dir: dir, MemTableSize: 8 << 20, SegmentSize: 256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	p := startPipeline(t, db, PipelineConfig{ValueLogGCEvery: -1})
+	rec := recordSyncs(db)
+	value := bytes.Repeat([]byte("v"), 4<<10)
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; ; i++ {
+		// 4 KiB values fill 8 MiB memtables, which Badger flushes to
+		// tables: then the segments before them can go.
+		put(t, p, fmt.Sprintf("key-%06d", i), value)
+		if slices.Contains(rec.take(), filepath.Join(dir, "badger")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no release synced the value log after %d writes (%d log segments)", i, db.wal.segments())
+		}
+	}
+}
+
+// A value-log GC deletes the files it rewrote only once what it wrote (the
+// live values' copies, and the memtable logs that point at them) is synced:
+// until then, those files are the only synced copies. It gives the space of
+// deleted and overwritten values back, and the live values read the same,
+// before and after a restart.
+func TestValueLog_GCKeepsRewrittenFilesUntilItsCopiesAreSynced(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, ValueLogFileSize: 4 << 20}
+	db, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPipeline(t, db, PipelineConfig{ValueLogGCEvery: -1})
+	live := map[string][]byte{}
+	for i := range 12 {
+		key := fmt.Sprintf("v%02d", i)
+		put(t, p, key, bigValue(byte('a'+i)))
+		if i%4 == 3 {
+			live[key] = bigValue(byte('a' + i))
+		}
+	}
+	for i := range 12 {
+		if i%4 != 3 {
+			del(t, p, fmt.Sprintf("v%02d", i))
+		}
+	}
+	before := len(vlogFiles(t, dir))
+
+	rec := recordSyncs(db)
+	var present []string // the value-log files when a GC starts
+	var gone []string    // those of them missing when the GC syncs its copies
+	memSyncs := 0
+	rec.before = func(path string) {
+		if !strings.HasSuffix(path, ".mem") {
+			return
+		}
+		memSyncs++
+		for _, f := range present {
+			if _, err := os.Stat(f); err != nil {
+				gone = append(gone, filepath.Base(f))
+			}
+		}
+	}
+	// Badger finds garbage in compactions of its tables: flush the memtables
+	// (as the GC loop has the applier do) until a compaction found some.
+	deadline := time.Now().Add(30 * time.Second)
+	for round := 0; ; round++ {
+		put(t, p, fmt.Sprintf("filler-%d", round), []byte("x"))
+		reply := make(chan error, 1)
+		p.flushes <- reply
+		if err := <-reply; err != nil {
+			t.Fatalf("flush: %v", err)
+		}
+		present = vlogFiles(t, dir)
+		n, err := db.collectValueLog(maxGCFiles)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(gone) > 0 {
+			t.Fatalf("the GC deleted %v before it synced its copies", gone)
+		}
+		if n > 0 {
+			if memSyncs == 0 {
+				t.Fatal("the GC rewrote files without syncing the memtable logs that point at the copies")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no value-log GC after %d flushes", round+1)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	after := len(vlogFiles(t, dir))
+	if after >= before {
+		t.Errorf("value-log files: %d before the GC, %d after", before, after)
+	}
+	check := func(db *DB) {
+		t.Helper()
+		for i := range 12 {
+			key := fmt.Sprintf("v%02d", i)
+			v, found, err := db.Get(context.Background(), []byte(key))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, ok := live[key]; found != ok || !bytes.Equal(v, want) {
+				t.Errorf("%s: found=%v, %d bytes; want found=%v, %d bytes", key, found, len(v), ok, len(want))
+			}
+		}
+	}
+	p.WaitApplied() // Get reads Badger alone
+	p.WaitApplied() // Get reads Badger alone
+	check(db)
+	check(reopen(t, p, db, cfg))
+}
+
+// Overwriting 1 MiB values does not grow the disk without bound: tree entries
+// for them are small, so Badger's memtables would not fill and no compaction
+// would find the garbage, but the GC loop has the applier flush them.
+func TestValueLog_OverwrittenBigValuesGiveTheirSpaceBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 60 MiB")
+	}
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, ValueLogFileSize: 1 << 20}
+	db, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPipeline(t, db, PipelineConfig{ValueLogGCEvery: 20 * time.Millisecond})
+	var last [2][]byte
+	for i := range 60 {
+		last[i%2] = bigValue(byte('a' + i%26))
+		put(t, p, fmt.Sprintf("k%d", i%2), last[i%2])
+	}
+	const most = 12 // two live files, the current one, and garbage not yet found
+	deadline := time.Now().Add(30 * time.Second)
+	for len(vlogFiles(t, dir)) > most {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d value-log files after 60 overwrites of two 1 MiB values; want at most %d", len(vlogFiles(t, dir)), most)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	check := func(db *DB) {
+		t.Helper()
+		for k, want := range last {
+			v, _, err := db.Get(context.Background(), fmt.Appendf(nil, "k%d", k))
+			if err != nil || !bytes.Equal(v, want) {
+				var got byte
+				if len(v) > 0 {
+					got = v[0]
+				}
+				t.Errorf("k%d: %d bytes of %q, err %v; want %d bytes of %q", k, len(v), got, err, len(want), want[0])
+			}
+		}
+	}
+	p.WaitApplied() // Get reads Badger alone
+	check(db)
+	check(reopen(t, p, db, cfg))
+}
