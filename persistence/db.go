@@ -93,6 +93,9 @@ func Open(cfg Config) (*DB, error) {
 		WithNumMemtables(3).
 		WithValueLogFileSize(cfg.ValueLogFileSize).
 		WithLogger(badgerLogger{cfg.Logger.With("component", "badger")})
+	if err := removeEmptyLogs(opts.Dir, cfg.Logger); err != nil {
+		return nil, fmt.Errorf("open badger in %s: %w", cfg.Dir, err)
+	}
 	bdb, err := badger.OpenManaged(opts)
 	if err != nil {
 		return nil, fmt.Errorf("open badger in %s: %w", cfg.Dir, err)

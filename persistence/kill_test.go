@@ -20,6 +20,10 @@ func TestMain(m *testing.M) {
 		writerProcess(dir)
 		return
 	}
+	if dir := os.Getenv("HOLDFAST_PERSISTENCE_BIG_WRITER"); dir != "" {
+		bigWriterProcess(dir)
+		return
+	}
 	os.Exit(m.Run())
 }
 

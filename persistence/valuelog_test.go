@@ -1,14 +1,20 @@
 package persistence
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -299,4 +305,175 @@ func TestValueLog_OverwrittenBigValuesGiveTheirSpaceBack(t *testing.T) {
 	p.WaitApplied() // Get reads Badger alone
 	check(db)
 	check(reopen(t, p, db, cfg))
+}
+
+// bigWriterConfig is the database of bigWriterProcess: 4 MiB value-log files.
+func bigWriterConfig(dir string) Config {
+	return Config{Dir: dir, ValueLogFileSize: 4 << 20, SegmentSize: 4 << 20}
+}
+
+// bigWriterKeys is how many keys bigWriterProcess overwrites.
+const bigWriterKeys = 4
+
+// bigVersion is version n of a 1 MiB value: n in its first 8 bytes, then byte
+// n repeated, so that a value read back shows which write it is and whether it
+// is whole.
+func bigVersion(n uint64) []byte {
+	v := bytes.Repeat([]byte{byte(n)}, 1<<20)
+	binary.BigEndian.PutUint64(v, n)
+	return v
+}
+
+// bigWriterProcess overwrites bigWriterKeys keys with 1 MiB values, one write
+// at a time from two goroutines, while the value-log GC runs every 10 ms,
+// printing "ack key n" once version n of key is acknowledged, until it is
+// killed. Versions start at $HOLDFAST_PERSISTENCE_BIG_FROM; version n goes to
+// key n % bigWriterKeys.
+func bigWriterProcess(dir string) {
+	db, err := Open(bigWriterConfig(dir))
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	p := NewPipeline(db, PipelineConfig{ValueLogGCEvery: 10 * time.Millisecond})
+	p.Start()
+	from, _ := strconv.ParseUint(os.Getenv("HOLDFAST_PERSISTENCE_BIG_FROM"), 10, 64)
+	var mu sync.Mutex
+	for g := range uint64(2) {
+		go func() {
+			for n := from + g; ; n += 2 {
+				key := n % bigWriterKeys
+				w := &Write{Sets: []KV{{Key: fmt.Appendf(nil, "big-%d", key), Value: bigVersion(n)}}}
+				if err := p.Submit(w).Wait(context.Background()); err != nil {
+					fmt.Println("error", err)
+					os.Exit(1)
+				}
+				mu.Lock()
+				fmt.Printf("ack %d %d\n", key, n)
+				mu.Unlock()
+			}
+		}()
+	}
+	select {}
+}
+
+// A writer overwriting 1 MiB values while the value-log GC runs, killed with
+// SIGKILL at a random moment, three times over the same directory: after each
+// restart every key holds its last acknowledged version or a later one, whole,
+// and the value log has not grown with the overwritten versions.
+func TestValueLog_KilledDuringGCLosesNoAcknowledgedValue(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a writer process")
+	}
+	dir := t.TempDir()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
+	var last [bigWriterKeys]uint64 // the last acknowledged version of each key, plus one
+	total := 0
+	for run := range 3 {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		// Versions go on from the last run's.
+		from := uint64(0)
+		for _, l := range last {
+			from = max(from, l)
+		}
+		cmd.Env = append(os.Environ(), "HOLDFAST_PERSISTENCE_BIG_WRITER="+dir, fmt.Sprintf("HOLDFAST_PERSISTENCE_BIG_FROM=%d", from))
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		killAt := 40 + rng.IntN(160) // acknowledgements before the kill
+		acks := 0
+		sc := bufio.NewScanner(stdout)
+		deadline := time.Now().Add(60 * time.Second)
+		for acks < killAt && time.Now().Before(deadline) && sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "error") {
+				t.Fatal(line)
+			}
+			var key, n uint64
+			if _, err := fmt.Sscanf(line, "ack %d %d", &key, &n); err != nil {
+				t.Fatalf("writer said %q", line)
+			}
+			last[key] = max(last[key], n+1)
+			acks++
+		}
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		if acks < 20 {
+			t.Fatalf("run %d: only %d writes acknowledged before the kill", run, acks)
+		}
+		total += acks
+		t.Logf("run %d: killed after %d acknowledgements", run, acks)
+
+		db, err := Open(bigWriterConfig(dir))
+		if err != nil {
+			t.Fatalf("run %d: reopen: %v", run, err)
+		}
+		for key := range uint64(bigWriterKeys) {
+			v, found, err := db.Get(context.Background(), fmt.Appendf(nil, "big-%d", key))
+			if err != nil || !found || len(v) != 1<<20 {
+				t.Fatalf("run %d: big-%d: found=%v, %d bytes, err %v", run, key, found, len(v), err)
+			}
+			n := binary.BigEndian.Uint64(v)
+			if !bytes.Equal(v, bigVersion(n)) {
+				t.Fatalf("run %d: big-%d holds version %d, not whole", run, key, n)
+			}
+			if n+1 < last[key] || n%bigWriterKeys != key {
+				t.Fatalf("run %d: big-%d holds version %d; the last acknowledged is %d", run, key, n, last[key]-1)
+			}
+			last[key] = n + 1
+		}
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The overwritten versions (over 1 MiB each) do not all stay on disk.
+	if files := len(vlogFiles(t, dir)); files*4 >= total {
+		t.Errorf("%d value-log files of 4 MiB after %d overwrites of 1 MiB", files, total)
+	}
+}
+
+// Badger truncates a value-log or memtable-log file to nothing before it
+// removes it, so a crash can leave an empty one, which Badger refuses to open.
+// Open removes it, and keeps what the database holds.
+func TestDB_OpenRemovesEmptyLogFilesACrashLeft(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir}
+	db, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPipeline(t, db, PipelineConfig{ValueLogGCEvery: -1})
+	put(t, p, "big", bigValue('b'))
+	put(t, p, "small", []byte("s"))
+	db = reopen(t, p, db, cfg)
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	empty := []string{filepath.Join(dir, "badger", "000099.vlog"), filepath.Join(dir, "badger", "00099.mem")}
+	for _, f := range empty {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db, err = Open(cfg)
+	if err != nil {
+		t.Fatalf("open with empty log files: %v", err)
+	}
+	defer db.Close()
+	for _, f := range empty {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("%s is still there", filepath.Base(f))
+		}
+	}
+	for k, want := range map[string][]byte{"big": bigValue('b'), "small": []byte("s")} {
+		if v, found, err := db.Get(context.Background(), []byte(k)); err != nil || !found || !bytes.Equal(v, want) {
+			t.Errorf("%s: found=%v, %d bytes, err %v", k, found, len(v), err)
+		}
+	}
 }
