@@ -169,6 +169,16 @@ func (n *Node) registerMetrics(m *metrics.Metrics) {
 	m.CounterFunc("holdfast_commits_total", "Commits, each covered by one sync.", func() float64 { return float64(n.pipe.Stats().Commits) })
 	m.CounterFunc("holdfast_writes_total", "Writes made durable.", func() float64 { return float64(n.pipe.Stats().Writes) })
 	m.CounterFunc("holdfast_write_failures_total", "Writes that failed (fenced, too large, storage failure).", func() float64 { return float64(n.pipe.Stats().Failed) })
+	m.CounterFunc("holdfast_value_log_reclaimed_files_total", "Files of Badger's value log (values of 1 MiB and more) that its GC rewrote and deleted.", func() float64 {
+		return float64(n.pipe.Stats().ValueLogReclaimed)
+	})
+	m.GaugeFunc("holdfast_value_log_bytes", "Disk bytes of Badger's value-log files, where values of 1 MiB and more are stored.", func() float64 {
+		b, err := n.db.ValueLogBytes()
+		if err != nil {
+			n.log.Warn("could not measure the value log", "err", err)
+		}
+		return float64(b)
+	})
 	m.GaugeFunc("holdfast_commit_queue_writes", "Writes waiting for the committer (every object's mailbox feeds it).", func() float64 { return float64(n.pipe.Queued()) })
 	m.GaugeFunc("holdfast_objects_active", "Active objects (activations in memory).", func() float64 { return float64(n.host.Active()) })
 	m.GaugeFunc("holdfast_objects_mailbox_requests", "Requests queued in or run by objects now (their mailboxes' depth).", func() float64 { return float64(n.host.Inflight()) })

@@ -177,6 +177,9 @@ type PipelineStats struct {
 	Commits uint64 // Badger transactions committed, each covered by one sync
 	Writes  uint64 // writes made durable
 	Failed  uint64 // writes failed (fenced, too large, storage failure, closed)
+	// ValueLogReclaimed counts the value-log files the value-log GC rewrote
+	// and deleted.
+	ValueLogReclaimed uint64
 }
 
 // Pipeline is the node's group commit: one goroutine turns the writes of every
@@ -224,6 +227,7 @@ type Pipeline struct {
 	flushes            chan chan error // the GC loop asks the applier to flush Badger's memtables
 
 	commits, writes, failed atomic.Uint64
+	reclaimed               atomic.Uint64 // value-log files
 
 	// hold is the lowest version a handoff still reads changes above (0: none);
 	// see HoldVersions.
@@ -336,6 +340,9 @@ func (p *Pipeline) gcLoop() {
 			flushedAt = newest
 		}
 		n, err := p.db.collectValueLog(maxGCFiles)
+		if err == nil {
+			p.reclaimed.Add(uint64(n))
+		}
 		switch {
 		case errors.Is(err, errRewriteSync):
 			p.fatal(err)
@@ -376,7 +383,7 @@ const maxGCFiles = 8
 
 // Stats returns the pipeline's counters.
 func (p *Pipeline) Stats() PipelineStats {
-	return PipelineStats{Commits: p.commits.Load(), Writes: p.writes.Load(), Failed: p.failed.Load()}
+	return PipelineStats{Commits: p.commits.Load(), Writes: p.writes.Load(), Failed: p.failed.Load(), ValueLogReclaimed: p.reclaimed.Load()}
 }
 
 // Queued returns the number of writes waiting for the committer (not counting

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -138,6 +139,30 @@ func (v *valueLog) newest() (uint64, error) {
 		return 0, err
 	}
 	return files[len(files)-1].id, nil
+}
+
+// ValueLogBytes returns the disk space of Badger's value-log files: where
+// values of 1 MiB and more are (see the top of valuelog.go).
+func (db *DB) ValueLogBytes() (int64, error) {
+	files, err := numberedFiles(db.vlog.dir, ".vlog")
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, f := range files {
+		fi, err := os.Stat(f.path)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		// The file Badger writes now is sized for its mapping, mostly holes:
+		// count the blocks it takes.
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			n += st.Blocks * 512
+		} else {
+			n += fi.Size()
+		}
+	}
+	return n, nil
 }
 
 // syncValueLog syncs every value-log file Badger may have written since the

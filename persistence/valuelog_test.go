@@ -193,6 +193,7 @@ func TestValueLog_GCKeepsRewrittenFilesUntilItsCopiesAreSynced(t *testing.T) {
 			del(t, p, fmt.Sprintf("v%02d", i))
 		}
 	}
+	p.WaitApplied() // the values are in Badger's files
 	before := len(vlogFiles(t, dir))
 
 	rec := recordSyncs(db)
@@ -282,12 +283,27 @@ func TestValueLog_OverwrittenBigValuesGiveTheirSpaceBack(t *testing.T) {
 		put(t, p, fmt.Sprintf("k%d", i%2), last[i%2])
 	}
 	const most = 12 // two live files, the current one, and garbage not yet found
+	p.WaitApplied() // every value is in Badger's files: the count below starts high
 	deadline := time.Now().Add(30 * time.Second)
 	for len(vlogFiles(t, dir)) > most {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d value-log files after 60 overwrites of two 1 MiB values; want at most %d", len(vlogFiles(t, dir)), most)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	p.WaitApplied() // Get reads Badger alone
+	p.Close()       // and the GC stops: what it counted stays what is gone
+	// Badger numbers its value-log files from 1, and only the GC removes them.
+	files := vlogFiles(t, dir)
+	newest, err := strconv.Atoi(strings.TrimSuffix(filepath.Base(files[len(files)-1]), ".vlog"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, gone := p.Stats().ValueLogReclaimed, newest-len(files); n != uint64(gone) {
+		t.Errorf("the pipeline counts %d reclaimed value-log files; %d went", n, gone)
+	}
+	if b, err := db.ValueLogBytes(); err != nil || b > most*(2<<20) {
+		t.Errorf("the value log takes %d bytes (err %v) in %d files", b, err, len(vlogFiles(t, dir)))
 	}
 	check := func(db *DB) {
 		t.Helper()
@@ -302,7 +318,6 @@ func TestValueLog_OverwrittenBigValuesGiveTheirSpaceBack(t *testing.T) {
 			}
 		}
 	}
-	p.WaitApplied() // Get reads Badger alone
 	check(db)
 	check(reopen(t, p, db, cfg))
 }

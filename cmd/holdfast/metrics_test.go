@@ -171,6 +171,25 @@ func TestMetrics_CountWhatAWorkloadDid(t *testing.T) {
 			}
 		}
 	}
+
+	// A slot value of 1 MiB, the largest, goes to Badger's value log once
+	// it is applied, just after the reply.
+	do("PUT", "/api/v1/objects/app_crash/kv/big/s", map[string]any{"value": strings.Repeat("x", 1<<20-2)}, 200)
+	var last map[string]*dto.MetricFamily
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		last = scrape(t, srv.url)
+		grew := value(last, "holdfast_value_log_bytes") - value(after, "holdfast_value_log_bytes")
+		if grew >= 1<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the value log grew by %v bytes with a 1 MiB value", grew)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, ok := last["holdfast_value_log_reclaimed_files_total"]; !ok {
+		t.Error("holdfast_value_log_reclaimed_files_total is not exported")
+	}
 }
 
 // TestMetrics_DashboardNamesExportedMetrics: every holdfast_* series the
