@@ -11,7 +11,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -47,15 +46,9 @@ const MaxPartitions = 1 << 16
 // version is its sequence number in the write-ahead log, and the log itself. Reads
 // see every commit the pipeline applied.
 type DB struct {
-	bdb  *badger.DB
-	wal  *wal
-	vlog *valueLog
-	// writeMu is held around Badger's writes after Open (the applier's, and
-	// the value-log GC's) and around its Sync. Badger (v4.9.6) grows its
-	// current value-log file's mapping in a write without the lock its Sync
-	// takes, and a Sync at that moment syncs the old, unmapped range and fails
-	// (ENOMEM; the race detector sees it too).
-	writeMu    sync.Mutex
+	bdb        *badger.DB
+	wal        *wal
+	vlog       *valueLog
 	log        *slog.Logger
 	partitions int
 	lastSeq    uint64 // the highest version in Badger or the log at Open

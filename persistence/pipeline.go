@@ -683,10 +683,7 @@ func (p *Pipeline) applyLoop() {
 			}
 			job = j
 		case reply := <-p.flushes:
-			p.db.writeMu.Lock()
-			err := p.flushBadger()
-			p.db.writeMu.Unlock()
-			reply <- err
+			reply <- p.flushBadger()
 			continue
 		}
 		jobs = append(jobs[:0], job)
@@ -722,10 +719,7 @@ func (p *Pipeline) applyLoop() {
 				p.cfg.BeforeApply(j.seq)
 			}
 		}
-		p.db.writeMu.Lock()
-		err := p.apply(jobs)
-		p.db.writeMu.Unlock()
-		if err != nil {
+		if err := p.apply(jobs); err != nil {
 			// The records are durable in the log; Badger lags behind it until
 			// the node restarts and replays them.
 			p.fatal(fmt.Errorf("apply seq %d..%d to badger: %w", jobs[0].seq, last, err))
@@ -916,15 +910,8 @@ func (p *Pipeline) maybeRelease() {
 	if p.db.wal.segments() < 2 || time.Since(p.lastRelease) < time.Second {
 		return
 	}
-	// Badger's Sync must not run beside its writes (DB.writeMu). Rather than
-	// wait here, on the commits' path, for the applier or the value-log GC,
-	// try again at the next commit.
-	if !p.db.writeMu.TryLock() {
-		return
-	}
-	defer p.db.writeMu.Unlock()
 	p.lastRelease = time.Now()
-	if err := p.db.wal.release(p.db.releasable(), p.db.syncBadger); err != nil {
+	if err := p.db.wal.release(p.db.releasable(), p.db.vlog.syncValueLog); err != nil {
 		p.cfg.Logger.Warn("could not release write-ahead log segments", "err", err)
 	}
 }

@@ -84,12 +84,6 @@ func (r *syncRecorder) take() []string {
 	return p
 }
 
-func syncBadger(db *DB) error {
-	db.writeMu.Lock()
-	defer db.writeMu.Unlock()
-	return db.syncBadger()
-}
-
 // Badger's own Sync covers only the value-log file it writes now. Before the
 // write-ahead log gives up records, every file they may point into must be
 // synced, the ones Badger filled and left included, and the directory that
@@ -111,7 +105,7 @@ func TestValueLog_SyncCoversEveryFileBadgerLeft(t *testing.T) {
 	if len(files) < 3 {
 		t.Fatalf("value-log files after three 1 MiB values in 1 MiB files: %v", files)
 	}
-	if err := syncBadger(db); err != nil {
+	if err := db.vlog.syncValueLog(); err != nil {
 		t.Fatal(err)
 	}
 	synced := rec.take()
@@ -131,7 +125,7 @@ func TestValueLog_SyncCoversEveryFileBadgerLeft(t *testing.T) {
 		put(t, p, fmt.Sprintf("big-%d", i), bigValue(byte('a'+i)))
 	}
 	p.WaitApplied()
-	if err := syncBadger(db); err != nil {
+	if err := db.vlog.syncValueLog(); err != nil {
 		t.Fatal(err)
 	}
 	synced = rec.take()
