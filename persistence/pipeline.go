@@ -719,7 +719,10 @@ func (p *Pipeline) applyLoop() {
 				p.cfg.BeforeApply(j.seq)
 			}
 		}
-		if err := p.apply(jobs); err != nil {
+		p.db.gcMu.Lock()
+		err := p.apply(jobs)
+		p.db.gcMu.Unlock()
+		if err != nil {
 			// The records are durable in the log; Badger lags behind it until
 			// the node restarts and replays them.
 			p.fatal(fmt.Errorf("apply seq %d..%d to badger: %w", jobs[0].seq, last, err))

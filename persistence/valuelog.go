@@ -203,7 +203,10 @@ func (db *DB) collectValueLog(maxFiles int) (int, error) {
 	n := 0
 	var err error
 	for n < maxFiles {
-		if err = db.bdb.RunValueLogGC(valueLogDiscardRatio); err != nil {
+		db.gcMu.Lock()
+		err = db.bdb.RunValueLogGC(valueLogDiscardRatio)
+		db.gcMu.Unlock()
+		if err != nil {
 			break
 		}
 		n++
