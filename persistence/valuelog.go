@@ -70,19 +70,7 @@ type valueLog struct {
 }
 
 func newValueLog(dir string) *valueLog {
-	return &valueLog{dir: dir, fsync: fsyncPath}
-}
-
-func fsyncPath(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return &valueLog{dir: dir, fsync: syncPath}
 }
 
 // numbered is a file named NNN.ext in Badger's directory.
@@ -126,7 +114,7 @@ func (v *valueLog) syncFiles(ext string, from uint64) (uint64, error) {
 		}
 		top = f.id
 		if err := v.fsync(f.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return 0, fmt.Errorf("sync %s: %w", f.path, err)
+			return 0, err
 		}
 	}
 	return top, nil
@@ -182,7 +170,7 @@ func (v *valueLog) syncValueLog() error {
 		return err
 	}
 	if err := v.fsync(v.dir); err != nil {
-		return fmt.Errorf("sync %s: %w", v.dir, err)
+		return err
 	}
 	// The newest file may still be written: the next call syncs it again.
 	v.syncedBelow = top
@@ -238,13 +226,10 @@ var errRewriteSync = errors.New("could not sync the values the value-log GC rewr
 // current memtable's log (and must not run beside Badger's writes: see
 // syncValueLog), so every memtable log is synced here, by its path.
 func (db *DB) syncRewrites() error {
-	if err := db.vlog.syncValueLog(); err != nil {
-		return err
-	}
 	if _, err := db.vlog.syncFiles(".mem", 0); err != nil {
 		return err
 	}
-	return db.vlog.fsync(db.vlog.dir)
+	return db.vlog.syncValueLog() // the value log, then the directory
 }
 
 // removeEmptyLogs removes the empty value-log and memtable-log files in
@@ -279,5 +264,5 @@ func removeEmptyLogs(dir string, log *slog.Logger) error {
 	if removed == 0 {
 		return nil
 	}
-	return fsyncPath(dir)
+	return syncPath(dir)
 }

@@ -271,7 +271,7 @@ func (w *wal) startSegment(id uint64) error {
 			return err
 		}
 	}
-	if err := syncDir(w.dir); err != nil {
+	if err := syncPath(w.dir); err != nil {
 		seg.f.Close()
 		return err
 	}
@@ -409,7 +409,7 @@ func (w *wal) zeroSegment() (*segment, error) {
 		return nil, err
 	}
 	seg.path = path
-	if err := syncDir(w.dir); err != nil {
+	if err := syncPath(w.dir); err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -475,7 +475,7 @@ func (w *wal) release(flushed uint64, syncDB func() error) error {
 		}
 	}
 	w.full = append(w.full[:0], w.full[n:]...)
-	return syncDir(w.dir)
+	return syncPath(w.dir)
 }
 
 // recycled counts the released segments kept for reuse (not the prepared one).
@@ -523,14 +523,15 @@ func fdatasync(f *os.File) error {
 	}
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
+// syncPath fsyncs the file or directory at path.
+func syncPath(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync directory %s: %w", dir, err)
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
 	}
 	return nil
 }
@@ -657,5 +658,5 @@ func (w *wal) removeAll() error {
 			return fmt.Errorf("remove released log segment: %w", err)
 		}
 	}
-	return syncDir(w.dir)
+	return syncPath(w.dir)
 }
