@@ -31,7 +31,9 @@ type Config struct {
 	SegmentSize int64
 	// ValueLogFileSize is the size of one of Badger's value-log files, which
 	// hold values of 1 MiB and more (see valuelog.go). Zero means 128 MiB; at
-	// least 1 MiB.
+	// least 1 MiB. Badger refuses a value larger than this, and a refused apply
+	// fails the pipeline, so keep it above PipelineConfig.MaxWriteBytes (the
+	// API's largest value is 8 MiB).
 	ValueLogFileSize int64
 	// Logger receives Badger's messages. Nil means slog.Default().
 	Logger *slog.Logger
