@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"sort"
@@ -30,6 +31,9 @@ type kvInput struct {
 
 type kvOutput struct {
 	Unknown bool // the outcome is unknown (error after sending): it may or may not have happened
+	// Found: the outcome was unknown, and the object's change log after the last
+	// restart holds this very write (resolveUnknown): LogID and N are from there.
+	Found bool
 	LogID   uint64
 	N       int64  // incr: the new value; get: the slot
 	A       string // get
@@ -85,6 +89,10 @@ func describe(in kvInput, out kvOutput) string {
 	switch {
 	case out.Unknown:
 		return call + " -> unknown"
+	case out.Found && in.Op == "incr":
+		return fmt.Sprintf("%s -> unknown, found in the change log: n=%d log_id=%d", call, out.N, out.LogID)
+	case out.Found:
+		return fmt.Sprintf("%s -> unknown, found in the change log: log_id=%d", call, out.LogID)
 	case in.Op == "get":
 		return fmt.Sprintf("%s -> a=%q(%v) n=%d log_id=%d", call, out.A, out.HasA, out.N, out.LogID)
 	case in.Op == "incr":
@@ -190,7 +198,7 @@ func formatHistory(h []porcupine.Operation) string {
 	for _, op := range h {
 		ret := "unknown, never bounded"
 		switch {
-		case op.Output.(kvOutput).Unknown && op.Return != unknownReturn:
+		case (op.Output.(kvOutput).Unknown || op.Output.(kvOutput).Found) && op.Return != unknownReturn:
 			ret = fmt.Sprintf("unknown, by the kill at %.3fms", float64(op.Return-base)/1e6)
 		case op.Return != unknownReturn:
 			ret = fmt.Sprintf("%.3fms", float64(op.Return-base)/1e6)
@@ -199,4 +207,121 @@ func formatHistory(h []porcupine.Operation) string {
 			describe(op.Input.(kvInput), op.Output.(kvOutput)))
 	}
 	return b.String()
+}
+
+// changeLogItem is one item of an object's change log (GET .../log), read once
+// every server is back after the last kill.
+type changeLogItem struct {
+	LogID uint64          `json:"log_id"`
+	Key   string          `json:"key"`
+	Value json.RawMessage `json:"value"`
+}
+
+// resolveUnknown settles the writes of unknown outcome of one object's history
+// from its change log, read after the last kill, when that log is whole (log_id
+// 1 to the last one, every entry one item; nil: it could not be read). It returns the history to check and
+// what it found wrong.
+//
+// The workload makes every write recognisable in the log: a set writes a value
+// no other write of the run uses, an increment adds an amount drawn from a
+// million (an increment's log item is the slot's new value, so its amount is the
+// step from the previous one). A write whose value or amount is shared with
+// another write of the history stays unknown. For the others:
+//
+//   - not in the log: it never took effect (every process that held it is dead
+//     and the log is whole), so it leaves the history;
+//   - in the log once: it took effect with that log_id (and, an increment, that
+//     new value); it stays in the history with that outcome, still bounded by the
+//     kill, so the check must place it where its log_id falls;
+//   - in the log twice: it took effect twice, which is a failure.
+//
+// Why this is needed: an unknown write may be linearized at any point up to its
+// bound, or never. In a cluster that bound is the final kill (clusterTarget.
+// boundUnknown), so a dozen of them on one object multiply the check's search
+// until it times out. Settled, each has one place left in the order.
+//
+// It is sound: it only removes outcomes the model allowed, never adds one, so a
+// history it passes passed without it. A log that disagrees with the replies (an
+// acknowledged write whose log_id holds another change, or is missing) is a
+// failure of its own: the change log is part of the contract.
+func resolveUnknown(h []porcupine.Operation, log []changeLogItem) ([]porcupine.Operation, []string) {
+	if log == nil {
+		return h, nil // not read
+	}
+	var failures []string
+	sig := make(map[uint64]string, len(log)) // log_id -> what that entry did
+	newN := make(map[uint64]int64, len(log))
+	at := map[string][]uint64{} // what an entry did -> its log_ids
+	var n int64
+	for i, it := range log {
+		if it.LogID != uint64(i+1) {
+			return h, nil // compacted, or one entry of several items: settle nothing
+		}
+		var s string
+		switch it.Key {
+		case "a":
+			var v string
+			if json.Unmarshal(it.Value, &v) != nil {
+				return h, []string{fmt.Sprintf("change log entry %d sets a to %s, not a string", it.LogID, it.Value)}
+			}
+			s = "set " + v
+		case "n":
+			var v int64
+			if json.Unmarshal(it.Value, &v) != nil {
+				return h, []string{fmt.Sprintf("change log entry %d sets n to %s, not an integer", it.LogID, it.Value)}
+			}
+			s, n = fmt.Sprintf("incr %d", v-n), v
+			newN[it.LogID] = v
+		default:
+			return h, []string{fmt.Sprintf("change log entry %d changes slot %q, which no client writes", it.LogID, it.Key)}
+		}
+		sig[it.LogID] = s
+		at[s] = append(at[s], it.LogID)
+	}
+	opSig := func(in kvInput) string {
+		if in.Op == "set" {
+			return "set " + in.Value
+		}
+		return fmt.Sprintf("incr %d", in.By)
+	}
+	writes := map[string]int{}
+	for _, op := range h {
+		if in := op.Input.(kvInput); in.Op != "get" {
+			writes[opSig(in)]++
+		}
+	}
+	out := make([]porcupine.Operation, 0, len(h))
+	for _, op := range h {
+		in, o := op.Input.(kvInput), op.Output.(kvOutput)
+		if in.Op == "get" {
+			out = append(out, op)
+			continue
+		}
+		s := opSig(in)
+		if !o.Unknown {
+			switch got, ok := sig[o.LogID]; {
+			case !ok:
+				failures = append(failures, fmt.Sprintf("%s was acknowledged, and log_id %d is not in the change log (it ends at %d)", describe(in, o), o.LogID, len(log)))
+			case got != s || (in.Op == "incr" && newN[o.LogID] != o.N):
+				failures = append(failures, fmt.Sprintf("%s was acknowledged, and the change log's entry %d is %s", describe(in, o), o.LogID, got))
+			}
+			out = append(out, op)
+			continue
+		}
+		if writes[s] > 1 {
+			out = append(out, op) // not recognisable: it stays unknown
+			continue
+		}
+		switch ids := at[s]; len(ids) {
+		case 0:
+			// never took effect: dropped
+		case 1:
+			op.Output = kvOutput{Found: true, LogID: ids[0], N: newN[ids[0]]}
+			out = append(out, op)
+		default:
+			failures = append(failures, fmt.Sprintf("%s took effect %d times, at log_ids %v", describe(in, o), len(ids), ids))
+			out = append(out, op)
+		}
+	}
+	return out, failures
 }

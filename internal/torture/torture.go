@@ -126,6 +126,7 @@ type run struct {
 	mu       sync.Mutex
 	killedAt []int64                 // r.now() once each killed server had exited
 	kv       [][]porcupine.Operation // per object
+	kvLog    [][]changeLogItem       // per object: its change log after the last restart
 	logs     []*logRecord
 	failures []string
 	ops      int
@@ -190,7 +191,7 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 		timeout = 10 * time.Second
 	}
 	r := &run{cfg: cfg, start: time.Now(), http: &http.Client{Timeout: timeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
-		kv: make([][]porcupine.Operation, cfg.Objects)}
+		kv: make([][]porcupine.Operation, cfg.Objects), kvLog: make([][]changeLogItem, cfg.Objects)}
 	for range cfg.Logs {
 		r.logs = append(r.logs, &logRecord{acked: map[string]uint64{}, seen: map[uint64]string{}, maxAcked: -1})
 	}
@@ -247,7 +248,19 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 	}
 	v := &Verdict{Seed: cfg.Seed, Nodes: cfg.Cluster, Kills: r.kills, Leaves: r.leaves, Ops: r.ops, Unknown: r.unknown}
 	checkStart := time.Now()
+	found, never := 0, 0
 	for i, h := range r.kv {
+		before := len(h)
+		h, wrong := resolveUnknown(h, r.kvLog[i])
+		for _, w := range wrong {
+			r.fail("object kv%d: %s", i, w)
+		}
+		never += before - len(h)
+		for _, op := range h {
+			if op.Output.(kvOutput).Found {
+				found++
+			}
+		}
 		t.boundUnknown(h)
 		if cfg.HistoryDir != "" {
 			if err := dumpHistory(filepath.Join(cfg.HistoryDir, fmt.Sprintf("kv%d.jsonl", i)), h); err != nil {
@@ -264,7 +277,8 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 			r.fail("object kv%d: the linearizability check of %d operations timed out", i, len(h))
 		}
 	}
-	fmt.Fprintf(cfg.Progress, "checked %d objects' histories in %.1fs\n", len(r.kv), time.Since(checkStart).Seconds())
+	fmt.Fprintf(cfg.Progress, "checked %d objects' histories in %.1fs (of their writes of unknown outcome, %d were found in the change log, %d never took effect)\n",
+		len(r.kv), time.Since(checkStart).Seconds(), found, never)
 	if r.own != nil {
 		if err := r.own.Verify(); err != nil {
 			r.fail("ownership: %v", err)
@@ -357,7 +371,7 @@ func (s *single) close() {
 // The server's configuration: the app the clients use and the log type.
 const (
 	appsYAML  = "apps:\n  - {id: " + app + ", key: " + appKey + ", secret: " + appSecret + "}\n"
-	typesYAML = "types:\n  events:\n    log: {maxBatchSize: 100}\n"
+	typesYAML = "types:\n  events:\n    log: {maxBatchSize: 100}\n  reg:\n    objects: {changeLogEntries: 100000000}\n"
 )
 
 // kill SIGKILLs the server and notes when it had exited: no request it
@@ -691,7 +705,9 @@ func (r *run) kvOp(c, obj int, rng *rand.Rand) time.Duration {
 		outc, status, after = r.callRetry("PUT", base+"/a", map[string]any{"value": in.Value}, &rep)
 		out.LogID = num(rep.LogID)
 	case p < 60:
-		in = kvInput{Op: "incr", By: int64(1 + rng.Intn(5))}
+		// An amount from a million makes the write recognisable in the change
+		// log (resolveUnknown), as the set's random value does.
+		in = kvInput{Op: "incr", By: int64(1 + rng.Intn(1e6))}
 		var rep struct {
 			LogID json.Number `json:"log_id"`
 			Value json.Number `json:"value"`
@@ -965,6 +981,29 @@ func (r *run) kvFinalGet(obj int) {
 		return
 	}
 	r.kv[obj] = append(r.kv[obj], porcupine.Operation{ClientId: r.cfg.Clients, Input: kvInput{Op: "get"}, Call: call, Output: rep.output(), Return: r.now()})
+	r.kvLog[obj] = r.kvFinalLog(obj)
+}
+
+// kvFinalLog reads object obj's whole change log (nil if it could not).
+func (r *run) kvFinalLog(obj int) []changeLogItem {
+	all := []changeLogItem{}
+	for {
+		var page struct {
+			Items []changeLogItem `json:"items"`
+		}
+		path := fmt.Sprintf("/api/v1/objects/%s/reg/kv%d/log?after=%d&limit=10000", app, obj, uint64(len(all)))
+		if outc, status := r.callFinal("GET", path, &page); outc != ok {
+			r.fail("kv%d final read of the change log after %d: %d", obj, len(all), status)
+			return nil
+		}
+		if len(page.Items) == 0 {
+			return all
+		}
+		all = append(all, page.Items...)
+		if last := page.Items[len(page.Items)-1].LogID; last != uint64(len(all)) {
+			return all // not one item per entry from 1: resolveUnknown settles nothing
+		}
+	}
 }
 
 // checkCursor: a commit's reply is at least what it asked for, never below a
