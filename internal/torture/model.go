@@ -34,10 +34,10 @@ type kvOutput struct {
 	// Found: the outcome was unknown, and the object's change log after the last
 	// restart holds this very write (resolveUnknown): LogID and N are from there.
 	Found bool
-	LogID   uint64
-	N       int64  // incr: the new value; get: the slot
-	A       string // get
-	HasA    bool   // get
+	LogID uint64
+	N     int64  // incr: the new value; get: the slot
+	A     string // get
+	HasA  bool   // get
 }
 
 // kvModel is nondeterministic in one way: a write of unknown outcome (cut off by

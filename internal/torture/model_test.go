@@ -127,7 +127,7 @@ func logN(id uint64, n int64) changeLogItem {
 func TestResolveUnknown_SettlesWritesFromTheChangeLog(t *testing.T) {
 	h := []porcupine.Operation{
 		set(0, 0, 1, "x", 1),
-		unknownOp(set(1, 2, 3, "y", 0), unknownReturn), // in the log at 2
+		unknownOp(set(1, 2, 3, "y", 0), unknownReturn),   // in the log at 2
 		unknownOp(incr(2, 2, 3, 7, 0, 0), unknownReturn), // in the log at 3: n 0 -> 7
 		unknownOp(set(3, 2, 3, "z", 0), unknownReturn),   // not in the log
 		unknownOp(incr(0, 4, 5, 9, 0, 0), unknownReturn), // not in the log
