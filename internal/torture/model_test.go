@@ -31,6 +31,13 @@ func unknownOp(op porcupine.Operation, ret int64) porcupine.Operation {
 	return op
 }
 
+// found is op with its outcome found in the change log after the error was
+// seen at ret: log_id logID.
+func found(op porcupine.Operation, ret int64, logID uint64) porcupine.Operation {
+	op.Output, op.Return = kvOutput{Found: true, LogID: logID, N: op.Output.(kvOutput).N}, ret
+	return op
+}
+
 func TestModel_Verdicts(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -63,9 +70,10 @@ func TestBoundUnknown_TheFirstKillAfterTheErrorWasSeen(t *testing.T) {
 		unknownOp(set(0, 5, 0, "b", 0), 10), // seen at 10, exactly a kill: the next one
 		unknownOp(set(0, 11, 0, "c", 0), 31),
 		set(0, 2, 3, "d", 1),
+		found(set(0, 6, 0, "e", 0), 12, 2), // found in the change log, seen at 12
 	}
 	boundUnknown(h, []int64{10, 20, 30})
-	for i, want := range []int64{10, 20, unknownReturn, 3} {
+	for i, want := range []int64{10, 20, unknownReturn, 3, 20} {
 		if h[i].Return != want {
 			t.Errorf("op %d: return %d, want %d", i, h[i].Return, want)
 		}

@@ -383,8 +383,8 @@ func (r *run) kill(srv *server) {
 	r.mu.Unlock()
 }
 
-// boundUnknown gives each operation of unknown outcome its latest possible
-// effect: the first kill that ended after the client saw the error. The server
+// boundUnknown gives each operation of unknown outcome (found in the change log
+// or not) its latest possible effect: the first kill that ended after the client saw the error. The server
 // that received the request may still have been running it (a client time-out)
 // but not beyond its own death, and a request that saw its connection reset
 // was on a server that was dead by then or died at the kill noted just after
@@ -393,7 +393,9 @@ func (r *run) kill(srv *server) {
 // write overlaps every later operation and the check's search explodes.
 func boundUnknown(h []porcupine.Operation, killedAt []int64) {
 	for i := range h {
-		if !h[i].Output.(kvOutput).Unknown {
+		// A write found in the change log (resolveUnknown) is bounded the
+		// same way: the log says where it falls in the order, not when.
+		if o := h[i].Output.(kvOutput); !o.Unknown && !o.Found {
 			continue
 		}
 		seen := h[i].Return
