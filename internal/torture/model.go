@@ -249,9 +249,11 @@ func resolveUnknown(h []porcupine.Operation, log []changeLogItem) ([]porcupine.O
 		return h, nil // not read
 	}
 	var failures []string
-	sig := make(map[uint64]string, len(log)) // log_id -> what that entry did
-	newN := make(map[uint64]int64, len(log))
-	at := map[string][]uint64{} // what an entry did -> its log_ids
+	// The log runs from log_id 1 without a gap (checked below), so entry x is
+	// at index x-1.
+	sig := make([]string, len(log)) // what each entry did
+	newN := make([]int64, len(log)) // n after each entry
+	at := map[string][]uint64{}     // what an entry did -> its log_ids
 	var n int64
 	for i, it := range log {
 		if it.LogID != uint64(i+1) {
@@ -271,11 +273,10 @@ func resolveUnknown(h []porcupine.Operation, log []changeLogItem) ([]porcupine.O
 				return h, []string{fmt.Sprintf("change log entry %d sets n to %s, not an integer", it.LogID, it.Value)}
 			}
 			s, n = fmt.Sprintf("incr %d", v-n), v
-			newN[it.LogID] = v
 		default:
 			return h, []string{fmt.Sprintf("change log entry %d changes slot %q, which no client writes", it.LogID, it.Key)}
 		}
-		sig[it.LogID] = s
+		sig[i], newN[i] = s, n
 		at[s] = append(at[s], it.LogID)
 	}
 	opSig := func(in kvInput) string {
@@ -299,11 +300,11 @@ func resolveUnknown(h []porcupine.Operation, log []changeLogItem) ([]porcupine.O
 		}
 		s := opSig(in)
 		if !o.Unknown {
-			switch got, ok := sig[o.LogID]; {
-			case !ok:
-				failures = append(failures, fmt.Sprintf("%s was acknowledged, and log_id %d is not in the change log (it ends at %d)", describe(in, o), o.LogID, len(log)))
-			case got != s || (in.Op == "incr" && newN[o.LogID] != o.N):
-				failures = append(failures, fmt.Sprintf("%s was acknowledged, and the change log's entry %d is %s", describe(in, o), o.LogID, got))
+			switch x := o.LogID; {
+			case x < 1 || x > uint64(len(log)):
+				failures = append(failures, fmt.Sprintf("%s was acknowledged, and log_id %d is not in the change log (it ends at %d)", describe(in, o), x, len(log)))
+			case sig[x-1] != s || (in.Op == "incr" && newN[x-1] != o.N):
+				failures = append(failures, fmt.Sprintf("%s was acknowledged, and the change log's entry %d is %s", describe(in, o), x, sig[x-1]))
 			}
 			out = append(out, op)
 			continue
@@ -316,7 +317,7 @@ func resolveUnknown(h []porcupine.Operation, log []changeLogItem) ([]porcupine.O
 		case 0:
 			// never took effect: dropped
 		case 1:
-			op.Output = kvOutput{Found: true, LogID: ids[0], N: newN[ids[0]]}
+			op.Output = kvOutput{Found: true, LogID: ids[0], N: newN[ids[0]-1]}
 			out = append(out, op)
 		default:
 			failures = append(failures, fmt.Sprintf("%s took effect %d times, at log_ids %v", describe(in, o), len(ids), ids))

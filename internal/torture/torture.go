@@ -384,13 +384,14 @@ func (r *run) kill(srv *server) {
 }
 
 // boundUnknown gives each operation of unknown outcome (found in the change log
-// or not) its latest possible effect: the first kill that ended after the client saw the error. The server
-// that received the request may still have been running it (a client time-out)
-// but not beyond its own death, and a request that saw its connection reset
-// was on a server that was dead by then or died at the kill noted just after
-// (the kill is noted a moment after the process exits, so the bound may be one
-// kill late, which is loose but never wrong). Without the bound an unknown
-// write overlaps every later operation and the check's search explodes.
+// or not) its latest possible effect: the first kill that ended after the
+// client saw the error. The server that received the request may still have
+// been running it (a client time-out) but not beyond its own death, and a
+// request that saw its connection reset was on a server that was dead by then
+// or died at the kill noted just after (the kill is noted a moment after the
+// process exits, so the bound may be one kill late, which is loose but never
+// wrong). Without the bound an unknown write overlaps every later operation
+// and the check's search explodes.
 func boundUnknown(h []porcupine.Operation, killedAt []int64) {
 	for i := range h {
 		// A write found in the change log (resolveUnknown) is bounded the
@@ -911,6 +912,7 @@ func (r *run) callFinal(method, path string, out any) (outcome, int) {
 func (r *run) finalChecks() {
 	for obj := range r.cfg.Objects {
 		r.kvFinalGet(obj)
+		r.kvLog[obj] = r.kvFinalLog(obj)
 	}
 	for l, lr := range r.logs {
 		var all []string // key by offset
@@ -983,7 +985,6 @@ func (r *run) kvFinalGet(obj int) {
 		return
 	}
 	r.kv[obj] = append(r.kv[obj], porcupine.Operation{ClientId: r.cfg.Clients, Input: kvInput{Op: "get"}, Call: call, Output: rep.output(), Return: r.now()})
-	r.kvLog[obj] = r.kvFinalLog(obj)
 }
 
 // kvFinalLog reads object obj's whole change log (nil if it could not).
