@@ -6,6 +6,7 @@
 package s3test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -256,8 +257,42 @@ func (s *Server) Kill() {
 	<-s.exited
 }
 
-// Stop freezes the process (SIGSTOP): it keeps its connections but answers nothing.
-func (s *Server) Stop() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+// Stop freezes the process (SIGSTOP): it keeps its connections but answers
+// nothing. It returns once every thread of the process is stopped: the signal
+// takes effect on each thread asynchronously, and a request sent right after
+// kill(2) returned was seen answered by a thread still running.
+func (s *Server) Stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if allStopped(s.cmd.Process.Pid) {
+			return
+		}
+	}
+	s.t.Helper()
+	s.t.Fatalf("%s not stopped 5 s after SIGSTOP", s)
+}
+
+// allStopped tells whether every thread of process pid is in the stopped
+// state ('T' in /proc/PID/task/TID/stat).
+func allStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+		if err != nil {
+			return false
+		}
+		// The state follows the command name, which is in parentheses and may
+		// hold spaces: "pid (comm) S ...".
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
 
 // Cont resumes a stopped process.
 func (s *Server) Cont() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
