@@ -8,7 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 type replayed struct {
@@ -361,4 +365,66 @@ func TestWAL_OpenRemovesAHalfPreparedSegment(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, preparedName)); !os.IsNotExist(err) {
 		t.Fatalf("the half-prepared segment is still there (stat: %v)", err)
 	}
+}
+
+// TestWAL_ZerosBypassThePageCache: a segment's zeros are written through an
+// O_DIRECT handle, so none of them sit in the page cache, where the records'
+// own O_DIRECT writes would only have to drop them again (docs/benchmarks.md,
+// session 15). Checked with mincore on both ways a segment is zeroed: a new
+// log's first segment, on the commit's path, and one prepared ahead.
+func TestWAL_ZerosBypassThePageCache(t *testing.T) {
+	dir := t.TempDir()
+	if f, err := os.OpenFile(filepath.Join(dir, "probe"), os.O_CREATE|os.O_RDWR|syscall.O_DIRECT, 0o644); err != nil {
+		t.Skipf("this filesystem refuses O_DIRECT: %v", err)
+	} else {
+		f.Close()
+	}
+	const segSize = 8 << 20
+	w, _, _ := openTestWAL(t, dir, segSize)
+	defer w.closeAll()
+	if got := residentPages(t, w.cur.path); got != 0 {
+		t.Fatalf("%d pages of the first segment's zeros are in the page cache, want none", got)
+	}
+	seg, err := w.zeroSegment()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.f.Close()
+	if seg.zeroed != segSize {
+		t.Fatalf("the prepared segment is zeroed to %d, want %d", seg.zeroed, segSize)
+	}
+	if got := residentPages(t, seg.path); got != 0 {
+		t.Fatalf("%d pages of the prepared segment's zeros are in the page cache, want none", got)
+	}
+}
+
+// residentPages counts the pages of the file at path that are in the page cache.
+func residentPages(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() == 0 {
+		t.Fatalf("%s is empty", path)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatalf("mincore: %v", errno)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
 }

@@ -62,14 +62,19 @@ func (pw *pageWriter) grow(size int) {
 	}
 	size = (size + pageSize - 1) &^ (pageSize - 1)
 	size = max(size, 2*len(pw.buf))
+	buf := alignedBuf(size)
+	copy(buf, pw.buf[:pw.n])
+	pw.buf = buf
+}
+
+// alignedBuf returns size bytes of zeroed, page-aligned memory.
+func alignedBuf(size int) []byte {
 	raw := make([]byte, size+pageSize)
 	skip := 0
 	if rem := int(uintptr(unsafe.Pointer(&raw[0])) & (pageSize - 1)); rem != 0 {
 		skip = pageSize - rem
 	}
-	buf := raw[skip : skip+size : skip+size]
-	copy(buf, pw.buf[:pw.n])
-	pw.buf = buf
+	return raw[skip : skip+size : skip+size]
 }
 
 // writeSync writes rec at the end of what the writer holds (segment offset
