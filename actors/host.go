@@ -422,9 +422,6 @@ func (h *Host) shard(id ObjectID) *hostShard {
 // Request sends msg to object id, activating it if needed, and waits for its
 // reply or for ctx. A reply is only sent once every write before it is durable.
 func (h *Host) Request(ctx context.Context, id ObjectID, msg any) (any, error) {
-	if err := ValidateID(id); err != nil {
-		return nil, err
-	}
 	act, err := h.acquire(id)
 	if err != nil {
 		return nil, err
@@ -443,7 +440,9 @@ func (h *Host) Request(ctx context.Context, id ObjectID, msg any) (any, error) {
 	}
 }
 
-// acquire returns id's activation with the request counted in its inflight.
+// acquire returns id's activation with the request counted in its inflight. It
+// checks id's name (ValidateID) before it activates an object: an active one
+// passed that check.
 func (h *Host) acquire(id ObjectID) (*activation, error) {
 	if h.closing.Load() {
 		return nil, &Error{Kind: KindUnavailable, Msg: "the node is shutting down", RetryAfter: time.Second}
@@ -464,6 +463,9 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 		return h.admit(a, n)
 	}
 	s.mu.RUnlock()
+	if err := ValidateID(id); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	if a = s.m[id]; a == nil {
 		a = &activation{id: id}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 )
 
 // Messages of the KV behaviour. Every object, of any type, answers them.
@@ -156,14 +155,20 @@ func marshalValue(v any) (json.RawMessage, bool, error) {
 }
 
 // quotePlain quotes s as JSON, byte for byte as json.Marshal does, without its
-// reflection for the common string: appendJSONString quotes as json.Marshal
-// does but for the HTML escapes of '<', '>' and '&', so it leaves strings with
-// those to json.Marshal (ok false).
+// reflection for the common string: printable ASCII with nothing to escape is
+// quoted as it is, in one pass; anything else (escapes, non-ASCII, and the HTML
+// escapes of '<', '>' and '&') goes to json.Marshal (ok false).
 func quotePlain(s string) (json.RawMessage, bool) {
-	if strings.ContainsAny(s, "<>&") {
-		return nil, false
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7F || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return nil, false
+		}
 	}
-	return appendJSONString(make([]byte, 0, len(s)+2), s), true
+	b := make([]byte, len(s)+2)
+	b[0] = '"'
+	copy(b[1:], s)
+	b[len(b)-1] = '"'
+	return b, true
 }
 
 // Set sets slot to value (any JSON-encodable Go value, or json.RawMessage).

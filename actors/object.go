@@ -17,6 +17,10 @@ type envelope struct {
 	msg   any
 	reply chan result // buffered: the actor never blocks on a caller that left
 	act   *activation
+	// The reply held at the output gate (respond) until its write is durable.
+	h   *Host
+	val any
+	err error
 }
 
 type result struct {
@@ -272,13 +276,24 @@ func (o *object) respond(env *envelope, val any, err error) {
 		env.finish(val, err, nil) // the planted bug: see plantedbug_off.go
 		return
 	}
-	h := o.h
-	o.gate(func() { env.finish(val, err, nil) }, func(cerr error) {
+	t := o.last
+	if t == nil {
+		env.finish(val, err, nil)
+		return
+	}
+	env.h, env.val, env.err = o.h, val, err
+	t.Notify(env) // at once if the outcome is already known
+}
+
+// WriteDone sends the reply respond held, once the write it waited for is
+// durable (cerr nil) or lost.
+func (e *envelope) WriteDone(cerr error) {
+	if cerr != nil {
 		// Route later requests to a fresh activation at once (before this reply
 		// leaves); this one may hold state that never reached disk.
-		h.forget(env.act)
-		env.finish(val, err, cerr)
-	})
+		e.h.forget(e.act)
+	}
+	e.finish(e.val, e.err, cerr)
 }
 
 // gate is the output gate: it runs f once every write submitted before now is

@@ -348,7 +348,7 @@ func throughput(dir string, d time.Duration, objects, callers int) (result, erro
 		return result{}, err
 	}
 	before := rt.Node().Stats().Pipeline
-	value := string(peers.Payload()) // the peers' 256-byte value
+	var value any = string(peers.Payload()) // the peers' 256-byte value, boxed once
 	m := startMeter()
 	iv, err := runWorkers(callers, d, func(c int) (int64, error) {
 		_, err := objs[c%objects].Set(ctx, "v", value)

@@ -52,9 +52,22 @@ type Ticket struct {
 	applied atomic.Bool
 	mu      sync.Mutex
 	err     error
-	waiters []func(error)
+	first   Waiter   // the first waiter, kept inline: most writes have one
+	waiters []Waiter // the rest, in OnDone's order
 	ch      chan struct{}
 }
+
+// Waiter is told a write's outcome (see Ticket.Notify).
+type Waiter interface {
+	// WriteDone gets nil once the write is durable, else why it is lost. It must
+	// not block.
+	WriteDone(err error)
+}
+
+// waiterFunc is a func(error) as a Waiter.
+type waiterFunc func(error)
+
+func (f waiterFunc) WriteDone(err error) { f(err) }
 
 // Done reports whether the write's outcome is known: durable (Err is nil) or failed.
 func (t *Ticket) Done() bool { return t.done.Load() }
@@ -73,16 +86,24 @@ func (t *Ticket) Err() error {
 
 // OnDone calls f with the outcome once it is known: at once, in the caller's
 // goroutine, if it already is; otherwise on a pipeline goroutine, after the write's
-// sync, in the order OnDone was called. f must not block.
-func (t *Ticket) OnDone(f func(error)) {
+// sync, in the order OnDone and Notify were called. f must not block.
+func (t *Ticket) OnDone(f func(error)) { t.Notify(waiterFunc(f)) }
+
+// Notify is OnDone for a Waiter: a caller that already holds what the outcome
+// concerns (a request's envelope) passes itself instead of allocating closures.
+func (t *Ticket) Notify(w Waiter) {
 	t.mu.Lock()
 	if t.done.Load() {
 		err := t.err
 		t.mu.Unlock()
-		f(err)
+		w.WriteDone(err)
 		return
 	}
-	t.waiters = append(t.waiters, f)
+	if t.first == nil {
+		t.first = w
+	} else {
+		t.waiters = append(t.waiters, w)
+	}
 	t.mu.Unlock()
 }
 
@@ -113,14 +134,17 @@ func (t *Ticket) complete(err error) {
 	t.mu.Lock()
 	t.err = err
 	t.done.Store(true)
-	waiters := t.waiters
-	t.waiters = nil
+	first, waiters := t.first, t.waiters
+	t.first, t.waiters = nil, nil
 	if t.ch != nil {
 		close(t.ch)
 	}
 	t.mu.Unlock()
-	for _, f := range waiters {
-		f(err)
+	if first != nil {
+		first.WriteDone(err)
+	}
+	for _, w := range waiters {
+		w.WriteDone(err)
 	}
 }
 
