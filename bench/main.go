@@ -366,6 +366,61 @@ func throughput(dir string, d time.Duration, objects, callers int) (result, erro
 	return r, nil
 }
 
+// The floor cases: 1,000 objects of a user-defined type, one request in flight
+// each, whose handler either does nothing (the request path alone: routing, the
+// actor's turn, the reply) or puts one 256-byte key (that plus one key through
+// the commit pipeline and Badger, with no change log and no JSON). Side by side
+// with 1000-objects, they split a KV write's CPU between the request path, the
+// storage path and the KV object's own work.
+type floorNoop struct{}
+type floorPut struct{}
+
+func userRequests(dir string, d time.Duration, objects int, write bool) (result, error) {
+	value := peers.Payload()
+	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger(), Types: []holdfast.TypeSpec{{
+		Name: "floor",
+		Handle: func(c *holdfast.Context, msg any) (any, error) {
+			if _, ok := msg.(floorPut); ok {
+				return nil, c.Put("v", value)
+			}
+			return nil, nil
+		},
+	}}})
+	if err != nil {
+		return result{}, err
+	}
+	defer rt.Close(context.Background())
+	ctx := context.Background()
+	keys := make([]string, objects)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("obj-%d", i)
+	}
+	var msg any = floorNoop{}
+	if write {
+		msg = floorPut{}
+	}
+	for _, k := range keys { // activate every object first
+		if _, err := rt.Request(ctx, "app_bench", "floor", k, msg); err != nil {
+			return result{}, err
+		}
+	}
+	before := rt.Node().Stats().Pipeline
+	m := startMeter()
+	iv, err := runWorkers(objects, d, func(c int) (int64, error) {
+		_, err := rt.Request(ctx, "app_bench", "floor", keys[c], msg)
+		return 1, err
+	})
+	if err != nil {
+		return result{}, err
+	}
+	r := result{OpsPerSec: iv.perSec()}
+	if after := rt.Node().Stats().Pipeline; after.Writes > before.Writes {
+		r.SyncsPerWrite = float64(after.Commits-before.Commits) / float64(after.Writes-before.Writes)
+	}
+	m.stop(&r, iv.ops)
+	return r, nil
+}
+
 // activate writes each object once, 256 at a time, before the measured interval.
 func activate(objs []*holdfast.Object) error {
 	var wg sync.WaitGroup

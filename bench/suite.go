@@ -58,6 +58,11 @@ var workloads = []workload{
 		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 1000) }, peer: writes(1000, 1000), http: httpWrites(1000, 1000)},
 	{name: "10000-objects", title: "10,000 objects, one write in flight each", unit: "writes/s", payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 10000, 10000) }, peer: writes(10000, 10000), http: httpWrites(10000, 10000)},
+	// Holdfast only: the floor under 1000-objects (userRequests).
+	{name: "1000-objects-noop", title: "1,000 objects of a user type, a handler that does nothing", unit: "requests/s",
+		holdfast: func(dir string, d time.Duration) (result, error) { return userRequests(dir, d, 1000, false) }},
+	{name: "1000-objects-put", title: "1,000 objects of a user type, a handler that puts one 256-byte key", unit: "writes/s", payload: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return userRequests(dir, d, 1000, true) }},
 	{name: "hot-object-64-callers", title: "one hot object, 64 callers", unit: "writes/s", target: 8, payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 64) }, peer: writes(1, 64), http: httpWrites(1, 64)},
 	{name: "kv-writes", title: "KV writes: 64 callers over 1,000 keys", unit: "writes/s", payload: true,
