@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/holdfast/holdfast/persistence"
@@ -214,6 +215,7 @@ func (o *object) kvStage(k *kvState, w *persistence.Write, changes []Change, pur
 	// The entry first: each slot's value is a part of it, which the
 	// write-ahead log then stores once (persistence.KV.Of).
 	entry, at := encodeLogEntry(changes)
+	w.Sets = slices.Grow(w.Sets, 1+len(changes))
 	of := len(w.Sets) + 1
 	w.Sets = append(w.Sets, persistence.KV{Key: k.ks.KeyUint64(kvLog, id), Value: entry})
 	for i, c := range changes {
