@@ -300,7 +300,7 @@ func (w *wal) zeroAhead(seg *segment, upTo int64) error {
 	end := ((upTo + chunk - 1) / chunk) * chunk
 	f, closeF, err := zeroHandle(seg, end)
 	if err != nil {
-		return fmt.Errorf("zero log segment %d: %w", seg.id, err)
+		return err
 	}
 	defer closeF()
 	for seg.zeroed < end {
@@ -330,12 +330,9 @@ func zeroHandle(seg *segment, end int64) (*os.File, func(), error) {
 	if seg.zeroed%pageSize != 0 || end%pageSize != 0 {
 		return seg.f, func() {}, nil
 	}
-	f, err := os.OpenFile(seg.path, os.O_RDWR|syscall.O_DIRECT, 0)
-	switch {
-	case errors.Is(err, syscall.EINVAL):
-		return seg.f, func() {}, nil
-	case err != nil:
-		return nil, nil, err
+	f, err := openDirect(seg)
+	if err != nil || f == nil {
+		return seg.f, func() {}, err
 	}
 	return f, func() { f.Close() }, nil
 }

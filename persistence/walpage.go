@@ -37,10 +37,12 @@ type pageWriter struct {
 // openPageWriter opens seg for record writes starting at seg.off.
 func openPageWriter(seg *segment) (*pageWriter, error) {
 	pw := &pageWriter{f: seg.f}
-	if f, err := os.OpenFile(seg.path, os.O_RDWR|syscall.O_DIRECT, 0); err == nil {
+	f, err := openDirect(seg)
+	if err != nil {
+		return nil, err
+	}
+	if f != nil {
 		pw.f, pw.direct, pw.dsync = f, true, true
-	} else if !errors.Is(err, syscall.EINVAL) {
-		return nil, fmt.Errorf("open log segment %d for direct writes: %w", seg.id, err)
 	}
 	pw.base = seg.off &^ (pageSize - 1)
 	pw.n = int(seg.off - pw.base)
@@ -53,6 +55,19 @@ func openPageWriter(seg *segment) (*pageWriter, error) {
 		}
 	}
 	return pw, nil
+}
+
+// openDirect opens seg's file for O_DIRECT writes; nil and no error when the
+// filesystem refuses direct I/O (then the segment's own handle serves).
+func openDirect(seg *segment) (*os.File, error) {
+	f, err := os.OpenFile(seg.path, os.O_RDWR|syscall.O_DIRECT, 0)
+	switch {
+	case errors.Is(err, syscall.EINVAL):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("open log segment %d for direct writes: %w", seg.id, err)
+	}
+	return f, nil
 }
 
 // grow makes buf hold at least size bytes, page aligned, keeping its content.
