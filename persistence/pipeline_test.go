@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -499,5 +500,35 @@ func TestPipeline_AFailedLogWriteNeverReachesBadger(t *testing.T) {
 	}
 	if _, found, _ := db.Get(ctx, []byte("before")); !found {
 		t.Fatal("the write before the failure is gone")
+	}
+}
+
+// recordWaiter is a Waiter that notes its name and the outcome it got.
+type recordWaiter struct {
+	name string
+	got  *[]string
+}
+
+func (w recordWaiter) WriteDone(err error) {
+	*w.got = append(*w.got, fmt.Sprintf("%s:%v", w.name, err))
+}
+
+// TestTicket_WaitersRunInTheOrderTheyCame: OnDone and Notify waiters, the
+// first kept inline and the rest in a slice, all get the outcome in the order
+// they were added; one added after the outcome is known gets it at once.
+func TestTicket_WaitersRunInTheOrderTheyCame(t *testing.T) {
+	var got []string
+	tk := &Ticket{}
+	tk.Notify(recordWaiter{"a", &got})
+	tk.OnDone(func(err error) { got = append(got, fmt.Sprintf("b:%v", err)) })
+	tk.Notify(recordWaiter{"c", &got})
+	if len(got) != 0 {
+		t.Fatalf("waiters ran before the outcome: %v", got)
+	}
+	tk.complete(errors.New("lost"))
+	tk.Notify(recordWaiter{"d", &got})
+	want := []string{"a:lost", "b:lost", "c:lost", "d:lost"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("waiters ran as %v, want %v", got, want)
 	}
 }
