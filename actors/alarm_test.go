@@ -148,7 +148,7 @@ func (n *alarmNode) advance(d time.Duration) time.Time {
 // indexEntries counts the node's alarm index entries.
 func (n *alarmNode) indexEntries(t *testing.T) int {
 	t.Helper()
-	n.pipe.WaitApplied()
+	n.pipe.WaitApplied(context.Background())
 	count := 0
 	for p := range n.db.Partitions() {
 		err := n.db.Scan(context.Background(), persistence.PartitionIndexPrefix(uint32(p), persistence.IndexAlarms), nil, nil, func(k, v []byte) (bool, error) {

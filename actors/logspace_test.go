@@ -55,7 +55,7 @@ func TestLog_TrimmedLargeAppendsGiveTheirDiskSpaceBack(t *testing.T) {
 		return len(m)
 	}
 	const most = 6       // the hot records' file, the current one, garbage not yet found
-	n.pipe.WaitApplied() // every block is in Badger's files: the count below starts high
+	n.pipe.WaitApplied(context.Background()) // every block is in Badger's files: the count below starts high
 	deadline := time.Now().Add(30 * time.Second)
 	for files() > most {
 		if time.Now().After(deadline) {

@@ -41,6 +41,11 @@ func commitError(cerr error) error {
 	if errors.Is(cerr, persistence.ErrTooLarge) {
 		return &Error{Kind: KindTooLarge, Msg: "the write is too large for one commit", cause: cerr}
 	}
+	if errors.Is(cerr, persistence.ErrUnavailable) {
+		// Nothing was written; the storage takes writes again once the
+		// resource it lacked (descriptors, space, a database caught up) is back.
+		return &Error{Kind: KindUnavailable, Msg: "the node's storage cannot take writes for now; retry", RetryAfter: time.Second, cause: cerr}
+	}
 	var e *Error
 	if errors.As(cerr, &e) { // a fence refusal already says what happened
 		return e
@@ -136,6 +141,17 @@ func (o *object) handle(c actor.Context, env *envelope) {
 	if o.broken == nil && o.h.epoch(o.part) != o.epoch {
 		o.moved()
 	}
+	if !o.ready && o.broken == nil {
+		// An earlier activation's writes may be durable but not yet in Badger
+		// (after a failed write, the next activation starts at once). The wait
+		// ends when the pipeline stops, failed or closed.
+		if err := o.h.pipe.WaitApplied(context.Background()); err != nil {
+			o.broken = fmt.Errorf("the database cannot show every acknowledged write: %w", err)
+			o.h.forget(o.act)
+		} else {
+			o.ready = true
+		}
+	}
 	if err := o.health(); err != nil {
 		if f, ok := env.msg.(alarmFire); ok {
 			o.h.retryAlarm(f.d) // the next activation looks at it
@@ -145,12 +161,6 @@ func (o *object) handle(c actor.Context, env *envelope) {
 			c.Stop(c.Self())
 		}
 		return
-	}
-	if !o.ready {
-		// An earlier activation's writes may be durable but not yet in Badger
-		// (after a failed write, the next activation starts at once).
-		o.h.pipe.WaitApplied()
-		o.ready = true
 	}
 	o.cur, o.deferred = env, false
 	val, err := o.dispatch(env.msg)

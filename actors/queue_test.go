@@ -462,7 +462,7 @@ func TestQueue_ReplayTopicsMakesBackoffsDue(t *testing.T) {
 func queueIndexEntries(t *testing.T, n *testNode) int {
 	t.Helper()
 	count := 0
-	n.pipe.WaitApplied() // what is durable is in Badger
+	n.pipe.WaitApplied(context.Background()) // what is durable is in Badger
 	for p := range uint32(n.db.Partitions()) {
 		prefix := persistence.PartitionIndexPrefix(p, persistence.IndexQueues)
 		if err := n.db.Scan(context.Background(), prefix, nil, nil, func(_, _ []byte) (bool, error) { count++; return true, nil }); err != nil {
@@ -578,7 +578,7 @@ func (n *queueNode) kick() { n.host.Scheduler().Kick() }
 // queueKeys counts the keys of the queue's keyspace in Badger.
 func queueKeys(t *testing.T, n *testNode, id ObjectID) int {
 	t.Helper()
-	n.pipe.WaitApplied()
+	n.pipe.WaitApplied(context.Background())
 	ks := persistence.NewKeyspace(persistence.Partition(id, n.db.Partitions()), id, persistence.BehaviourQueue)
 	c := 0
 	if err := n.db.Scan(context.Background(), ks.Prefix(), nil, nil, func(_, _ []byte) (bool, error) { c++; return true, nil }); err != nil {

@@ -31,7 +31,9 @@ func queueObjectKey(part uint32, id ObjectID) []byte {
 // of queues, not with their messages.
 func (h *Host) QueueDepth(ctx context.Context) (QueueDepth, error) {
 	var d QueueDepth
-	h.pipe.WaitApplied()
+	if err := h.pipe.WaitApplied(ctx); err != nil {
+		return d, err
+	}
 	for _, p := range h.partitions() {
 		ids, err := h.indexedObjects(ctx, p, persistence.IndexQueueObjects)
 		if err != nil {

@@ -21,7 +21,7 @@ type Config struct {
 	// before the call (persistence.Pipeline.WaitApplied). The scheduler calls it
 	// before reading the index, so that an entry made durable before the read is
 	// never missed while its notification was dropped as "beyond the horizon".
-	WaitApplied func()
+	WaitApplied func(context.Context) error
 	// Fire wakes the object of d. It runs on one of the scheduler's workers and
 	// must not block for long. An error (overloaded, node closing) wakes it again
 	// after RetryFire.
@@ -267,7 +267,9 @@ func (s *Scheduler) takeInbox() {
 // (entries due in one millisecond are never split).
 func (s *Scheduler) refill(now int64) {
 	if s.cfg.WaitApplied != nil {
-		s.cfg.WaitApplied()
+		if err := s.cfg.WaitApplied(context.Background()); err != nil {
+			return // the pipeline stopped: nothing can fire
+		}
 	}
 	limit := now + s.cfg.Window.Milliseconds()
 	budget := max(s.cfg.MaxResident-len(s.heap), 1)

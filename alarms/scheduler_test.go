@@ -66,7 +66,7 @@ func (e *env) put(t *testing.T, ds ...Due) {
 	if err := e.pipe.Submit(w).Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	e.pipe.WaitApplied()
+	e.pipe.WaitApplied(context.Background())
 }
 
 func due(i int, at int64) Due {

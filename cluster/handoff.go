@@ -132,7 +132,9 @@ func (m *member) handOff(p uint32, e PartEntry) error {
 	since := m.n.pipe.Committed()
 	release := m.n.pipe.HoldVersions(since)
 	defer release()
-	m.n.pipe.WaitApplied()
+	if err := m.n.pipe.WaitApplied(ctx); err != nil {
+		return abort(fmt.Errorf("wait for the database: %w", err))
+	}
 	prefix := persistence.PartitionPrefix(p)
 	stream := func(since uint64) (int, error) {
 		var chunk []persistence.Change
@@ -170,7 +172,9 @@ func (m *member) handOff(p uint32, e PartEntry) error {
 		}
 		prev = next
 		next = m.n.pipe.Committed()
-		m.n.pipe.WaitApplied()
+		if err := m.n.pipe.WaitApplied(ctx); err != nil {
+			return abort(fmt.Errorf("wait for the database: %w", err))
+		}
 		if round > 0 && n < 1000 {
 			break
 		}
@@ -187,7 +191,9 @@ func (m *member) handOff(p uint32, e PartEntry) error {
 	if err != nil {
 		return abortFrozen(fmt.Errorf("barrier: %w", err))
 	}
-	m.n.pipe.WaitApplied()
+	if err := m.n.pipe.WaitApplied(ctx); err != nil {
+		return abortFrozen(fmt.Errorf("wait for the database: %w", err))
+	}
 	if _, err := stream(prev); err != nil {
 		return abortFrozen(fmt.Errorf("final stream: %w", err))
 	}

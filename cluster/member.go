@@ -740,7 +740,9 @@ func (m *member) deletePartition(ctx context.Context, p uint32, aux uint64, keep
 		if err := t.Wait(ctx); err != nil {
 			return err
 		}
-		m.n.pipe.WaitApplied()
+		if err := m.n.pipe.WaitApplied(ctx); err != nil {
+			return err
+		}
 	}
 	return errors.New("stopped")
 }

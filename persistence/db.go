@@ -9,11 +9,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 	"path/filepath"
 	"sync"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/holdfast/holdfast/internal/durable"
 )
 
 // Config configures the node's database.
@@ -62,6 +63,9 @@ type DB struct {
 	partitions int
 	lastSeq    uint64 // the highest version in Badger or the log at Open
 	closed     bool
+	// keepLog is set by Pipeline.Close when Badger did not get every durable
+	// record: Close then keeps the log for the next Open to replay.
+	keepLog bool
 }
 
 // Open opens or creates the database in cfg.Dir and replays the write-ahead log
@@ -82,7 +86,10 @@ func Open(cfg Config) (*DB, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	// Every directory made here is synced into its parent: a power cut soon
+	// after the first start must not take the data directory, and every write
+	// acknowledged into it, with it.
+	if err := durable.MkdirAll(filepath.Join(cfg.Dir, "badger"), 0o755); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
 	// Badger does not sync: the write-ahead log is the durability point, and a log
@@ -105,7 +112,7 @@ func Open(cfg Config) (*DB, error) {
 	db := &DB{bdb: bdb, vlog: newValueLog(opts.Dir), log: cfg.Logger}
 	wb := bdb.NewManagedWriteBatch()
 	replayed := 0
-	w, last, err := openWAL(filepath.Join(cfg.Dir, "wal"), cfg.SegmentSize, cfg.Logger, func(seq uint64, payload []byte) error {
+	w, last, err := openWAL(filepath.Join(cfg.Dir, "wal"), cfg.SegmentSize, cfg.Logger, bdb.MaxVersion(), func(seq uint64, payload []byte) error {
 		replayed++
 		return decodeChanges(payload,
 			func(k, v []byte) error { return wb.SetEntryAt(badger.NewEntry(k, v), seq) },
@@ -118,6 +125,10 @@ func Open(cfg Config) (*DB, error) {
 	}
 	if err != nil {
 		_ = bdb.Close()
+		var ce *CorruptionError
+		if errors.As(err, &ce) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("replay the write-ahead log: %w", err)
 	}
 	if replayed > 0 {
@@ -153,17 +164,32 @@ func (db *DB) fixPartitions(want int) error {
 		want = DefaultPartitions
 	}
 	db.partitions = want
-	// Written before the pipeline starts, outside the log: sync Badger itself.
-	db.lastSeq++
-	txn := db.bdb.NewTransactionAt(math.MaxUint64, true)
-	defer txn.Discard()
-	if err := txn.Set(key, binary.BigEndian.AppendUint32(nil, uint32(want))); err != nil {
+	// Written before the pipeline starts, through the log like any commit:
+	// Badger syncs nothing of its own.
+	return db.commitDirect(&Write{Sets: []KV{{Key: key, Value: binary.BigEndian.AppendUint32(nil, uint32(want))}}})
+}
+
+// commitDirect commits w through the log and applies it to Badger, on the
+// caller's goroutine, before the pipeline starts.
+func (db *DB) commitDirect(w *Write) error {
+	seq := db.lastSeq + 1
+	if err := db.wal.commit(seq, appendWrite(nil, w)); err != nil {
 		return err
 	}
-	if err := txn.CommitAt(db.lastSeq, nil); err != nil {
-		return fmt.Errorf("write partitions record: %w", err)
+	db.lastSeq = seq
+	txn := db.bdb.NewTransactionAt(math.MaxUint64, true)
+	defer txn.Discard()
+	for _, kv := range w.Sets {
+		if err := txn.Set(kv.Key, kv.Value); err != nil {
+			return err
+		}
 	}
-	return db.bdb.Sync()
+	for _, k := range w.Deletes {
+		if err := txn.Delete(k); err != nil {
+			return err
+		}
+	}
+	return txn.CommitAt(seq, nil)
 }
 
 // Partitions returns the partition count fixed for this data directory.
@@ -177,6 +203,14 @@ func (db *DB) Close() error {
 		return nil
 	}
 	db.closed = true
+	if db.keepLog {
+		err := db.bdb.Close()
+		db.wal.closeAll()
+		if err != nil {
+			return fmt.Errorf("close badger: %w", err)
+		}
+		return nil
+	}
 	err := db.bdb.Sync()
 	if cerr := db.bdb.Close(); err == nil {
 		err = cerr
@@ -316,16 +350,22 @@ func (db *DB) Ends(ctx context.Context, prefix []byte) (first, last []byte, foun
 }
 
 // releasable is the newest sequence number whose record, and every one before
-// it, Badger holds in its tables: once Badger is synced, the log no longer needs
-// them. It is one below the newest version in Badger's tables: the applier may
-// hand Badger one batch, at one version, in several write requests (a batch
-// larger than Badger's request limit), and those can land in two memtables, the
-// first flushed, the second not yet. The records before that version were all
-// in earlier requests, so in that memtable or older ones, which Badger flushes
-// first.
-func (db *DB) releasable() uint64 {
+// it, Badger holds in its tables: once Badger is synced, the log no longer
+// needs them. first maps a version to the first record of the batch the
+// applier wrote at it.
+//
+// Let v be the newest version in Badger's tables. The applier writes a batch
+// of records first..v at the one version v (merged records share it), and may
+// hand it to Badger in several write requests (a KVLoader splits a large
+// batch), which can land in two memtables: the first flushed, the second not
+// yet. So v proves only that part of its batch is in a table. Every record
+// before the batch went to Badger in earlier requests, into that memtable or
+// older ones, and Badger flushes memtables in order: those are all in tables.
+// So the answer is first(v)-1. (Counting v-1, as this did before, released
+// the rest of a merged batch from the log while it was only in a memtable.)
+func (db *DB) releasable(first func(version uint64) uint64) uint64 {
 	if v := db.newestTableVersion(); v > 0 {
-		return v - 1
+		return first(v) - 1
 	}
 	return 0
 }

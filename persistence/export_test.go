@@ -30,7 +30,7 @@ func collect(t *testing.T, db *DB, prefix []byte, since uint64) (map[string][]by
 
 func TestExport_CopyThenChangesWithDeletions(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	p := startPipeline(t, db, PipelineConfig{})
 	ctx := context.Background()
 	pre := PartitionPrefix(3)
@@ -43,7 +43,7 @@ func TestExport_CopyThenChangesWithDeletions(t *testing.T) {
 	since := p.Committed()
 	release := p.HoldVersions(since)
 	defer release()
-	p.WaitApplied()
+	p.WaitApplied(context.Background())
 	full, top := collect(t, db, pre, 0)
 	// "other", outside the prefix, came last, at since. The applier may have
 	// merged its record with c's (both at since then), so the newest version
@@ -57,7 +57,7 @@ func TestExport_CopyThenChangesWithDeletions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p.WaitApplied()
+	p.WaitApplied(context.Background())
 	delta, _ := collect(t, db, pre, since)
 	want := map[string]string{key("b"): "3", key("d"): "1"}
 	if len(delta) != 3 || delta[key("c")] != nil {
@@ -87,7 +87,7 @@ func TestExport_CopyThenChangesWithDeletions(t *testing.T) {
 
 func TestPipeline_BarrierWaitsForEarlierWritesAndFenceHolds(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	var epoch atomic.Uint64
 	epoch.Store(1)
 	hold := make(chan struct{})
@@ -133,7 +133,7 @@ func TestPipeline_BarrierWaitsForEarlierWritesAndFenceHolds(t *testing.T) {
 
 func TestPipeline_AckFenceWithholdsTheAcknowledgement(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	var lapsed atomic.Bool
 	p := startPipeline(t, db, PipelineConfig{
 		AckFence: func(uint32, uint64) error {
@@ -152,7 +152,7 @@ func TestPipeline_AckFenceWithholdsTheAcknowledgement(t *testing.T) {
 		t.Fatal("a write was acknowledged after the ack fence refused")
 	}
 	// The write itself is durable (its outcome was unknown to the writer).
-	p.WaitApplied()
+	p.WaitApplied(context.Background())
 	if _, found, _ := db.Get(ctx, []byte("b")); !found {
 		t.Fatal("the unacknowledged write is not on disk")
 	}

@@ -43,7 +43,7 @@ func (c *commitGoroutines) get() []int64 {
 
 func TestPipeline_AQueuedWriteWaitsForAKick(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	var commits commitGoroutines
 	p := startPipeline(t, db, PipelineConfig{BeforeCommit: commits.hook})
 	waitParked(t, p)
@@ -67,7 +67,7 @@ func TestPipeline_AQueuedWriteWaitsForAKick(t *testing.T) {
 func TestPipeline_HelpCommitsOnTheCallersGoroutineWhenTheCommitterIsParked(t *testing.T) {
 	dir := t.TempDir()
 	db := openTestDB(t, dir)
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	var commits commitGoroutines
 	p := startPipeline(t, db, PipelineConfig{BeforeCommit: commits.hook})
 	me := goroutine.ID()
@@ -103,7 +103,7 @@ func TestPipeline_HelpCommitsOnTheCallersGoroutineWhenTheCommitterIsParked(t *te
 
 func TestPipeline_HelpLeavesABusyCommitterItsWork(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	entered := make(chan struct{}, 1)
 	release := make(chan struct{})
 	var releaseOnce sync.Once
@@ -166,7 +166,7 @@ func TestPipeline_HelpLeavesABusyCommitterItsWork(t *testing.T) {
 // writer's writes must complete in the order it queued them, and all be there.
 func TestPipeline_HelpersAndTheCommitterKeepTheQueuesOrder(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	p := startPipeline(t, db, PipelineConfig{})
 	const writers, each = 8, 400
 	var mu sync.Mutex
@@ -249,7 +249,7 @@ func TestPipeline_HelpersAndTheCommitterKeepTheQueuesOrder(t *testing.T) {
 
 func TestPipeline_KickStaleWakesTheCommitterOnlyForOldWrites(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	p := startPipeline(t, db, PipelineConfig{})
 	if p.KickStale(0) {
 		t.Fatal("KickStale found work in an empty queue")

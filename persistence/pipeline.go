@@ -194,6 +194,10 @@ type PipelineConfig struct {
 	// ValueLogGCEvery is how often the pipeline looks for value-log files to
 	// reclaim (see valuelog.go). Zero means a minute; negative, never.
 	ValueLogGCEvery time.Duration
+	// MaxApplyBacklog bounds the bytes of durable writes that Badger has yet
+	// to take; past it, new writes fail with ErrUnavailable (a 503 with
+	// retryAfterMs) until Badger catches up. Zero means 256 MiB.
+	MaxApplyBacklog int
 }
 
 // PipelineStats counts the pipeline's work since Start.
@@ -238,14 +242,28 @@ type Pipeline struct {
 
 	completions chan []*Write
 	completing  atomic.Int32 // batches sent to the completion goroutine, not yet completed
-	applies     chan applyJob
-	hurry       chan struct{} // WaitApplied to the applier: apply what you hold now
+	// applies is the committed records the applier has yet to write into
+	// Badger. It is unbounded so that a slow Badger never blocks the committer
+	// (which holds commitMu, on which every writer's Help tries); the bytes it
+	// holds are bounded instead: past MaxApplyBacklog, new writes are refused
+	// with ErrUnavailable (submit).
+	applies   applyQueue
+	hurry     chan struct{} // WaitApplied to the applier: apply what you hold now
+	releaseCh chan struct{} // the committer to the releaser: a commit happened
+	// unavailable is the last commit that could not start or zero a log
+	// segment (nil once one succeeds); see Unavailable.
+	unavailable atomic.Pointer[unavailableAt]
+	// batches are the applied batches, oldest first, that a release may still
+	// ask about (see DB.releasable); guarded by batchMu.
+	batchMu sync.Mutex
+	batches []appliedBatch
 
 	// committed and applied are the sequence numbers of the last record made
 	// durable and the last one the applier is done with; applyCond signals applied.
 	committed, applied atomic.Uint64
 	applyMu            sync.Mutex
 	applyCond          *sync.Cond
+	applyDone          bool // guarded by applyMu: the applier has stopped
 	done               sync.WaitGroup
 	stopGC             chan struct{}   // closed by Close
 	flushes            chan chan error // the GC loop asks the applier to flush Badger's memtables
@@ -253,16 +271,18 @@ type Pipeline struct {
 	commits, writes, failed atomic.Uint64
 	reclaimed               atomic.Uint64 // value-log files
 
-	// hold is the lowest version a handoff still reads changes above (0: none);
-	// see HoldVersions.
-	hold   atomic.Uint64
-	holdMu sync.Mutex
-	holds  map[*uint64]struct{}
+	// holdMu makes one owner of Badger's discard version: the applier (as it
+	// applies) and HoldVersions (a handoff reading changes above a version)
+	// both set it through updateDiscardLocked, under holdMu, so that neither
+	// can override the other (a discard version above a live hold would let
+	// Badger drop the changes the hold protects).
+	holdMu       sync.Mutex
+	holds        map[*uint64]struct{}
+	discardAbove uint64 // the newest version applied, as of the last update
 
 	// Owned by whoever holds commitMu.
-	seq         uint64 // sequence number (Badger version) of the last commit
-	payload     []byte // reused record buffer
-	lastRelease time.Time
+	seq     uint64 // sequence number (Badger version) of the last commit
+	payload []byte // reused record buffer
 }
 
 // NewPipeline returns a pipeline over db. Start it before submitting writes.
@@ -279,29 +299,35 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 	if cfg.ValueLogGCEvery == 0 {
 		cfg.ValueLogGCEvery = time.Minute
 	}
+	if cfg.MaxApplyBacklog <= 0 {
+		cfg.MaxApplyBacklog = 256 << 20
+	}
 	p := &Pipeline{
 		seq:         db.lastSeq,
 		db:          db,
 		cfg:         cfg,
 		wake:        make(chan struct{}, 1),
 		completions: make(chan []*Write, 64),
-		applies:     make(chan applyJob, 256),
+		applies:     applyQueue{signal: make(chan struct{}, 1)},
 		hurry:       make(chan struct{}, 1),
+		releaseCh:   make(chan struct{}, 1),
 		stopGC:      make(chan struct{}),
 		flushes:     make(chan chan error),
 	}
 	p.committed.Store(db.lastSeq)
 	p.applied.Store(db.lastSeq)
+	p.discardAbove = db.lastSeq
 	p.applyCond = sync.NewCond(&p.applyMu)
 	return p
 }
 
 // Start starts the committer and completion goroutines.
 func (p *Pipeline) Start() {
-	p.done.Add(3)
+	p.done.Add(4)
 	go p.commitLoop()
 	go p.completeLoop()
 	go p.applyLoop()
+	go p.releaseLoop()
 	if p.cfg.ValueLogGCEvery > 0 {
 		p.done.Add(1)
 		go p.gcLoop()
@@ -325,6 +351,9 @@ func (p *Pipeline) Close() {
 	default:
 	}
 	p.done.Wait()
+	if p.applied.Load() < p.committed.Load() {
+		p.db.keepLog = true // Badger lacks durable records: the next Open replays them
+	}
 }
 
 // gcLoop reclaims Badger's value-log files every ValueLogGCEvery, until Close.
@@ -441,6 +470,13 @@ func (p *Pipeline) submit(w *Write, wake bool) *Ticket {
 		w.ticket.complete(err)
 		return &w.ticket
 	}
+	if backlog := p.applies.bytes.Load(); backlog > int64(p.cfg.MaxApplyBacklog) && !w.barrier() {
+		p.mu.Unlock()
+		p.failed.Add(1)
+		w.ticket.complete(unavailableErr(fmt.Errorf("the database is %d MiB behind the write-ahead log (at most %d MiB)",
+			backlog>>20, p.cfg.MaxApplyBacklog>>20)))
+		return &w.ticket
+	}
 	if len(p.queue) == 0 {
 		p.queuedAt = time.Now()
 	}
@@ -516,7 +552,8 @@ func (p *Pipeline) Help() {
 func (p *Pipeline) commitLoop() {
 	defer p.done.Done()
 	defer close(p.completions)
-	defer close(p.applies)
+	defer p.applies.close()
+	defer close(p.releaseCh)
 	for {
 		p.mu.Lock()
 		for len(p.queue) == 0 && !p.closing {
@@ -639,6 +676,16 @@ func (p *Pipeline) commitRun(run []*Write) {
 	if err == nil && p.cfg.OnCommit != nil {
 		p.cfg.OnCommit(len(live), time.Since(syncStart))
 	}
+	if errors.Is(err, ErrUnavailable) {
+		// Nothing was written, and the log can take the next commit: fail
+		// these writes alone (the sequence number is used again).
+		p.unavailable.Store(&unavailableAt{err: err, at: time.Now()})
+		p.cfg.Logger.Warn("refusing writes: the write-ahead log cannot start or zero a segment", "err", err)
+		for _, w := range live {
+			w.fail(err)
+		}
+		return
+	}
 	if err != nil {
 		p.fatal(fmt.Errorf("commit of %d writes: %w", len(live), err))
 		for _, w := range live {
@@ -646,14 +693,42 @@ func (p *Pipeline) commitRun(run []*Write) {
 		}
 		return
 	}
+	if p.unavailable.Load() != nil {
+		p.unavailable.Store(nil)
+		p.cfg.Logger.Info("the write-ahead log takes writes again")
+	}
 	// Badger gets the record once it is durable, so that it never holds a
 	// version the log could lose; the applier works on it while the log writes
 	// and syncs the next one.
-	p.applies <- applyJob{seq: seq, writes: live}
+	p.applies.push(applyJob{seq: seq, writes: live})
 	p.seq = seq
 	p.committed.Store(seq)
 	p.commits.Add(1)
-	p.maybeRelease()
+	select { // the releaser looks at the log once a second at most
+	case p.releaseCh <- struct{}{}:
+	default:
+	}
+}
+
+// Unavailable returns why the last commit could not reach the write-ahead log
+// although the log is sound (no descriptor or no space for a new segment), or
+// nil. Writes fail with an error wrapping ErrUnavailable meanwhile; each new
+// commit tries again, and the first that succeeds clears it. It answers nil
+// once unavailableFor passed since that failure, so that a readiness probe
+// lets writes come again and find out: nothing else tries the log.
+func (p *Pipeline) Unavailable() error {
+	if u := p.unavailable.Load(); u != nil && time.Since(u.at) < unavailableFor {
+		return u.err
+	}
+	return nil
+}
+
+// unavailableFor is how long Unavailable reports a failed segment start.
+const unavailableFor = 10 * time.Second
+
+type unavailableAt struct {
+	err error
+	at  time.Time
 }
 
 // fatal stops the pipeline for good: every later write fails, and the node must
@@ -675,7 +750,61 @@ func (p *Pipeline) fatal(err error) {
 type applyJob struct {
 	seq    uint64
 	writes []*Write
+	size   int // estimate()
 }
+
+// applyQueue holds the committed records the applier has not taken yet.
+type applyQueue struct {
+	mu     sync.Mutex
+	jobs   []applyJob
+	closed bool
+	signal chan struct{} // cap 1: something was pushed, or the queue closed
+	bytes  atomic.Int64  // the estimated bytes of the records not yet applied
+}
+
+func (q *applyQueue) push(j applyJob) {
+	j.size = j.estimate()
+	q.bytes.Add(int64(j.size))
+	q.mu.Lock()
+	q.jobs = append(q.jobs, j)
+	q.mu.Unlock()
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (q *applyQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+// take appends to jobs the queued records, oldest first, while their bytes
+// stay under limit (at least one), and reports whether the queue is closed
+// and empty.
+func (q *applyQueue) take(jobs []applyJob, size, limit int) ([]applyJob, int, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for n < len(q.jobs) && (len(jobs) == 0 || size < limit) {
+		jobs = append(jobs, q.jobs[n])
+		size += q.jobs[n].size
+		n++
+	}
+	rest := copy(q.jobs, q.jobs[n:])
+	clear(q.jobs[rest:])
+	q.jobs = q.jobs[:rest]
+	return jobs, size, q.closed && len(q.jobs) == 0
+}
+
+// appliedBatch is one batch the applier wrote into Badger: the records first
+// to version, all at version (see DB.releasable).
+type appliedBatch struct{ first, version uint64 }
 
 // applyLoop applies committed records to Badger in order and marks their
 // tickets applied. When records wait for it (Badger falls behind the log), it
@@ -687,86 +816,124 @@ type applyJob struct {
 // higher version still passes, so nothing can tell the records apart.
 //
 // When its first record is small (under applySmall), it waits applyWait before
-// it takes the records queued behind it, without listening for them: a serial
-// writer's records then reach Badger several per batch, and a commit during the
-// wait only queues its record instead of waking the applier. Each batch costs
-// several goroutine hand-offs (the applier, Badger's writer, its value-size
-// tracker). WaitApplied cuts the wait short.
+// it takes the records queued behind it: a serial writer's records then reach
+// Badger several per batch. Each batch costs several goroutine hand-offs (the
+// applier, Badger's writer, its value-size tracker). WaitApplied cuts the wait
+// short.
+//
+// A batch Badger refuses is tried again: for as long as the cause is a
+// resource that may come back (descriptors, space, memory; the write-ahead
+// log holds the records meanwhile, and overlays serve their reads), or
+// applyAttempts times for anything else, after which the pipeline fails.
+// Neither the batch's tickets nor the applied mark move until it is in Badger.
 func (p *Pipeline) applyLoop() {
 	defer p.done.Done()
 	var jobs []applyJob
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	for open := true; open; {
-		var job applyJob
+	for {
 		select {
-		case j, ok := <-p.applies:
-			if !ok {
-				open = false
-				continue
-			}
-			job = j
+		case <-p.applies.signal:
 		case reply := <-p.flushes:
 			reply <- p.flushBadger()
 			continue
 		}
-		jobs = append(jobs[:0], job)
-		size := job.estimate()
-		if size < applySmall {
-			// A small record waits a little for the next ones, without
-			// listening for them: a commit meanwhile only queues its record,
-			// it does not wake the applier.
-			timer.Reset(applyWait)
-			select {
-			case <-timer.C:
-			case <-p.hurry:
-				timer.Stop()
-			}
-		}
-	merge:
-		for size < applyMergeBytes {
-			select {
-			case j, ok := <-p.applies:
-				if !ok {
-					open = false
-					break merge
+		for {
+			var size int
+			var drained bool
+			jobs, size, drained = p.applies.take(jobs[:0], 0, 1)
+			if len(jobs) == 0 {
+				if drained {
+					p.finishApplied()
+					return
 				}
-				jobs = append(jobs, j)
-				size += j.estimate()
-			default:
-				break merge
+				break
 			}
-		}
-		last := jobs[len(jobs)-1].seq
-		if p.cfg.BeforeApply != nil {
-			for _, j := range jobs {
-				p.cfg.BeforeApply(j.seq)
+			if size < applySmall {
+				timer.Reset(applyWait)
+				select {
+				case <-timer.C:
+				case <-p.hurry:
+					timer.Stop()
+				}
 			}
+			jobs, size, _ = p.applies.take(jobs, size, applyMergeBytes)
+			if !p.applyJobs(jobs) {
+				p.finishApplied()
+				return
+			}
+			p.applies.bytes.Add(-int64(size))
+			clear(jobs) // do not keep the writes alive
 		}
-		p.db.gcMu.Lock()
+	}
+}
+
+// applyJobs writes jobs into Badger, retrying as applyLoop says, and marks
+// them applied. It returns false once the pipeline failed.
+func (p *Pipeline) applyJobs(jobs []applyJob) bool {
+	first, last := jobs[0].seq, jobs[len(jobs)-1].seq
+	if p.cfg.BeforeApply != nil {
+		for _, j := range jobs {
+			p.cfg.BeforeApply(j.seq)
+		}
+	}
+	for attempt := 1; ; attempt++ {
 		err := p.apply(jobs)
-		p.db.gcMu.Unlock()
-		if err != nil {
+		if err == nil {
+			break
+		}
+		if p.Failed() != nil {
+			return false
+		}
+		if !transient(err) && attempt >= applyAttempts {
 			// The records are durable in the log; Badger lags behind it until
 			// the node restarts and replays them.
-			p.fatal(fmt.Errorf("apply seq %d..%d to badger: %w", jobs[0].seq, last, err))
-		} else {
-			p.db.bdb.SetDiscardTs(p.discardTs(last))
+			p.fatal(fmt.Errorf("apply seq %d..%d to badger (%d attempts): %w", first, last, attempt, err))
+			return false
 		}
-		for _, j := range jobs {
-			for _, w := range j.writes {
-				w.ticket.applied.Store(true)
-			}
+		p.cfg.Logger.Warn("could not apply durable writes to Badger; trying again", "seq_from", first, "seq_to", last, "attempt", attempt, "err", err)
+		p.unavailable.Store(&unavailableAt{err: unavailableErr(fmt.Errorf("the database cannot take writes: %w", err)), at: time.Now()})
+		select {
+		case <-time.After(applyBackoff(attempt)):
+		case <-p.stopGC:
+			// Closing: the log keeps these records (DB.Close sees that
+			// Badger lacks some), and the next start replays them.
+			return false
 		}
-		p.applyMu.Lock()
-		p.applied.Store(last)
-		p.applyCond.Broadcast()
-		p.applyMu.Unlock()
-		clear(jobs) // do not keep the writes alive
 	}
-	// Nothing more will be applied: release every waiter.
+	p.batchMu.Lock()
+	p.batches = append(p.batches, appliedBatch{first: first, version: last})
+	p.batchMu.Unlock()
+	p.holdMu.Lock()
+	p.discardAbove = last
+	p.updateDiscardLocked()
+	p.holdMu.Unlock()
+	for _, j := range jobs {
+		for _, w := range j.writes {
+			w.ticket.applied.Store(true)
+		}
+	}
 	p.applyMu.Lock()
-	p.applied.Store(^uint64(0))
+	p.applied.Store(last)
+	p.applyCond.Broadcast()
+	p.applyMu.Unlock()
+	return true
+}
+
+// applyAttempts is how often the applier tries a batch Badger refuses for a
+// reason other than a missing resource.
+const applyAttempts = 3
+
+// applyBackoff is the wait before attempt+1: 10 ms, doubling, at most 1 s.
+func applyBackoff(attempt int) time.Duration {
+	return min(10*time.Millisecond<<min(attempt-1, 7), time.Second)
+}
+
+// finishApplied releases every waiter once nothing more will be applied: the
+// pipeline closed, or failed (WaitApplied then reports the failure).
+func (p *Pipeline) finishApplied() {
+	p.applyMu.Lock()
+	p.applyDone = true
 	p.applyCond.Broadcast()
 	p.applyMu.Unlock()
 }
@@ -780,8 +947,9 @@ var applyWait = 2 * time.Millisecond // a variable for tests
 const applySmall = 64 << 10
 
 // applyMergeBytes bounds the records the applier merges into one batch, far
-// below Badger's limit for one write request (15% of a memtable).
-const applyMergeBytes = 4 << 20
+// below Badger's limit for one write request (15% of a memtable). A variable
+// for tests.
+var applyMergeBytes = 4 << 20
 
 func (j applyJob) estimate() int {
 	n := 0
@@ -791,23 +959,44 @@ func (j applyJob) estimate() int {
 	return n
 }
 
-// WaitApplied waits until Badger shows every write acknowledged before the call.
-// An object activation calls it before reading its state, so that it never
-// misses a write of an earlier activation that is durable but not yet applied.
-func (p *Pipeline) WaitApplied() {
+// WaitApplied waits until Badger shows every write acknowledged before the
+// call. An object activation calls it before reading its state, so that it
+// never misses a write of an earlier activation that is durable but not yet
+// applied. It fails when ctx ends first, and when the pipeline stopped before
+// Badger got those writes (a failed or closed pipeline): reads of Badger would
+// then miss acknowledged writes.
+func (p *Pipeline) WaitApplied(ctx context.Context) error {
 	target := p.committed.Load()
 	if p.applied.Load() >= target {
-		return
+		return nil
 	}
 	select { // the applier need not wait for more records
 	case p.hurry <- struct{}{}:
 	default:
 	}
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() {
+			p.applyMu.Lock()
+			p.applyCond.Broadcast()
+			p.applyMu.Unlock()
+		})
+		defer stop()
+	}
 	p.applyMu.Lock()
+	defer p.applyMu.Unlock()
 	for p.applied.Load() < target {
+		if p.applyDone {
+			if err := p.Failed(); err != nil {
+				return err
+			}
+			return ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		p.applyCond.Wait()
 	}
-	p.applyMu.Unlock()
+	return nil
 }
 
 // apply writes the changes of jobs (records in sequence order) to Badger at
@@ -831,6 +1020,11 @@ func (p *Pipeline) WaitApplied() {
 // the log already, and a restart replays the log over whatever part of it
 // Badger kept.
 func (p *Pipeline) apply(jobs []applyJob) error {
+	if testApplyFault != nil {
+		if err := testApplyFault(); err != nil {
+			return err
+		}
+	}
 	entries := p.sorted[:0]
 	for _, job := range jobs {
 		for _, w := range job.writes {
@@ -932,15 +1126,55 @@ type applyEntry struct {
 // carries in pb.KV.Meta.
 var badgerDeleteMeta = []byte{1}
 
-// maybeRelease gives up log segments that Badger has flushed, at most once a second.
-func (p *Pipeline) maybeRelease() {
-	if p.db.wal.segments() < 2 || time.Since(p.lastRelease) < time.Second {
-		return
+// releaseLoop gives up log segments that Badger has flushed, at most once a
+// second, after commits. It runs on its own goroutine because a release syncs
+// files and a directory: on the committer, or on a writer's goroutine in
+// Help, those syncs would hold commitMu and every commit behind them.
+func (p *Pipeline) releaseLoop() {
+	defer p.done.Done()
+	for range p.releaseCh {
+		flushed := p.db.releasable(p.batchFirst)
+		if p.db.wal.segments() >= 2 {
+			if err := p.db.wal.release(flushed, p.db.vlog.syncValueLog); err != nil {
+				p.cfg.Logger.Warn("could not release write-ahead log segments", "err", err)
+			}
+		}
+		p.forgetBatches(flushed)
+		select {
+		case <-time.After(releaseEvery):
+		case <-p.stopGC:
+		}
 	}
-	p.lastRelease = time.Now()
-	if err := p.db.wal.release(p.db.releasable(), p.db.vlog.syncValueLog); err != nil {
-		p.cfg.Logger.Warn("could not release write-ahead log segments", "err", err)
+}
+
+// releaseEvery is the least time between two releases.
+const releaseEvery = time.Second
+
+// batchFirst returns the first record of the applied batch at version, or
+// version itself when no batch is known at it (a version the applier did not
+// write: the partitions record, a flush marker).
+func (p *Pipeline) batchFirst(version uint64) uint64 {
+	p.batchMu.Lock()
+	defer p.batchMu.Unlock()
+	i, found := slices.BinarySearchFunc(p.batches, version, func(b appliedBatch, v uint64) int { return cmp.Compare(b.version, v) })
+	if found {
+		return p.batches[i].first
 	}
+	if i < len(p.batches) && p.batches[i].first <= version {
+		return p.batches[i].first // inside a batch (cannot happen: tables hold batch versions)
+	}
+	return version
+}
+
+// forgetBatches drops the applied batches wholly at or below seq.
+func (p *Pipeline) forgetBatches(seq uint64) {
+	p.batchMu.Lock()
+	defer p.batchMu.Unlock()
+	n := 0
+	for n < len(p.batches) && p.batches[n].version <= seq {
+		n++
+	}
+	p.batches = append(p.batches[:0], p.batches[n:]...)
 }
 
 func (p *Pipeline) completeLoop() {
@@ -995,35 +1229,26 @@ func (p *Pipeline) HoldVersions(seq uint64) (release func()) {
 	h := new(uint64)
 	*h = seq
 	p.holds[h] = struct{}{}
-	p.updateHold()
+	p.updateDiscardLocked()
 	return func() {
 		p.holdMu.Lock()
 		defer p.holdMu.Unlock()
 		delete(p.holds, h)
-		p.updateHold()
+		p.updateDiscardLocked()
 	}
 }
 
-// updateHold recomputes the lowest hold (under holdMu); 0 means none.
-func (p *Pipeline) updateHold() {
-	low := uint64(0)
+// updateDiscardLocked sets Badger's discard version, the version at or below
+// which it may drop old versions: the newest applied one, or the lowest live
+// hold if that is lower. It is the only place that sets it; holdMu is held.
+func (p *Pipeline) updateDiscardLocked() {
+	v := p.discardAbove
 	for h := range p.holds {
-		if low == 0 || *h < low {
-			low = *h
+		if *h < v {
+			v = *h
 		}
 	}
-	p.hold.Store(low)
-	if low != 0 {
-		p.db.bdb.SetDiscardTs(low)
-	}
-}
-
-// discardTs is the version at or below which Badger may drop old versions.
-func (p *Pipeline) discardTs(applied uint64) uint64 {
-	if h := p.hold.Load(); h != 0 && h < applied {
-		return h
-	}
-	return applied
+	p.db.bdb.SetDiscardTs(v)
 }
 
 // Failed returns the storage failure that stopped the pipeline, or nil.

@@ -70,7 +70,7 @@ func BenchmarkPipeline_ParallelWrite(b *testing.B) { benchWrites(b, 256) }
 // written and synced (RWF_DSYNC through O_DIRECT where the kernel allows it),
 // with no pipeline around it. SerialWrite minus this is the pipeline's cost.
 func BenchmarkWAL_Commit(b *testing.B) {
-	w, _, err := openWAL(b.TempDir(), 64<<20, slog.New(slog.NewTextHandler(io.Discard, nil)), func(uint64, []byte) error { return nil })
+	w, _, err := openWAL(b.TempDir(), 64<<20, slog.New(slog.NewTextHandler(io.Discard, nil)), 0, func(uint64, []byte) error { return nil })
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func TestPipeline_WriteIsReadableAfterReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	db = openTestDB(t, dir)
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	if _, found, _ := db.Get(ctx, []byte("a")); found {
 		t.Fatal("deleted key a is still there")
 	}
@@ -99,7 +99,7 @@ func TestPipeline_WriteIsReadableAfterReopen(t *testing.T) {
 // that covers it, and that N writes took far fewer than N commits (syncs).
 func TestPipeline_SharesSyncsAndNeverAcksEarly(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	const n = 500
 	tickets := make([]*Ticket, n)
 	var submitted sync.WaitGroup
@@ -176,7 +176,7 @@ func TestPipeline_SharesSyncsAndNeverAcksEarly(t *testing.T) {
 
 func TestPipeline_CompletesInSubmissionOrder(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	p := startPipeline(t, db, PipelineConfig{MaxCommitBytes: 200}) // forces several commits
 	var mu sync.Mutex
 	var order []int
@@ -207,7 +207,7 @@ func TestPipeline_CompletesInSubmissionOrder(t *testing.T) {
 
 func TestPipeline_TooLargeWriteFailsAlone(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	release := make(chan struct{})
 	first := true
 	p := NewPipeline(db, PipelineConfig{MaxWriteBytes: 1 << 20, BeforeCommit: func(int) {
@@ -281,7 +281,7 @@ func TestPipeline_WriteLargerThanABadgerTransaction(t *testing.T) {
 
 func TestPipeline_FenceRefusesOneWrite(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	errStale := errors.New("stale epoch")
 	p := startPipeline(t, db, PipelineConfig{Fence: func(part uint32, epoch uint64) error {
 		if part == 7 && epoch < 3 {
@@ -308,7 +308,7 @@ func TestPipeline_FenceRefusesOneWrite(t *testing.T) {
 
 func TestPipeline_CloseCommitsQueuedAndRefusesLater(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	p := NewPipeline(db, PipelineConfig{})
 	release := make(chan struct{})
 	first := true
@@ -367,7 +367,7 @@ func TestOpen_PartitionsFixedAtCreation(t *testing.T) {
 
 func TestPipeline_ChainStopsWritesAfterAFailure(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	errStale := errors.New("stale epoch")
 	p := startPipeline(t, db, PipelineConfig{Fence: func(_ uint32, epoch uint64) error {
 		if epoch == 0 {
@@ -477,7 +477,7 @@ func TestDB_ScanWithEndSeesNewestLiveVersions(t *testing.T) {
 // nothing of it is readable, then or after the pipeline stopped.
 func TestPipeline_AFailedLogWriteNeverReachesBadger(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	p := startPipeline(t, db, PipelineConfig{})
 	ctx := context.Background()
 	before := p.Submit(set("before", "x"))

@@ -100,7 +100,7 @@ func TestValueLog_SyncCoversEveryFileBadgerLeft(t *testing.T) {
 	for i := range 3 {
 		put(t, p, fmt.Sprintf("big-%d", i), bigValue(byte('a'+i)))
 	}
-	p.WaitApplied()
+	p.WaitApplied(context.Background())
 	files := vlogFiles(t, dir)
 	if len(files) < 3 {
 		t.Fatalf("value-log files after three 1 MiB values in 1 MiB files: %v", files)
@@ -124,7 +124,7 @@ func TestValueLog_SyncCoversEveryFileBadgerLeft(t *testing.T) {
 	for i := 3; i < 5; i++ {
 		put(t, p, fmt.Sprintf("big-%d", i), bigValue(byte('a'+i)))
 	}
-	p.WaitApplied()
+	p.WaitApplied(context.Background())
 	if err := db.vlog.syncValueLog(); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestValueLog_GCKeepsRewrittenFilesUntilItsCopiesAreSynced(t *testing.T) {
 			del(t, p, fmt.Sprintf("v%02d", i))
 		}
 	}
-	p.WaitApplied() // the values are in Badger's files
+	p.WaitApplied(context.Background()) // the values are in Badger's files
 	before := len(vlogFiles(t, dir))
 
 	rec := recordSyncs(db)
@@ -251,8 +251,8 @@ func TestValueLog_GCKeepsRewrittenFilesUntilItsCopiesAreSynced(t *testing.T) {
 			}
 		}
 	}
-	p.WaitApplied() // Get reads Badger alone
-	p.WaitApplied() // Get reads Badger alone
+	p.WaitApplied(context.Background()) // Get reads Badger alone
+	p.WaitApplied(context.Background()) // Get reads Badger alone
 	check(db)
 	check(reopen(t, p, db, cfg))
 }
@@ -277,7 +277,7 @@ func TestValueLog_OverwrittenBigValuesGiveTheirSpaceBack(t *testing.T) {
 		put(t, p, fmt.Sprintf("k%d", i%2), last[i%2])
 	}
 	const most = 12 // two live files, the current one, and garbage not yet found
-	p.WaitApplied() // every value is in Badger's files: the count below starts high
+	p.WaitApplied(context.Background()) // every value is in Badger's files: the count below starts high
 	deadline := time.Now().Add(30 * time.Second)
 	for len(vlogFiles(t, dir)) > most {
 		if time.Now().After(deadline) {
@@ -285,7 +285,7 @@ func TestValueLog_OverwrittenBigValuesGiveTheirSpaceBack(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	p.WaitApplied() // Get reads Badger alone
+	p.WaitApplied(context.Background()) // Get reads Badger alone
 	p.Close()       // and the GC stops: what it counted stays what is gone
 	// Badger numbers its value-log files from 1, and only the GC removes them.
 	files, err := numberedFiles(filepath.Join(dir, "badger"), ".vlog")
@@ -473,7 +473,7 @@ func TestDB_OpenRemovesEmptyLogFilesACrashLeft(t *testing.T) {
 	if err != nil {
 		t.Fatalf("open with empty log files: %v", err)
 	}
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	for _, f := range empty {
 		if _, err := os.Stat(f); err == nil {
 			t.Errorf("%s is still there", filepath.Base(f))

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,6 +17,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/holdfast/holdfast/internal/durable"
 )
 
 // The write-ahead log is the pipeline's durability point: one record per commit,
@@ -63,13 +66,15 @@ type wal struct {
 	dir     string
 	segSize int64
 	log     *slog.Logger
-	cur     *segment
-	full    []*segment // segments written up, oldest first, not yet released
+	cur     *segment // nil between retire and the next startSegment
+	nextID  uint64   // the id of the segment after cur
 	buf     []byte
 
-	// mu guards free and preparing: the committer takes and gives segments, the
+	// mu guards full, free and preparing: the committer adds full segments and
+	// takes free ones, the releaser takes full ones and gives free ones, the
 	// preparer goroutine adds the one it prepared.
 	mu        sync.Mutex
+	full      []*segment // segments written up, oldest first, not yet released
 	free      []*segment // released or prepared segments kept for reuse (*.free)
 	preparing bool
 	prepFail  time.Time // when preparing last failed; retried after prepRetry
@@ -93,11 +98,13 @@ func segmentName(dir string, id uint64) string {
 	return filepath.Join(dir, fmt.Sprintf("%016d.wal", id))
 }
 
-// openWAL replays every segment of dir in order, calling apply for each valid
-// record, and starts a new segment for the writes to come. It returns the last
-// replayed sequence number.
-func openWAL(dir string, segSize int64, log *slog.Logger, apply func(seq uint64, payload []byte) error) (*wal, uint64, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+// openWAL replays every segment of dir in order, calling apply for each
+// record, and starts a new segment for the writes to come. floor is the newest
+// version Badger holds: the log's first record may be at most one above it.
+// It returns the last replayed sequence number (0 if the log was empty). Any
+// damage stops it with a *CorruptionError (see recovery.go).
+func openWAL(dir string, segSize int64, log *slog.Logger, floor uint64, apply func(seq uint64, payload []byte) error) (*wal, uint64, error) {
+	if err := durable.MkdirAll(dir, 0o755); err != nil {
 		return nil, 0, fmt.Errorf("create log directory: %w", err)
 	}
 	w := &wal{dir: dir, segSize: segSize, log: log}
@@ -106,19 +113,19 @@ func openWAL(dir string, segSize int64, log *slog.Logger, apply func(seq uint64,
 		return nil, 0, err
 	}
 	var last uint64
-	for _, id := range ids {
+	for i, id := range ids {
 		path := segmentName(dir, id)
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
 		if err != nil {
+			w.closeAll()
 			return nil, 0, fmt.Errorf("open log segment %d: %w", id, err)
 		}
 		seg := &segment{id: id, f: f, path: path}
-		if err := w.replay(seg, &last, apply); err != nil {
-			f.Close()
+		w.full = append(w.full, seg)
+		if err := w.replay(seg, i == len(ids)-1, &last, floor, apply); err != nil {
 			w.closeAll()
 			return nil, 0, err
 		}
-		w.full = append(w.full, seg)
 	}
 	if err := w.openFree(); err != nil {
 		w.closeAll()
@@ -187,45 +194,42 @@ func (w *wal) segmentIDs() ([]uint64, error) {
 	return ids, nil
 }
 
-// replay applies the valid records of seg, in order, and stops at the first record
-// that is missing, torn or stale.
-func (w *wal) replay(seg *segment, last *uint64, apply func(uint64, []byte) error) error {
-	st, err := seg.f.Stat()
+// replay checks and applies the records of seg (see recovery.go). A torn last
+// record of the newest segment is dropped for good: its header is zeroed and
+// synced, because the segment is an older one from now on, and an older
+// segment must end at a zero length.
+func (w *wal) replay(seg *segment, newest bool, last *uint64, floor uint64, apply func(uint64, []byte) error) error {
+	data, err := readSegment(seg)
 	if err != nil {
 		return err
 	}
-	size := st.Size()
-	hdr := make([]byte, recordHeader)
-	var off int64
-	for off+recordHeader <= size {
-		if _, err := seg.f.ReadAt(hdr, off); err != nil {
-			return fmt.Errorf("read log segment %d at %d: %w", seg.id, off, err)
-		}
-		n := int64(binary.LittleEndian.Uint32(hdr))
-		if n == 0 || off+recordHeader+n > size {
-			break
-		}
-		payload := make([]byte, n)
-		if _, err := seg.f.ReadAt(payload, off+recordHeader); err != nil {
-			return fmt.Errorf("read log segment %d at %d: %w", seg.id, off, err)
-		}
-		seq := binary.LittleEndian.Uint64(hdr[8:])
-		if recordCRC(seg.id, hdr, payload) != binary.LittleEndian.Uint32(hdr[4:]) {
-			break
-		}
-		if seq <= *last {
-			w.log.Warn("log record out of sequence; ending the segment's replay", "segment", seg.id, "offset", off, "seq", seq, "after", *last)
-			break
-		}
-		if err := apply(seq, payload); err != nil {
-			return fmt.Errorf("replay log segment %d seq %d: %w", seg.id, seq, err)
-		}
-		*last = seq
-		seg.lastSeq = seq
-		off += recordHeader + n
+	sc, err := scanSegment(seg.path, seg.id, data, *last, floor, newest, func(seq uint64, _ int64, payload []byte) error {
+		return apply(seq, payload)
+	})
+	if err != nil {
+		return fmt.Errorf("replay log segment %s: %w", seg.path, err)
 	}
-	seg.off = off
-	seg.zeroed = size
+	if sc.damage != nil {
+		return sc.damage
+	}
+	if sc.torn {
+		w.log.Warn("dropped the torn last record of the write-ahead log (a write the crash cut short; it was never acknowledged)",
+			"file", seg.path, "offset", sc.end, "after_seq", max(sc.lastSeq, *last))
+		if _, err := seg.f.WriteAt(make([]byte, recordHeader), sc.end); err != nil {
+			return fmt.Errorf("end log segment %s at its torn record: %w", seg.path, err)
+		}
+		if err := fdatasync(seg.f); err != nil {
+			return fmt.Errorf("end log segment %s at its torn record: %w", seg.path, err)
+		}
+	}
+	if sc.records > 0 {
+		*last = sc.lastSeq
+		seg.lastSeq = sc.lastSeq
+	} else {
+		seg.lastSeq = *last // an empty segment holds nothing newer than the ones before it
+	}
+	seg.off = sc.end
+	seg.zeroed = int64(len(data))
 	return nil
 }
 
@@ -240,8 +244,9 @@ func recordCRC(segID uint64, hdr, payload []byte) uint32 {
 
 // startSegment makes segment id the current one: a recycled file if one is free,
 // else a new one. The directory is synced so that the file survives a crash before
-// any record in it is acknowledged.
-func (w *wal) startSegment(id uint64) error {
+// any record in it is acknowledged. On an error nothing changed but that a
+// recycled file may be gone: it can be called again.
+func (w *wal) startSegment(id uint64) (err error) {
 	path := segmentName(w.dir, id)
 	seg := &segment{id: id, path: path}
 	w.mu.Lock()
@@ -251,19 +256,28 @@ func (w *wal) startSegment(id uint64) error {
 		w.free = w.free[:n-1]
 	}
 	w.mu.Unlock()
+	defer func() {
+		if err != nil && seg.f != nil {
+			seg.f.Close()
+			_ = os.Remove(path) // holds no record; the next try starts over
+		}
+	}()
 	if old != nil {
 		if err := os.Rename(old.path, path); err != nil {
-			old.f.Close()
+			w.mu.Lock()
+			w.free = append(w.free, old) // still where it was
+			w.mu.Unlock()
 			return fmt.Errorf("recycle log segment: %w", err)
 		}
-		st, err := old.f.Stat()
+		seg.f = old.f
+		st, err := seg.f.Stat()
 		if err != nil {
-			old.f.Close()
 			return err
 		}
-		seg.f, seg.zeroed = old.f, st.Size()
+		seg.zeroed = st.Size()
 	} else {
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+		// Not O_EXCL: a file of this id is what an earlier failed try left.
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o644)
 		if err != nil {
 			return fmt.Errorf("create log segment: %w", err)
 		}
@@ -273,12 +287,10 @@ func (w *wal) startSegment(id uint64) error {
 		}
 	}
 	if err := syncPath(w.dir); err != nil {
-		seg.f.Close()
 		return err
 	}
 	pw, err := openPageWriter(seg)
 	if err != nil {
-		seg.f.Close()
 		return err
 	}
 	seg.pw = pw
@@ -340,17 +352,27 @@ func zeroHandle(seg *segment, end int64) (*os.File, func(), error) {
 // commit writes one record holding payload, rotating to a new segment first if it
 // does not fit, and makes it durable with every record before it (one
 // write-and-sync where the kernel allows it).
+//
+// An error that wraps ErrUnavailable left the log as it was: the record was not
+// written, because a new segment could not be started or zeroed (no
+// descriptors, no space); the same commit may be tried again. Any other error
+// is the log's end: what the device holds is unknown.
 func (w *wal) commit(seq uint64, payload []byte) error {
 	need := int64(recordHeader + len(payload))
-	if w.cur.off > 0 && w.cur.off+need > w.segSize {
-		if err := w.rotate(); err != nil {
+	if w.cur != nil && w.cur.off > 0 && w.cur.off+need > w.segSize {
+		if err := w.retire(); err != nil {
 			return err
+		}
+	}
+	if w.cur == nil {
+		if err := w.startSegment(w.nextID); err != nil {
+			return unavailableErr(fmt.Errorf("start log segment %d: %w", w.nextID, err))
 		}
 	}
 	seg := w.cur
 	// Blocks past the record stay allocated, so that later records overwrite.
 	if err := w.zeroAhead(seg, seg.off+need+recordHeader); err != nil {
-		return err
+		return unavailableErr(err)
 	}
 	if cap(w.buf) < int(need) {
 		w.buf = make([]byte, need)
@@ -376,7 +398,7 @@ func (w *wal) commit(seq uint64, payload []byte) error {
 // directory: 1.08x with the segments zeroed beforehand). Released segments,
 // when Badger keeps up, are recycled and need none of it.
 func (w *wal) maybePrepare() {
-	if w.cur.off < w.segSize/2 {
+	if w.cur == nil || w.cur.off < w.segSize/2 {
 		return
 	}
 	w.mu.Lock()
@@ -448,58 +470,99 @@ func (w *wal) stopPreparing() {
 
 // sync makes every appended record durable.
 func (w *wal) sync() error {
+	if w.cur == nil {
+		return nil // retired, and synced then
+	}
 	if err := w.cur.pw.sync(); err != nil {
 		return fmt.Errorf("sync log segment %d: %w", w.cur.id, err)
 	}
 	return nil
 }
 
-func (w *wal) rotate() error {
-	if err := w.sync(); err != nil {
+// retire ends the current segment: an end marker (a zero length) after its
+// last record, synced with it, so that replay can tell the segment's end from
+// damage (a recycled segment holds an earlier life's records past it); then
+// the segment joins the full ones and the next commit starts segment nextID.
+func (w *wal) retire() error {
+	seg := w.cur
+	if seg.off+recordHeader <= seg.zeroed {
+		// The marker's bytes exist already (zeros or stale records): overwrite.
+		if err := seg.pw.writeSync(make([]byte, recordHeader)); err != nil {
+			return fmt.Errorf("end log segment %d: %w", seg.id, err)
+		}
+	} else if err := w.sync(); err != nil { // the file ends here: its end is the end
 		return err
 	}
-	w.cur.pw.close()
-	w.cur.pw = nil
-	w.full = append(w.full, w.cur)
-	return w.startSegment(w.cur.id + 1)
+	seg.pw.close()
+	seg.pw = nil
+	w.mu.Lock()
+	w.full = append(w.full, seg)
+	w.mu.Unlock()
+	w.cur = nil
+	w.nextID = seg.id + 1
+	return nil
 }
 
 // release gives up the full segments whose every record Badger holds in synced
 // tables (seq <= flushed); syncDB is called first so that the value log those
-// tables point into is durable too. Released segments are kept for reuse.
+// tables point into is durable too. Released segments are kept for reuse. It
+// runs on the releaser goroutine, beside the committer: it takes the segments
+// it releases out of full under mu, and does its file work without mu.
 func (w *wal) release(flushed uint64, syncDB func() error) error {
+	w.mu.Lock()
 	n := 0
 	for n < len(w.full) && w.full[n].lastSeq <= flushed {
 		n++
 	}
+	w.mu.Unlock()
 	if n == 0 {
 		return nil
 	}
-	if err := syncDB(); err != nil {
-		return fmt.Errorf("sync database before releasing the log: %w", err)
+	if !testReleaseSkipsSync {
+		if err := syncDB(); err != nil {
+			return fmt.Errorf("sync database before releasing the log: %w", err)
+		}
 	}
 	// A released segment must never be replayed again: its old records would be
 	// applied over history that Badger may have compacted since (a deleted key could
 	// come back). So it is renamed out of the log, durably, or removed.
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, seg := range w.full[:n] {
-		if w.recycled() < keepRecycled {
-			free := filepath.Join(w.dir, fmt.Sprintf("%016d.free", seg.id))
-			if err := os.Rename(seg.path, free); err != nil {
-				return fmt.Errorf("release log segment %d: %w", seg.id, err)
-			}
-			seg.path = free
-			w.free = append(w.free, seg)
-			continue
-		}
-		seg.f.Close()
-		if err := os.Remove(seg.path); err != nil {
-			return fmt.Errorf("remove log segment %d: %w", seg.id, err)
-		}
-	}
+	segs := slices.Clone(w.full[:n])
 	w.full = append(w.full[:0], w.full[n:]...)
-	return syncPath(w.dir)
+	keep := keepRecycled - w.recycled()
+	w.mu.Unlock()
+	var freed []*segment
+	var err error
+	done := 0 // segs[:done] are out of the log
+	for _, seg := range segs {
+		if keep > 0 {
+			free := filepath.Join(w.dir, fmt.Sprintf("%016d.free", seg.id))
+			if rerr := os.Rename(seg.path, free); rerr != nil {
+				err = fmt.Errorf("release log segment %d: %w", seg.id, rerr)
+				break
+			}
+			keep--
+			seg.path = free
+			freed = append(freed, seg)
+		} else {
+			if rerr := os.Remove(seg.path); rerr != nil && !os.IsNotExist(rerr) {
+				err = fmt.Errorf("remove log segment %d: %w", seg.id, rerr)
+				break
+			}
+			seg.f.Close()
+		}
+		done++
+	}
+	segs = segs[done:]
+	if err == nil {
+		err = syncPath(w.dir)
+	}
+	w.mu.Lock()
+	w.free = append(w.free, freed...)
+	// What could not be released stays first in line, for the next try.
+	w.full = append(segs, w.full...)
+	w.mu.Unlock()
+	return err
 }
 
 // recycled counts the released segments kept for reuse (not the prepared one).
@@ -514,7 +577,11 @@ func (w *wal) recycled() int {
 }
 
 // segments returns how many segments hold unreleased records.
-func (w *wal) segments() int { return len(w.full) + 1 }
+func (w *wal) segments() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.full) + 1
+}
 
 func (w *wal) closeAll() {
 	w.stopPreparing()

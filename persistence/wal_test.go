@@ -22,8 +22,15 @@ type replayed struct {
 
 func openTestWAL(t *testing.T, dir string, segSize int64) (*wal, *replayed, uint64) {
 	t.Helper()
+	return openTestWALAt(t, dir, segSize, 0)
+}
+
+// openTestWALAt opens the log as Open would over a database that holds every
+// version up to floor.
+func openTestWALAt(t *testing.T, dir string, segSize int64, floor uint64) (*wal, *replayed, uint64) {
+	t.Helper()
 	r := &replayed{}
-	w, last, err := openWAL(dir, segSize, slog.Default(), func(seq uint64, p []byte) error {
+	w, last, err := openWAL(dir, segSize, slog.Default(), floor, func(seq uint64, p []byte) error {
 		r.seqs = append(r.seqs, seq)
 		r.payloads = append(r.payloads, append([]byte(nil), p...))
 		return nil
@@ -129,7 +136,7 @@ func TestWAL_ReleasedSegmentsAreNeverReplayed(t *testing.T) {
 	}
 	write(200) // reuses the released files; their old records must stay dead
 	w.closeAll()
-	w, r, _ := openTestWAL(t, dir, 4096)
+	w, r, _ := openTestWALAt(t, dir, 4096, flushed)
 	defer w.closeAll()
 	if len(r.seqs) == 0 || r.seqs[0] <= flushed {
 		t.Fatalf("replay starts at %v, want after the released %d", r.seqs[:1], flushed)
