@@ -54,7 +54,7 @@ func TestLog_TrimmedLargeAppendsGiveTheirDiskSpaceBack(t *testing.T) {
 		}
 		return len(m)
 	}
-	const most = 6       // the hot records' file, the current one, garbage not yet found
+	const most = 6                           // the hot records' file, the current one, garbage not yet found
 	n.pipe.WaitApplied(context.Background()) // every block is in Badger's files: the count below starts high
 	deadline := time.Now().Add(30 * time.Second)
 	for files() > most {

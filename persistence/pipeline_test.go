@@ -176,7 +176,7 @@ func TestPipeline_SharesSyncsAndNeverAcksEarly(t *testing.T) {
 
 func TestPipeline_CompletesInSubmissionOrder(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
-	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
+	t.Cleanup(func() { _ = db.Close() })                           // after the pipeline's Close
 	p := startPipeline(t, db, PipelineConfig{MaxCommitBytes: 200}) // forces several commits
 	var mu sync.Mutex
 	var order []int

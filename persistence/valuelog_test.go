@@ -276,7 +276,7 @@ func TestValueLog_OverwrittenBigValuesGiveTheirSpaceBack(t *testing.T) {
 		last[i%2] = bigValue(byte('a' + i%26))
 		put(t, p, fmt.Sprintf("k%d", i%2), last[i%2])
 	}
-	const most = 12 // two live files, the current one, and garbage not yet found
+	const most = 12                     // two live files, the current one, and garbage not yet found
 	p.WaitApplied(context.Background()) // every value is in Badger's files: the count below starts high
 	deadline := time.Now().Add(30 * time.Second)
 	for len(vlogFiles(t, dir)) > most {
@@ -286,7 +286,7 @@ func TestValueLog_OverwrittenBigValuesGiveTheirSpaceBack(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	p.WaitApplied(context.Background()) // Get reads Badger alone
-	p.Close()       // and the GC stops: what it counted stays what is gone
+	p.Close()                           // and the GC stops: what it counted stays what is gone
 	// Badger numbers its value-log files from 1, and only the GC removes them.
 	files, err := numberedFiles(filepath.Join(dir, "badger"), ".vlog")
 	if err != nil {
