@@ -70,7 +70,11 @@ type DB struct {
 
 // Open opens or creates the database in cfg.Dir and replays the write-ahead log
 // into Badger, so that every commit acknowledged before a crash is readable.
-func Open(cfg Config) (*DB, error) {
+func Open(cfg Config) (*DB, error) { return open(cfg, false) }
+
+// open is Open; acceptMissingStart lets the log start beyond what Badger holds
+// (RepairWAL, on an operator's explicit word).
+func open(cfg Config, acceptMissingStart bool) (*DB, error) {
 	if cfg.Partitions < 0 || cfg.Partitions > MaxPartitions {
 		return nil, fmt.Errorf("persistence: partitions %d out of range 1..%d", cfg.Partitions, MaxPartitions)
 	}
@@ -112,7 +116,11 @@ func Open(cfg Config) (*DB, error) {
 	db := &DB{bdb: bdb, vlog: newValueLog(opts.Dir), log: cfg.Logger}
 	wb := bdb.NewManagedWriteBatch()
 	replayed := 0
-	w, last, err := openWAL(filepath.Join(cfg.Dir, "wal"), cfg.SegmentSize, cfg.Logger, bdb.MaxVersion(), func(seq uint64, payload []byte) error {
+	floor := bdb.MaxVersion()
+	if acceptMissingStart {
+		floor = math.MaxUint64 - 1
+	}
+	w, last, err := openWAL(filepath.Join(cfg.Dir, "wal"), cfg.SegmentSize, cfg.Logger, floor, func(seq uint64, payload []byte) error {
 		replayed++
 		return decodeChanges(payload,
 			func(k, v []byte) error { return wb.SetEntryAt(badger.NewEntry(k, v), seq) },

@@ -41,6 +41,9 @@ type CorruptionError struct {
 	Seq     uint64 // the seq that record claims, if it was readable; 0 if not
 	After   uint64 // the seq of the last good record before it (0: none)
 	Reason  string
+	// missingStart: the log's first record is beyond what the database holds
+	// (RepairWAL cannot cut that away; it can only replay the log as it is).
+	missingStart bool
 }
 
 func (e *CorruptionError) Error() string {
@@ -106,6 +109,7 @@ func scanSegment(path string, id uint64, data []byte, last, floor uint64, newest
 		switch {
 		case last == 0 && seq > floor+1:
 			sc.damage = damage(off, seq, fmt.Sprintf("the log starts at seq %d but the database holds versions only up to %d: records %d..%d are missing", seq, floor, floor+1, seq-1))
+			sc.damage.missingStart = true
 		case last != 0 && seq <= last:
 			sc.damage = damage(off, seq, fmt.Sprintf("seq %d steps back (it follows seq %d)", seq, last))
 		case last != 0 && seq != last+1:

@@ -18,7 +18,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCommand(), versionCommand(), clusterCommand())
+	root.AddCommand(serveCommand(), versionCommand(), clusterCommand(), repairCommand())
 	root.AddCommand(clientCommands()...)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "holdfast:", err)
