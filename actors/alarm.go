@@ -18,7 +18,7 @@ import (
 )
 
 // Alarms (spec/alarms.md) are a behaviour of the object actor. The object's
-// keyspace under persistence.BehaviourAlarm holds
+// keyspace under behaviourAlarm holds
 //
 //	'r' | name   the name's occurrence (JSON alarmRec): pending or failed
 //	'g'          the generation counter (u64 BE); it never goes back, so an
@@ -62,7 +62,7 @@ func (o *object) alarmLoad() (*alarmState, error) {
 	if o.alarms != nil {
 		return o.alarms, nil
 	}
-	a := &alarmState{ks: persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourAlarm), recs: map[string]*alarmRec{}, running: map[string]uint64{}}
+	a := &alarmState{ks: persistence.NewKeyspace(o.part, o.act.id, behaviourAlarm), recs: map[string]*alarmRec{}, running: map[string]uint64{}}
 	n := len(a.ks.Prefix())
 	err := o.st.scan(o.bg(), a.ks.Prefix(), nil, nil, func(k, v []byte) (bool, error) {
 		switch k[n] {
@@ -319,7 +319,7 @@ func (o *object) alarmFire(m alarmFire) (any, error) {
 		o.alarmSettle(a, name, r.Gen, nil, fmt.Errorf("type %q registers no handler for alarm %q", o.act.id.Type, name), 0)
 		return nil, nil
 	}
-	c := &Context{o: o, ks: persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourUser)}
+	c := &Context{o: o, ks: persistence.NewKeyspace(o.part, o.act.id, behaviourUser)}
 	if err := o.runAlarmHandler(handler, c, call); err != nil {
 		o.alarmSettle(a, name, r.Gen, nil, err, 0)
 		return nil, nil

@@ -151,7 +151,7 @@ func (n *alarmNode) indexEntries(t *testing.T) int {
 	n.pipe.WaitApplied(context.Background())
 	count := 0
 	for p := range n.db.Partitions() {
-		err := n.db.Scan(context.Background(), persistence.PartitionIndexPrefix(uint32(p), persistence.IndexAlarms), nil, nil, func(k, v []byte) (bool, error) {
+		err := n.db.Scan(context.Background(), persistence.PartitionIndexPrefix(uint32(p), indexAlarms), nil, nil, func(k, v []byte) (bool, error) {
 			count++
 			return true, nil
 		})

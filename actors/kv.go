@@ -50,7 +50,7 @@ func (o *object) kvLoad() (*kvState, error) {
 	if o.kv != nil {
 		return o.kv, nil
 	}
-	k := &kvState{ks: persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourKV), oldest: 1}
+	k := &kvState{ks: persistence.NewKeyspace(o.part, o.act.id, behaviourKV), oldest: 1}
 	// Activation happens only when no earlier activation has writes in flight, so
 	// Badger holds the whole log.
 	logPrefix := k.ks.Key(kvLog, nil)

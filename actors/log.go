@@ -16,7 +16,7 @@ import (
 )
 
 // The retained log (spec/log.md) is a behaviour of the object actor, in the
-// object's keyspace under persistence.BehaviourLog:
+// object's keyspace under behaviourLog:
 //
 //	'b' | first offset (u64 BE)  a block: the records of one append (or what a trim
 //	                             left of one), contiguous from its first offset
@@ -218,7 +218,7 @@ func (o *object) logLoad() (*logState, error) {
 		panic(err) // crypto/rand does not fail on Linux
 	}
 	l := &logState{
-		ks:        persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourLog),
+		ks:        persistence.NewKeyspace(o.part, o.act.id, behaviourLog),
 		cursors:   map[string]uint64{},
 		genPrefix: generatedKeyTag + hex.EncodeToString(rnd[:]) + "-",
 	}

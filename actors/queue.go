@@ -138,7 +138,7 @@ func (o *object) queueLoad() (*queueState, error) {
 	if o.queue != nil {
 		return o.queue, nil
 	}
-	q := &queueState{ks: persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourQueue), opts: o.opts.Queue.withDefaults()}
+	q := &queueState{ks: persistence.NewKeyspace(o.part, o.act.id, behaviourQueue), opts: o.opts.Queue.withDefaults()}
 	v, found, err := o.st.get(o.bg(), q.ks.Key(queueMeta, nil))
 	if err != nil {
 		return nil, unavailable("cannot load the queue", err)

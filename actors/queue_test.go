@@ -464,7 +464,7 @@ func queueIndexEntries(t *testing.T, n *testNode) int {
 	count := 0
 	n.pipe.WaitApplied(context.Background()) // what is durable is in Badger
 	for p := range uint32(n.db.Partitions()) {
-		prefix := persistence.PartitionIndexPrefix(p, persistence.IndexQueues)
+		prefix := persistence.PartitionIndexPrefix(p, indexQueues)
 		if err := n.db.Scan(context.Background(), prefix, nil, nil, func(_, _ []byte) (bool, error) { count++; return true, nil }); err != nil {
 			t.Fatal(err)
 		}
@@ -579,7 +579,7 @@ func (n *queueNode) kick() { n.host.Scheduler().Kick() }
 func queueKeys(t *testing.T, n *testNode, id ObjectID) int {
 	t.Helper()
 	n.pipe.WaitApplied(context.Background())
-	ks := persistence.NewKeyspace(persistence.Partition(id, n.db.Partitions()), id, persistence.BehaviourQueue)
+	ks := persistence.NewKeyspace(persistence.Partition(id, n.db.Partitions()), id, behaviourQueue)
 	c := 0
 	if err := n.db.Scan(context.Background(), ks.Prefix(), nil, nil, func(_, _ []byte) (bool, error) { c++; return true, nil }); err != nil {
 		t.Fatal(err)

@@ -21,12 +21,12 @@ type QueueDepth struct {
 }
 
 func queueObjectKey(part uint32, id ObjectID) []byte {
-	return persistence.AppendObjectID(persistence.PartitionIndexPrefix(part, persistence.IndexQueueObjects), id)
+	return persistence.AppendObjectID(persistence.PartitionIndexPrefix(part, indexQueueObjects), id)
 }
 
 // QueueDepth adds up the counts that every queue of the served partitions
 // keeps in its meta record: one scan of each partition's list of queue objects
-// (persistence.IndexQueueObjects) and one read per queue, after every write
+// (indexQueueObjects) and one read per queue, after every write
 // acknowledged before the call reached Badger. Its cost grows with the number
 // of queues, not with their messages.
 func (h *Host) QueueDepth(ctx context.Context) (QueueDepth, error) {
@@ -35,12 +35,12 @@ func (h *Host) QueueDepth(ctx context.Context) (QueueDepth, error) {
 		return d, err
 	}
 	for _, p := range h.partitions() {
-		ids, err := h.indexedObjects(ctx, p, persistence.IndexQueueObjects)
+		ids, err := h.indexedObjects(ctx, p, indexQueueObjects)
 		if err != nil {
 			return d, fmt.Errorf("partition %d: %w", p, err)
 		}
 		for _, id := range ids {
-			v, found, err := h.db.Get(ctx, persistence.NewKeyspace(p, id, persistence.BehaviourQueue).Key(queueMeta, nil))
+			v, found, err := h.db.Get(ctx, persistence.NewKeyspace(p, id, behaviourQueue).Key(queueMeta, nil))
 			if err != nil {
 				return d, fmt.Errorf("queue %s: %w", id, err)
 			}

@@ -18,7 +18,7 @@ import (
 // attempt counts; a pair whose attempts are spent goes to the dead letters).
 // So that this happens when the node starts and not only when a consumer
 // comes back, each partition keeps an index of the objects whose queues have
-// deliveries in flight (persistence.IndexQueues), written in the same commit
+// deliveries in flight (indexQueues), written in the same commit
 // as the change that starts or ends them; at start the host wakes each one.
 
 // QueueReplay makes the pending pairs of Topics (every topic when empty) that
@@ -53,7 +53,7 @@ func receiptBoot(r string) string {
 }
 
 func queueIndexKey(part uint32, id ObjectID) []byte {
-	return persistence.AppendObjectID(persistence.PartitionIndexPrefix(part, persistence.IndexQueues), id)
+	return persistence.AppendObjectID(persistence.PartitionIndexPrefix(part, indexQueues), id)
 }
 
 // queueReplayLoad puts back the pairs processing under an earlier run; it runs
@@ -271,7 +271,7 @@ func (h *Host) replayPartitions(parts []uint32) (total ReplaySummary, objects in
 	start = time.Now()
 	total = ReplaySummary{Errors: []string{}}
 	for _, p := range parts {
-		ids, err := h.indexedObjects(context.Background(), p, persistence.IndexQueues)
+		ids, err := h.indexedObjects(context.Background(), p, indexQueues)
 		if err != nil {
 			total.Errors = append(total.Errors, fmt.Sprintf("partition %d: %v", p, err))
 		}

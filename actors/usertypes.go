@@ -25,7 +25,7 @@ type TypeSpec struct {
 	Queue []QueueHandler
 }
 
-// userData is the sub-key of user storage in the BehaviourUser keyspace.
+// userData is the sub-key of user storage in the behaviourUser keyspace.
 const userData byte = 'd'
 
 // Limits of user storage.
@@ -157,7 +157,7 @@ func (o *object) runUser(msg any) (reply any, err error) {
 	if o.typ.Handle == nil {
 		return nil, notFoundf("object type %q has no handler for %T", o.act.id.Type, msg)
 	}
-	c := &Context{o: o, ks: persistence.NewKeyspace(o.part, o.act.id, persistence.BehaviourUser)}
+	c := &Context{o: o, ks: persistence.NewKeyspace(o.part, o.act.id, behaviourUser)}
 	reply, err = o.typ.Handle(c, msg)
 	if err != nil {
 		return nil, err

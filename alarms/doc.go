@@ -1,7 +1,7 @@
 // Package alarms owns the durable alarm index and the node's one scheduler.
 //
 // The index is time-ordered, one per partition, kept under the partition's
-// prefix (persistence.PartitionIndexPrefix with persistence.IndexAlarms):
+// prefix (persistence.PartitionIndexPrefix with IndexKind):
 //
 //	index prefix | due time (ms, u64 BE, sign flipped) | object (length-prefixed
 //	app, type, key) | alarm name  ->  the occurrence's generation (u64 BE)

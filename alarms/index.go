@@ -22,10 +22,14 @@ type Due struct {
 
 func encodeAt(at int64) uint64 { return uint64(at) ^ (1 << 63) } // negative times sort first
 
+// IndexKind is the partition index kind of the alarm index
+// (persistence.PartitionIndexPrefix); actors/keys.go lists every kind.
+const IndexKind byte = 't'
+
 // IndexKey returns the index key of an occurrence of alarm name of object id,
 // due at (unix ms), in partition p.
 func IndexKey(p uint32, at int64, id persistence.ObjectID, name string) []byte {
-	prefix := persistence.PartitionIndexPrefix(p, persistence.IndexAlarms)
+	prefix := persistence.PartitionIndexPrefix(p, IndexKind)
 	b := make([]byte, 0, len(prefix)+8+6+len(id.App)+len(id.Type)+len(id.Key)+len(name))
 	b = append(b, prefix...)
 	b = binary.BigEndian.AppendUint64(b, encodeAt(at))
@@ -35,7 +39,7 @@ func IndexKey(p uint32, at int64, id persistence.ObjectID, name string) []byte {
 
 // atKey returns the first index key of partition p due at or after at.
 func atKey(p uint32, at int64) []byte {
-	return binary.BigEndian.AppendUint64(persistence.PartitionIndexPrefix(p, persistence.IndexAlarms), encodeAt(at))
+	return binary.BigEndian.AppendUint64(persistence.PartitionIndexPrefix(p, IndexKind), encodeAt(at))
 }
 
 // IndexValue is the value of an index entry: the occurrence's generation.
@@ -45,7 +49,7 @@ var errBadIndexEntry = errors.New("alarms: malformed index entry")
 
 // DecodeIndex decodes an index entry of partition p.
 func DecodeIndex(p uint32, key, value []byte) (Due, error) {
-	n := len(persistence.PartitionIndexPrefix(p, persistence.IndexAlarms))
+	n := len(persistence.PartitionIndexPrefix(p, IndexKind))
 	if len(key) < n+8 || len(value) != 8 {
 		return Due{}, errBadIndexEntry
 	}

@@ -276,7 +276,7 @@ func (s *Scheduler) refill(now int64) {
 	parts := s.partitions()
 	ranges := make([]persistence.Range, len(parts))
 	for i, p := range parts {
-		ranges[i] = persistence.Range{Prefix: persistence.PartitionIndexPrefix(p, persistence.IndexAlarms), Start: atKey(p, s.horizon+1), End: atKey(p, limit+1)}
+		ranges[i] = persistence.Range{Prefix: persistence.PartitionIndexPrefix(p, IndexKind), Start: atKey(p, s.horizon+1), End: atKey(p, limit+1)}
 	}
 	n, last := 0, int64(math.MinInt64)
 	err := s.cfg.DB.ScanMerged(context.Background(), ranges, func(i int, k, v []byte) (bool, error) {

@@ -16,29 +16,17 @@ type ObjectID struct {
 
 func (id ObjectID) String() string { return id.App + "/" + id.Type + "/" + id.Key }
 
-// Behaviour bytes: each behaviour of an object owns the keys under its byte.
-const (
-	BehaviourKV    byte = 'k' // KV slots, change log, idempotency records
-	BehaviourUser  byte = 'u' // storage of user-defined object types
-	BehaviourLog   byte = 'l' // the retained log: records, deduplication index, cursors
-	BehaviourAlarm byte = 'a' // named alarms: one record per name, the generation counter
-	BehaviourQueue byte = 'q' // the write-ahead queue: messages, pairs, their indexes
-)
+// An object's keyspace is divided by a behaviour byte (NewKeyspace), and a
+// partition's node-level indexes by an index kind (PartitionIndexPrefix). Which
+// bytes exist, and what they hold, is the business of the layers above
+// (actors/keys.go keeps the list); persistence knows only the layout.
 
-// Partition indexes: node-level indexes of one partition (the alarm index), kept
-// under the partition's prefix so that a partition is still scanned, copied or
-// dropped by prefix. They sit after every object of the partition: an object
-// prefix continues with the 16-bit length of its app name, and no app name is
-// 0xFFxx bytes long.
-const (
-	IndexAlarms byte = 't' // the partition's alarms by due time
-	IndexQueues byte = 'q' // the partition's objects whose queues have deliveries in flight
-	// IndexQueueObjects lists every object of the partition that has a queue
-	// (the node's queue depth, read at scrape time).
-	IndexQueueObjects byte = 'Q'
-)
-
-// PartitionIndexPrefix is the prefix of partition p's index kind.
+// PartitionIndexPrefix is the prefix of partition p's index of the given kind:
+// a node-level index of one partition (for example the alarm index), kept under
+// the partition's prefix so that a partition is still scanned, copied or
+// dropped by prefix. Indexes sit after every object of the partition: an
+// object prefix continues with the 16-bit length of its app name, and no app
+// name is 0xFFxx bytes long.
 func PartitionIndexPrefix(p uint32, kind byte) []byte {
 	return []byte{prefixPartition, byte(p >> 8), byte(p), 0xFF, 0xFF, kind}
 }

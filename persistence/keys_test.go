@@ -21,7 +21,7 @@ func TestObjectPrefix_PrefixFree(t *testing.T) {
 }
 
 func TestKeyspace_Suffix(t *testing.T) {
-	ks := NewKeyspace(3, ObjectID{"a", "t", "k"}, BehaviourKV)
+	ks := NewKeyspace(3, ObjectID{"a", "t", "k"}, 'k')
 	k := ks.KeyString('s', "slot")
 	if got := ks.Suffix('s', k); string(got) != "slot" {
 		t.Fatalf("suffix = %q", got)
@@ -29,7 +29,7 @@ func TestKeyspace_Suffix(t *testing.T) {
 	if ks.Suffix('l', k) != nil {
 		t.Fatal("suffix under another sub-key")
 	}
-	other := NewKeyspace(3, ObjectID{"a", "t", "k2"}, BehaviourKV)
+	other := NewKeyspace(3, ObjectID{"a", "t", "k2"}, 'k')
 	if ks.Suffix('s', other.KeyString('s', "slot")) != nil {
 		t.Fatal("suffix of another object's key")
 	}
