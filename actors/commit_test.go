@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/internal/goroutine"
+	"github.com/holdfast/holdfast/internal/pipehook"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -18,11 +19,11 @@ import (
 func TestHost_ASerialCallerCommitsItsOwnWrites(t *testing.T) {
 	var mu sync.Mutex
 	var ids []int64
-	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: func(int) {
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: func(int) {
 		mu.Lock()
 		ids = append(ids, goroutine.ID())
 		mu.Unlock()
-	}}})
+	}}}})
 	ctx := context.Background()
 	kv := n.kv("t", "serial")
 	if _, err := kv.Set(ctx, "n", 0); err != nil { // activates the object

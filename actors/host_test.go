@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/internal/pipehook"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -185,7 +186,7 @@ func TestKV_SetGetSurvivesRestart(t *testing.T) {
 // writes share a handful of commits.
 func TestHost_RepliesWaitForTheSyncThatCoversThem(t *testing.T) {
 	hd := newHold(t)
-	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: hd.before}}})
 	ctx := context.Background()
 	const objects = 300
 	var replied atomic.Int64
@@ -322,7 +323,7 @@ func TestHost_AdmissionLimit(t *testing.T) {
 	hd := newHold(t)
 	n := startNode(t, t.TempDir(), nodeOpts{
 		cfg:  Config{MaxInflightPerObject: 4},
-		pipe: persistence.PipelineConfig{BeforeCommit: hd.before},
+		pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: hd.before}},
 	})
 	ctx := context.Background()
 	o := n.kv("busy", "x")
@@ -355,7 +356,7 @@ func TestHost_AdmissionLimit(t *testing.T) {
 func TestHost_CloseFinishesInflightWrites(t *testing.T) {
 	hd := newHold(t)
 	dir := t.TempDir()
-	n := startNode(t, dir, nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
+	n := startNode(t, dir, nodeOpts{pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: hd.before}}})
 	ctx := context.Background()
 	res := make(chan error, 1)
 	go func() { _, err := n.kv("c", "x").Set(ctx, "a", "kept"); res <- err }()
@@ -379,7 +380,7 @@ func TestHost_CloseFinishesInflightWrites(t *testing.T) {
 
 func TestHost_LogReadSeesPendingWrites(t *testing.T) {
 	hd := newHold(t)
-	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: hd.before}}})
 	ctx := context.Background()
 	o := n.kv("l", "x")
 	hd.open() // first write goes through
@@ -423,7 +424,7 @@ func TestHost_NewActivationWaitsForAppliedWrites(t *testing.T) {
 			}
 			return nil
 		},
-		BeforeApply: func(uint64) { applyHold.before(1) },
+		Hooks: &pipehook.Hooks{BeforeApply: func(uint64) { applyHold.before(1) }},
 	}})
 	t.Cleanup(applyHold.open) // before the node stops: cleanups run last first
 	ctx := context.Background()

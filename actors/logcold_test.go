@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/cold"
+	"github.com/holdfast/holdfast/internal/pipehook"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -338,7 +339,7 @@ func TestLogCold_ReadsSeeWritesBadgerDoesNotShowYet(t *testing.T) {
 	opts := LogOptions{MaxBatchSize: 2, MaxRecords: 1, Cold: true, Leases: &LeaseOptions{MaxAttempts: 1, LeaseDuration: time.Minute}}
 	n := startNode(t, t.TempDir(), nodeOpts{
 		cfg:  Config{Cold: cold.NewMemory(), TypeOptions: func(string) TypeOptions { o := DefaultTypeOptions(); o.Log = opts; return o }},
-		pipe: persistence.PipelineConfig{BeforeApply: func(uint64) { applyHold.before(1) }},
+		pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: func(uint64) { applyHold.before(1) }}},
 	})
 	t.Cleanup(applyHold.open)
 	lg := NewLog(n.host, ObjectID{App: "app_t", Type: "events", Key: "p"})

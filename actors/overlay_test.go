@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/holdfast/holdfast/internal/pipehook"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -12,7 +13,7 @@ import (
 func TestStore_ScanMergesOverlayOverBadger(t *testing.T) {
 	hd := newHold(t)
 	hd.open() // the first writes go through
-	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeCommit: hd.before}})
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: hd.before}}})
 	ctx := context.Background()
 	base := &persistence.Write{Sets: []persistence.KV{
 		{Key: []byte("p/a"), Value: []byte("A")}, {Key: []byte("p/c"), Value: []byte("C")},
@@ -79,7 +80,7 @@ func TestStore_ScanMergesOverlayOverBadger(t *testing.T) {
 // Badger shows them; an evict before that drops nothing.
 func TestOverlay_EvictDropsWritesOnceBadgerShowsThem(t *testing.T) {
 	applyHold := newHold(t)
-	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{BeforeApply: func(uint64) { applyHold.before(1) }}})
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: func(uint64) { applyHold.before(1) }}}})
 	ctx := context.Background()
 	var ov overlay
 	var tickets []*persistence.Ticket

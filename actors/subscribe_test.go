@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/internal/pipehook"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -70,12 +71,12 @@ func TestSubscribe_EventsWaitForTheirWriteToBeDurable(t *testing.T) {
 	release := make(chan struct{})
 	held := make(chan struct{}, 10)
 	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{
-		BeforeCommit: func(int) {
+		Hooks: &pipehook.Hooks{BeforeCommit: func(int) {
 			if hold.Load() {
 				held <- struct{}{}
 				<-release
 			}
-		},
+		}},
 	}})
 	ctx := context.Background()
 	o := n.kv("f", "x")

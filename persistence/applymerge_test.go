@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/holdfast/holdfast/internal/pipehook"
 )
 
 // heldApplier holds the applier in BeforeApply on its first record until
@@ -100,7 +102,7 @@ func TestPipeline_ApplierMergesTheRecordsWaitingForIt(t *testing.T) {
 	dir := t.TempDir()
 	db := openTestDB(t, dir)
 	held := newHeldApplier()
-	p := NewPipeline(db, PipelineConfig{BeforeApply: held.before})
+	p := NewPipeline(db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: held.before}})
 	p.Start()
 	ctx := context.Background()
 	writes := []*Write{
@@ -144,7 +146,7 @@ func TestPipeline_MergedRecordsLargerThanABadgerWriteRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := newHeldApplier()
-	p := NewPipeline(db, PipelineConfig{BeforeApply: held.before})
+	p := NewPipeline(db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: held.before}})
 	p.Start()
 	ctx := context.Background()
 	var writes []*Write
@@ -251,7 +253,7 @@ func TestDB_ReleasableStaysBelowABatchSplitAcrossMemtables(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's
 	var seq atomic.Uint64
-	p := startPipeline(t, db, PipelineConfig{BeforeApply: func(s uint64) { seq.Store(s) }})
+	p := startPipeline(t, db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: func(s uint64) { seq.Store(s) }}})
 	w := &Write{}
 	for i := 0; i < 30; i++ { // 12 MiB: more than a memtable
 		w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("big-%02d", i)), Value: bytes.Repeat([]byte{'v'}, 400<<10)})
@@ -294,7 +296,7 @@ func TestDB_ReleasableStaysBelowAMergedBatchSplitAcrossMemtables(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's
 	held := newHeldApplier()
-	p := startPipeline(t, db, PipelineConfig{BeforeApply: held.before})
+	p := startPipeline(t, db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: held.before}})
 	var writes []*Write
 	writes = append(writes, set("first", "alone"))
 	for r := 0; r < 6; r++ {
@@ -330,7 +332,7 @@ func TestPipeline_LargeMergedBatchKeepsTheLastChangeOfEachKey(t *testing.T) {
 	dir := t.TempDir()
 	db := openTestDB(t, dir)
 	held := newHeldApplier()
-	p := NewPipeline(db, PipelineConfig{BeforeApply: held.before})
+	p := NewPipeline(db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: held.before}})
 	p.Start()
 	ctx := context.Background()
 	const keys = applyLoaderEntries + 500

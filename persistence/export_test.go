@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+
+	"github.com/holdfast/holdfast/internal/pipehook"
 )
 
 // collect exports prefix since a version into a map (nil value: deleted).
@@ -99,13 +101,13 @@ func TestPipeline_BarrierWaitsForEarlierWritesAndFenceHolds(t *testing.T) {
 			}
 			return nil
 		},
-		BeforeCommit: func(int) {
+		Hooks: &pipehook.Hooks{BeforeCommit: func(int) {
 			select {
 			case held <- struct{}{}:
 				<-hold
 			default:
 			}
-		},
+		}},
 	})
 	ctx := context.Background()
 	first := p.Submit(&Write{Epoch: 1, Sets: []KV{{Key: []byte("a"), Value: []byte("1")}}})

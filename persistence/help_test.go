@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/internal/goroutine"
+	"github.com/holdfast/holdfast/internal/pipehook"
 )
 
 // waitParked waits until p's committer is parked with nothing to do.
@@ -45,7 +46,7 @@ func TestPipeline_AQueuedWriteWaitsForAKick(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
 	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	var commits commitGoroutines
-	p := startPipeline(t, db, PipelineConfig{BeforeCommit: commits.hook})
+	p := startPipeline(t, db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: commits.hook}})
 	waitParked(t, p)
 	tk := p.Queue(set("k", "v"))
 	time.Sleep(50 * time.Millisecond)
@@ -69,7 +70,7 @@ func TestPipeline_HelpCommitsOnTheCallersGoroutineWhenTheCommitterIsParked(t *te
 	db := openTestDB(t, dir)
 	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	var commits commitGoroutines
-	p := startPipeline(t, db, PipelineConfig{BeforeCommit: commits.hook})
+	p := startPipeline(t, db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: commits.hook}})
 	me := goroutine.ID()
 	for i := 0; i < 20; i++ {
 		waitParked(t, p)
@@ -110,12 +111,12 @@ func TestPipeline_HelpLeavesABusyCommitterItsWork(t *testing.T) {
 	releaseCommitter := func() { releaseOnce.Do(func() { close(release) }) }
 	defer releaseCommitter() // before the pipeline's Close, on every path
 	var first atomic.Bool
-	p := startPipeline(t, db, PipelineConfig{BeforeCommit: func(int) {
+	p := startPipeline(t, db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: func(int) {
 		if first.CompareAndSwap(false, true) {
 			entered <- struct{}{}
 			<-release
 		}
-	}})
+	}}})
 	// Completions in the order their callbacks ran. Wait can return before a
 	// ticket's callbacks have run, so the order is read from here.
 	completed := make(chan string, 2)

@@ -15,6 +15,8 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/pb"
+
+	"github.com/holdfast/holdfast/internal/pipehook"
 )
 
 // KV is one key set to one value.
@@ -179,18 +181,13 @@ type PipelineConfig struct {
 	AckFence func(partition uint32, epoch uint64) error
 	// Logger receives commit failures. Nil means slog.Default().
 	Logger *slog.Logger
-	// BeforeCommit, if set, is called on the goroutine committing (the committer,
-	// or a writer's in Help) just before each commit with the number of writes
-	// it covers. For instrumentation and tests (a test may block in it to hold
-	// the pipeline).
-	BeforeCommit func(writes int)
+	// Hooks are test hooks; only this module's tests can make them (see
+	// internal/pipehook). Nil in every program.
+	Hooks *pipehook.Hooks
 	// OnCommit, if set, is called on the goroutine committing after each commit
 	// that reached disk, with the writes it covered and the time of its log
 	// write and sync (metrics).
 	OnCommit func(writes int, sync time.Duration)
-	// BeforeApply, if set, is called on the applier goroutine before each record is
-	// applied to Badger. For tests (a test may block in it to hold the applier).
-	BeforeApply func(seq uint64)
 	// ValueLogGCEvery is how often the pipeline looks for value-log files to
 	// reclaim (see valuelog.go). Zero means a minute; negative, never.
 	ValueLogGCEvery time.Duration
@@ -667,8 +664,8 @@ func (p *Pipeline) commitRun(run []*Write) {
 	if len(live) == 0 {
 		return
 	}
-	if p.cfg.BeforeCommit != nil {
-		p.cfg.BeforeCommit(len(live))
+	if h := p.cfg.Hooks; h != nil && h.BeforeCommit != nil {
+		h.BeforeCommit(len(live))
 	}
 	seq := p.seq + 1
 	syncStart := time.Now()
@@ -872,9 +869,9 @@ func (p *Pipeline) applyLoop() {
 // them applied. It returns false once the pipeline failed.
 func (p *Pipeline) applyJobs(jobs []applyJob) bool {
 	first, last := jobs[0].seq, jobs[len(jobs)-1].seq
-	if p.cfg.BeforeApply != nil {
+	if h := p.cfg.Hooks; h != nil && h.BeforeApply != nil {
 		for _, j := range jobs {
-			p.cfg.BeforeApply(j.seq)
+			h.BeforeApply(j.seq)
 		}
 	}
 	for attempt := 1; ; attempt++ {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/holdfast/holdfast/internal/pipehook"
 )
 
 func openTestDB(t *testing.T, dir string) *DB {
@@ -109,7 +111,8 @@ func TestPipeline_SharesSyncsAndNeverAcksEarly(t *testing.T) {
 	var earlyAcks int
 	committed := 0
 	p := NewPipeline(db, PipelineConfig{})
-	p.cfg.BeforeCommit = func(k int) {
+	p.cfg.Hooks = &pipehook.Hooks{}
+	p.cfg.Hooks.BeforeCommit = func(k int) {
 		if committed == 0 {
 			<-release // hold the first commit until every writer submitted
 		}
@@ -210,12 +213,12 @@ func TestPipeline_TooLargeWriteFailsAlone(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	release := make(chan struct{})
 	first := true
-	p := NewPipeline(db, PipelineConfig{MaxWriteBytes: 1 << 20, BeforeCommit: func(int) {
+	p := NewPipeline(db, PipelineConfig{MaxWriteBytes: 1 << 20, Hooks: &pipehook.Hooks{BeforeCommit: func(int) {
 		if first {
 			first = false
 			<-release
 		}
-	}})
+	}}})
 	p.Start()
 	defer p.Close()
 	warm := p.Submit(set("warm", "x")) // held in the first commit while the others queue
@@ -312,7 +315,8 @@ func TestPipeline_CloseCommitsQueuedAndRefusesLater(t *testing.T) {
 	p := NewPipeline(db, PipelineConfig{})
 	release := make(chan struct{})
 	first := true
-	p.cfg.BeforeCommit = func(int) {
+	p.cfg.Hooks = &pipehook.Hooks{}
+	p.cfg.Hooks.BeforeCommit = func(int) {
 		if first {
 			first = false
 			<-release
