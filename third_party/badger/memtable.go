@@ -33,9 +33,14 @@ import (
 // its pre-crash form.
 type memTable struct {
 	// TODO: Give skiplist z.Calloc'd []byte.
-	sl         *skl.Skiplist
-	wal        *logFile
-	maxVersion uint64
+	sl  *skl.Skiplist
+	wal *logFile
+	// HOLDFAST PATCH 2: maxVersion is atomic. One goroutine writes it (the
+	// write path's Put, or the replay at open) without db.lock, while
+	// DB.MaxVersion reads it from other goroutines (the value-log GC's
+	// rewrite); as a plain uint64 that was a data race. Only its writer
+	// compares and stores, so a Load then a Store never loses a newer version.
+	maxVersion atomic.Uint64
 	opt        Options
 	buf        *bytes.Buffer
 }
@@ -191,8 +196,9 @@ func (mt *memTable) Put(key []byte, value y.ValueStruct) error {
 
 	// Write to skiplist and update maxVersion encountered.
 	mt.sl.Put(key, value)
-	if ts := y.ParseTs(entry.Key); ts > mt.maxVersion {
-		mt.maxVersion = ts
+	// HOLDFAST PATCH 2: atomic, read by DB.MaxVersion concurrently.
+	if ts := y.ParseTs(entry.Key); ts > mt.maxVersion.Load() {
+		mt.maxVersion.Store(ts)
 	}
 	y.NumBytesWrittenToL0Add(mt.opt.MetricsEnabled, entry.estimateSizeAndSetThreshold(mt.opt.ValueThreshold))
 	return nil
@@ -229,8 +235,9 @@ func (mt *memTable) replayFunction(opt Options) func(Entry, valuePointer) error 
 			opt.Debugf("First key=%q\n", e.Key)
 		}
 		first = false
-		if ts := y.ParseTs(e.Key); ts > mt.maxVersion {
-			mt.maxVersion = ts
+		// HOLDFAST PATCH 2: atomic, read by DB.MaxVersion concurrently.
+		if ts := y.ParseTs(e.Key); ts > mt.maxVersion.Load() {
+			mt.maxVersion.Store(ts)
 		}
 		v := y.ValueStruct{
 			Value:     e.Value,
