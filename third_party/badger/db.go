@@ -112,6 +112,10 @@ type DB struct {
 	flushChan chan *memTable // For flushing memtables.
 	closeOnce sync.Once      // For closing DB only once.
 
+	// HOLDFAST PATCH 3: set once vlog.open has returned, before any memtable
+	// reaches the flusher; syncBeforeNamingTable checks it.
+	vlogOpen atomic.Bool
+
 	blockWrites atomic.Int32
 	isClosed    atomic.Uint32
 
@@ -367,10 +371,6 @@ func Open(opt Options) (*DB, error) {
 		go func() {
 			db.flushMemtable(db.closers.memtable) // Need levels controller to be up.
 		}()
-		// Flush them to disk asap.
-		for _, mt := range db.imm {
-			db.flushChan <- mt
-		}
 	}
 	// We do increment nextTxnTs below. So, no need to do it here.
 	db.orc.nextTxnTs = db.MaxVersion()
@@ -378,6 +378,18 @@ func Open(opt Options) (*DB, error) {
 
 	if err = db.vlog.open(db); err != nil {
 		return db, y.Wrapf(err, "During db.vlog.open")
+	}
+	// HOLDFAST PATCH 3: a flush syncs the value log (syncBeforeNamingTable),
+	// so the memtables replayed from their logs are handed to the flusher only
+	// now that the value log is open (upstream hands them over before
+	// vlog.open, whose populateFilesMap replaces the map a flush would read).
+	// If vlog.open failed they stay in their logs for the next open.
+	db.vlogOpen.Store(true)
+	if !opt.ReadOnly {
+		// Flush them to disk asap.
+		for _, mt := range db.imm {
+			db.flushChan <- mt
+		}
 	}
 
 	// Let's advance nextTxnTs to one more than whatever we observed via
@@ -1141,6 +1153,15 @@ func (db *DB) handleMemTableFlush(mt *memTable, dropPrefixes [][]byte) error {
 	}
 	if err != nil {
 		return y.Wrap(err, "error while creating table")
+	}
+	if !db.opt.InMemory {
+		// HOLDFAST PATCH 1 and 3: the table's directory entry and the
+		// value-log bytes it points into are durable before the MANIFEST
+		// names it (syncBeforeNamingTable).
+		if err := db.syncBeforeNamingTable(); err != nil {
+			_ = tbl.DecrRef() // our only ref: deletes the file; the flush is retried
+			return y.Wrap(err, "before adding the table to the MANIFEST")
+		}
 	}
 	// We own a ref on tbl.
 	err = db.lc.addLevel0Table(tbl) // This will incrRef

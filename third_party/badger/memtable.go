@@ -413,10 +413,14 @@ func (lf *logFile) generateIV(offset uint32) []byte {
 }
 
 func (lf *logFile) doneWriting(offset uint32) error {
-	if lf.opt.SyncWrites {
-		if err := lf.Sync(); err != nil {
-			return y.Wrapf(err, "Unable to sync value log: %q", lf.path)
-		}
+	// HOLDFAST PATCH 3: sync the value-log file being left whatever
+	// SyncWrites says. A memtable flush syncs only the file written now
+	// (valueLog.syncCurrentFile) before the MANIFEST names a table pointing into
+	// the value log, so every older file must already be synced; upstream left
+	// it unsynced with SyncWrites=false (the truncate below msyncs on Linux,
+	// but only when the file's size changes).
+	if err := holdfastSyncFile(lf); err != nil {
+		return y.Wrapf(err, "Unable to sync value log: %q", lf.path)
 	}
 
 	// Before we were acquiring a lock here on lf.lock, because we were invalidating the file

@@ -492,6 +492,14 @@ func (w *sortedWriter) createTable(builder *table.Builder) error {
 		if tbl, err = table.CreateTable(fname, builder); err != nil {
 			return err
 		}
+		// HOLDFAST PATCH 1 and 3: as in handleMemTableFlush, the table's
+		// directory entry and the value-log bytes it points into are durable
+		// before the MANIFEST names it (upstream synced the directory only in
+		// Flush, after every table was named).
+		if err := w.db.syncBeforeNamingTable(); err != nil {
+			_ = tbl.DecrRef() // our only ref: deletes the file
+			return y.Wrap(err, "before adding the table to the MANIFEST")
+		}
 	}
 	lc := w.db.lc
 

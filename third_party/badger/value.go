@@ -640,6 +640,12 @@ func (vlog *valueLog) open(db *DB) error {
 	if err := last.Truncate(int64(lastOff)); err != nil {
 		return y.Wrapf(err, "while truncating last value log file: %s", last.path)
 	}
+	// HOLDFAST PATCH 3: the file is left for a new one, so sync it, as
+	// doneWriting does at a rotation (Truncate syncs only when the size
+	// changes): memtables replayed at open point into it.
+	if err := holdfastSyncFile(last); err != nil {
+		return y.Wrapf(err, "while syncing last value log file: %s", last.path)
+	}
 
 	// Don't write to the old log file. Always create a new one.
 	if _, err := vlog.createVlogFile(); err != nil {
