@@ -121,3 +121,5 @@ require (
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+replace github.com/dgraph-io/badger/v4 => ./third_party/badger
