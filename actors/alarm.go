@@ -48,6 +48,9 @@ type alarmState struct {
 	recs    map[string]*alarmRec
 	gen     uint64            // the last generation handed out
 	running map[string]uint64 // name -> generation of a handler still running (async actions)
+	// users counts the names in recs that clients may schedule (not reserved):
+	// the names the type's alarms.maxPerObject caps. alarmWrite keeps it.
+	users int
 }
 
 // alarmFire is the scheduler's wake-up for one index entry.
@@ -77,6 +80,9 @@ func (o *object) alarmLoad() (*alarmState, error) {
 				return false, fmt.Errorf("alarm %q: %w", k[n+1:], err)
 			}
 			a.recs[string(k[n+1:])] = r
+			if !reservedAlarm(string(k[n+1:])) {
+				a.users++
+			}
 		}
 		return true, nil
 	})
@@ -96,6 +102,14 @@ func (o *object) due(name string, r *alarmRec) alarms.Due {
 // durable, if next is pending.
 func (o *object) alarmWrite(a *alarmState, w *persistence.Write, name string, old, next *alarmRec) *alarms.Due {
 	id := o.act.id
+	if !reservedAlarm(name) {
+		switch had := a.recs[name] != nil; {
+		case had && next == nil:
+			a.users--
+		case !had && next != nil:
+			a.users++
+		}
+	}
 	if old != nil && !old.Failed && (next == nil || next.Failed || next.At != old.At) {
 		w.Deletes = append(w.Deletes, alarms.IndexKey(o.part, old.At, id, name))
 	}
@@ -206,6 +220,9 @@ func (o *object) alarmSet(m AlarmSet) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if a.recs[m.Name] == nil && a.users >= o.maxAlarms() {
+		return nil, o.alarmLimitError()
+	}
 	w := &persistence.Write{}
 	next := &alarmRec{At: m.At, Scheduled: m.At, Gen: a.newGen(w), Action: compactAction(m.Action)}
 	d := o.alarmWrite(a, w, m.Name, a.recs[m.Name], next)
@@ -256,13 +273,67 @@ func (o *object) alarmDelete(m AlarmDelete) (any, error) {
 	return nil, nil
 }
 
-func (o *object) alarmList() (any, error) {
+// alarmList returns one page of the object's alarms in (At, Name) order: those
+// after m.After, at most m.Limit of them, and fewer once their estimated JSON
+// reaches AlarmPageBytes (always at least one). Paging is by position, not by
+// snapshot: an alarm that moves (a retry, a replacement) between two pages may
+// be listed twice or not at all; one that stays put is listed exactly once.
+func (o *object) alarmList(m AlarmListGet) (any, error) {
+	var after *alarmCursor
+	if m.After != "" {
+		c, err := parseAlarmCursor(m.After)
+		if err != nil {
+			return nil, err
+		}
+		after = &c
+	}
+	limit := m.Limit
+	if limit <= 0 {
+		limit = DefaultAlarmPageLimit
+	}
+	limit = min(limit, MaxAlarmPageLimit)
 	a, err := o.alarmLoad()
 	if err != nil {
 		return nil, err
 	}
-	return &AlarmList{Alarms: o.sortedAlarms(a.recs)}, nil
+	all := o.sortedAlarms(a.recs)
+	start := 0
+	if after != nil {
+		start = sort.Search(len(all), func(i int) bool { return after.before(all[i].At, all[i].Name) })
+	}
+	end, size := start, 0
+	for end < len(all) && end-start < limit {
+		n := alarmJSONSize(&all[end])
+		if end > start && size+n > AlarmPageBytes {
+			break
+		}
+		size += n
+		end++
+	}
+	page := &AlarmList{Alarms: all[start:end:end]}
+	if end < len(all) {
+		last := all[end-1]
+		page.Next = alarmCursor{at: last.At, name: last.Name}.String()
+	}
+	return page, nil
 }
+
+// maxAlarms is the type's cap on an object's schedulable alarm names.
+func (o *object) maxAlarms() int {
+	if n := o.opts.Alarms.MaxPerObject; n > 0 {
+		return n
+	}
+	return DefaultMaxAlarms
+}
+
+func (o *object) alarmLimitError() *Error {
+	return &Error{Kind: KindInvalid, Code: ErrAlarmLimit.Code, Msg: fmt.Sprintf(
+		"the object already has %d alarms, the most its type allows: delete one, reuse a name, "+
+			"or raise types.%s.alarms.maxPerObject", o.maxAlarms(), o.act.id.Type)}
+}
+
+// reservedAlarm reports whether name belongs to the runtime.
+func reservedAlarm(name string) bool { return strings.HasPrefix(name, ReservedAlarmPrefix) }
 
 func (o *object) sortedAlarms(recs map[string]*alarmRec) []AlarmInfo {
 	out := make([]AlarmInfo, 0, len(recs))
@@ -478,6 +549,11 @@ func (c *Context) SetAlarm(name string, at time.Time, action json.RawMessage) (u
 	if err != nil {
 		return 0, err
 	}
+	if cur, err := c.alarmView(name); err != nil {
+		return 0, err
+	} else if cur == nil && c.alarmUsers(a) >= c.o.maxAlarms() {
+		return 0, c.o.alarmLimitError()
+	}
 	if c.alarmOps == nil {
 		c.alarmOps = map[string]*alarmRec{}
 		c.alarmGen = a.gen
@@ -485,6 +561,27 @@ func (c *Context) SetAlarm(name string, at time.Time, action json.RawMessage) (u
 	c.alarmGen++
 	c.alarmOps[name] = &alarmRec{At: at.UnixMilli(), Scheduled: at.UnixMilli(), Gen: c.alarmGen, Action: compactAction(action)}
 	return c.alarmGen, nil
+}
+
+// alarmUsers counts the schedulable names this turn sees. Only a turn that
+// stages many alarms near the cap pays for the walk over its staged ones.
+func (c *Context) alarmUsers(a *alarmState) int {
+	if a.users+len(c.alarmOps) < c.o.maxAlarms() {
+		return a.users // a lower bound is enough: under the cap either way
+	}
+	n := a.users
+	for name, r := range c.alarmOps {
+		if reservedAlarm(name) {
+			continue
+		}
+		switch had := a.recs[name] != nil; {
+		case had && r == nil:
+			n--
+		case !had && r != nil:
+			n++
+		}
+	}
+	return n
 }
 
 // GetAlarm returns alarm name as this turn sees it.

@@ -34,13 +34,36 @@ type AlarmGet struct{ Name string }
 // ErrNotFound.
 type AlarmDelete struct{ Name string }
 
-// AlarmList lists the object's alarms ordered by At. Reply: *AlarmList.
-type AlarmListGet struct{}
+// AlarmListGet lists one page of the object's alarms ordered by At, ties by
+// Name. Reply: *AlarmList. A page holds at most Limit alarms, and stops early
+// once their JSON reaches about AlarmPageBytes (it always holds one, if any is
+// left). Paging is by position: an alarm that stays put is listed exactly once
+// across pages; one that moves between two of them (a retry, a replacement)
+// may be listed twice or not at all.
+type AlarmListGet struct {
+	// After is the Next of the previous page; "" starts at the beginning. A
+	// value no page returned is ErrBadRequest.
+	After string
+	// Limit bounds the page; zero (or less) means DefaultAlarmPageLimit, and it
+	// is capped at MaxAlarmPageLimit.
+	Limit int
+}
 
 // AlarmList is the reply to AlarmListGet.
 type AlarmList struct {
 	Alarms []AlarmInfo `json:"alarms"`
+	// Next is the After of the next page; "" when this page is the last.
+	Next string `json:"next,omitempty"`
 }
+
+// Alarm paging bounds (AlarmListGet).
+const (
+	DefaultAlarmPageLimit = 1000
+	MaxAlarmPageLimit     = 1000
+	// AlarmPageBytes is the reply size past which a page ends: 1,000 alarms
+	// with 64 KiB actions would otherwise be a 64 MiB reply.
+	AlarmPageBytes = 1 << 20
+)
 
 // Alarm statuses.
 const (
@@ -88,7 +111,21 @@ type AlarmOptions struct {
 	// MaxAttempts is how many attempts an occurrence gets before it is failed;
 	// zero means 5.
 	MaxAttempts int
+	// MaxPerObject caps an object's alarm names, pending or failed, that
+	// clients may schedule (the runtime's own, ReservedAlarmPrefix, are not
+	// counted). Scheduling a new name at the cap fails with ErrAlarmLimit;
+	// replacing a name always works. Zero means DefaultMaxAlarms.
+	MaxPerObject int
 }
+
+// DefaultMaxAlarms is the default of AlarmOptions.MaxPerObject.
+const DefaultMaxAlarms = 10_000
+
+// ErrAlarmLimit matches (errors.Is) the error of scheduling a new alarm name on
+// an object that holds AlarmOptions.MaxPerObject of them. It is also an
+// ErrInvalid (HTTP 422, code invalid); its message names the limit and the
+// configuration key that raises it.
+var ErrAlarmLimit = &Error{Kind: KindInvalid, Code: "alarm_limit", Msg: "too many alarms on the object"}
 
 // Limits of alarms.
 const (
@@ -126,11 +163,28 @@ func (a *Alarms) Delete(ctx context.Context, name string) error {
 	return err
 }
 
-// List returns the object's alarms ordered by At.
+// List returns all the object's alarms ordered by At, following every page (see
+// AlarmListGet for what a concurrent change does to it).
 func (a *Alarms) List(ctx context.Context) ([]AlarmInfo, error) {
-	l, err := request[*AlarmList](ctx, a.r, a.id, AlarmListGet{})
-	if err != nil {
-		return nil, err
+	var out []AlarmInfo
+	after := ""
+	for {
+		l, err := a.ListPage(ctx, after, 0)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l.Alarms...)
+		if l.Next == "" {
+			if out == nil {
+				out = []AlarmInfo{}
+			}
+			return out, nil
+		}
+		after = l.Next
 	}
-	return l.Alarms, nil
+}
+
+// ListPage returns one page of the object's alarms (see AlarmListGet).
+func (a *Alarms) ListPage(ctx context.Context, after string, limit int) (*AlarmList, error) {
+	return request[*AlarmList](ctx, a.r, a.id, AlarmListGet{After: after, Limit: limit})
 }

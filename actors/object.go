@@ -268,7 +268,7 @@ func (o *object) dispatch(msg any) (val any, err error) {
 	case AlarmDelete:
 		return o.alarmDelete(m)
 	case AlarmListGet:
-		return o.alarmList()
+		return o.alarmList(m)
 	case alarmFire:
 		return o.alarmFire(m)
 	}

@@ -238,6 +238,15 @@ func (n *Node) LeaveRequested() <-chan struct{} {
 // storage has not failed.
 func (n *Node) Ready() bool { return n.ready.Load() && n.pipe.Failed() == nil }
 
+// StorageHealth reports the node's storage: fatal is the error that failed
+// the commit pipeline, which only a restart repairs (the log replays at
+// start); unavailable is non-nil while the storage cannot take writes. The
+// pipeline has no transient outage yet, so for now unavailable is fatal.
+func (n *Node) StorageHealth() (fatal, unavailable error) {
+	err := n.pipe.Failed()
+	return err, err
+}
+
 // Stats is a snapshot of the node's counters.
 type Stats struct {
 	Pipeline      persistence.PipelineStats

@@ -23,6 +23,11 @@ type Config struct {
 	// IdleTimeout is how long an idle object stays in memory (yaml idleTimeout, a Go duration
 	// string, env HOLDFAST_IDLE_TIMEOUT); default 60s; must be > 0.
 	IdleTimeout time.Duration
+	// MaxConnections caps the HTTP connections open at once (yaml maxConnections, env
+	// HOLDFAST_MAX_CONNECTIONS); one more waits in the listen backlog until one closes. 0
+	// (the default) means half the process's descriptor limit, so that the storage keeps
+	// descriptors in reserve; must be >= 0.
+	MaxConnections int
 	// Apps are the configured apps. None is allowed: the server then creates one on first
 	// start (spec/auth.md).
 	Apps []App
@@ -88,6 +93,7 @@ const (
 	EnvListen      = "HOLDFAST_LISTEN"
 	EnvPartitions  = "HOLDFAST_PARTITIONS"
 	EnvIdleTimeout = "HOLDFAST_IDLE_TIMEOUT"
+	EnvMaxConns    = "HOLDFAST_MAX_CONNECTIONS"
 )
 
 // Default returns the configuration used with no file, no environment and no flags.
@@ -158,6 +164,12 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 				return fmt.Errorf("expected a duration such as 60s, got %q", v)
 			}
 			return checkPositive(c.IdleTimeout)
+		}},
+		{EnvMaxConns, func(v string) (err error) {
+			if c.MaxConnections, err = strconv.Atoi(v); err != nil {
+				return fmt.Errorf("expected an integer, got %q", v)
+			}
+			return checkMaxConnections(int64(c.MaxConnections))
 		}},
 	} {
 		if v := getenv(e.name); v != "" {

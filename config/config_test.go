@@ -110,7 +110,7 @@ func TestLoad_SpecExample(t *testing.T) {
 		Queue: QueueConfig{Targets: []string{"default"}, MaxAttempts: 5, VisibilityTimeout: 30 * time.Second,
 			Backoff:            Backoff{Initial: time.Second, Multiplier: 2, Max: 5 * time.Minute},
 			CompletedRetention: 24 * time.Hour, DeadLetterRetention: 336 * time.Hour, MaxPending: 1000000, Concurrency: 1},
-		Alarms: AlarmsConfig{MaxAttempts: 5},
+		Alarms: AlarmsConfig{MaxAttempts: 5, MaxPerObject: 10000},
 	}
 	partition := star
 	partition.Log = LogConfig{
@@ -150,7 +150,7 @@ func TestLoad_Defaults(t *testing.T) {
 		Queue: QueueConfig{Targets: []string{"default"}, MaxAttempts: 5, VisibilityTimeout: 30 * time.Second,
 			Backoff:            Backoff{Initial: time.Second, Multiplier: 2, Max: 5 * time.Minute},
 			CompletedRetention: 24 * time.Hour, DeadLetterRetention: 336 * time.Hour, MaxPending: 1000000, Concurrency: 1},
-		Alarms: AlarmsConfig{MaxAttempts: 5},
+		Alarms: AlarmsConfig{MaxAttempts: 5, MaxPerObject: 10000},
 	}
 	if got := c.Type("anything"); !reflect.DeepEqual(got, want) {
 		t.Errorf("Type = %+v, want %+v", got, want)
@@ -165,9 +165,9 @@ func TestLoad_Defaults(t *testing.T) {
 }
 
 func TestLoad_EnvOverridesFile(t *testing.T) {
-	file := "dataDir: /from/file\nlisten: 127.0.0.1:1\npartitions: 16\nidleTimeout: 5s\n"
+	file := "dataDir: /from/file\nlisten: 127.0.0.1:1\npartitions: 16\nidleTimeout: 5s\nmaxConnections: 100\n"
 	c := mustLoad(t, file, nil)
-	if c.DataDir != "/from/file" || c.Listen != "127.0.0.1:1" || c.Partitions != 16 || c.IdleTimeout != 5*time.Second {
+	if c.DataDir != "/from/file" || c.Listen != "127.0.0.1:1" || c.Partitions != 16 || c.IdleTimeout != 5*time.Second || c.MaxConnections != 100 {
 		t.Fatalf("file values: %+v", c)
 	}
 	if c.Cold.FS.Dir != "/from/file/cold" {
@@ -175,9 +175,9 @@ func TestLoad_EnvOverridesFile(t *testing.T) {
 	}
 	c = mustLoad(t, file, map[string]string{
 		"HOLDFAST_DATA_DIR": "/from/env", "HOLDFAST_LISTEN": ":8080",
-		"HOLDFAST_PARTITIONS": "1024", "HOLDFAST_IDLE_TIMEOUT": "2m",
+		"HOLDFAST_PARTITIONS": "1024", "HOLDFAST_IDLE_TIMEOUT": "2m", "HOLDFAST_MAX_CONNECTIONS": "7",
 	})
-	if c.DataDir != "/from/env" || c.Listen != ":8080" || c.Partitions != 1024 || c.IdleTimeout != 2*time.Minute {
+	if c.DataDir != "/from/env" || c.Listen != ":8080" || c.Partitions != 1024 || c.IdleTimeout != 2*time.Minute || c.MaxConnections != 7 {
 		t.Errorf("env values: %+v", c)
 	}
 	if c.Cold.FS.Dir != "/from/env/cold" {
@@ -320,6 +320,10 @@ func TestLoad_Refusals(t *testing.T) {
 		{"env idle", "", map[string]string{"HOLDFAST_IDLE_TIMEOUT": "soon"}, "HOLDFAST_IDLE_TIMEOUT", "expected a duration"},
 		{"env idle zero", "", map[string]string{"HOLDFAST_IDLE_TIMEOUT": "0s"}, "HOLDFAST_IDLE_TIMEOUT", "greater than 0"},
 		{"env listen", "", map[string]string{"HOLDFAST_LISTEN": "localhost"}, "HOLDFAST_LISTEN", "host:port"},
+		{"env max connections", "", map[string]string{"HOLDFAST_MAX_CONNECTIONS": "many"}, "HOLDFAST_MAX_CONNECTIONS", "expected an integer"},
+		{"env max connections negative", "", map[string]string{"HOLDFAST_MAX_CONNECTIONS": "-1"}, "HOLDFAST_MAX_CONNECTIONS", "out of range"},
+		{"max connections negative", "maxConnections: -5\n", nil, "maxConnections", "out of range"},
+		{"alarms maxPerObject zero", "types: {x: {alarms: {maxPerObject: 0}}}\n", nil, "types.x.alarms.maxPerObject", ""},
 	} {
 		path := ""
 		if tc.yaml != "" {

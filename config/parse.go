@@ -44,7 +44,7 @@ type leaf struct {
 var (
 	topKeys = map[string]leaf{
 		"dataDir": {kind: kindString}, "listen": {kind: kindString}, "partitions": {kind: kindInt},
-		"idleTimeout": {kind: kindDuration}, "apps": {kind: kindApps}, "types": {kind: kindTypes},
+		"idleTimeout": {kind: kindDuration}, "maxConnections": {kind: kindInt}, "apps": {kind: kindApps}, "types": {kind: kindTypes},
 		"cold": {kind: kindSection}, "cold.store": {kind: kindString},
 		"cold.fs": {kind: kindSection}, "cold.fs.dir": {kind: kindString},
 		"cold.s3": {kind: kindSection}, "cold.s3.endpoint": {kind: kindString}, "cold.s3.bucket": {kind: kindString},
@@ -121,6 +121,9 @@ func (c *Config) set(top layer) {
 	}
 	if n, ok := top["partitions"].(int64); ok {
 		c.Partitions = int(max(min(n, math.MaxInt32), math.MinInt32)) // out of range stays out of range
+	}
+	if n, ok := top["maxConnections"].(int64); ok {
+		c.MaxConnections = int(max(min(n, math.MaxInt32), math.MinInt32)) // out of range stays out of range
 	}
 	if d, ok := top["idleTimeout"].(time.Duration); ok {
 		c.IdleTimeout = d

@@ -67,6 +67,9 @@ type Backoff struct {
 // AlarmsConfig is types.<name>.alarms (spec/alarms.md).
 type AlarmsConfig struct {
 	MaxAttempts int // default 5, >= 1
+	// MaxPerObject caps an object's alarm names that clients may schedule (pending or
+	// failed; the runtime's own are not counted); default 10000, >= 1.
+	MaxPerObject int
 }
 
 // leaves is the schema of types.<name>, with the defaults and ranges of its values.
@@ -92,6 +95,7 @@ var leaves = map[string]leaf{
 	"queue.maxPending":          {kindInt, int64(1000000), 1, 0},
 	"queue.concurrency":         {kindInt, int64(1), 1, 0},
 	"alarms.maxAttempts":        {kindInt, int64(5), 1, 0},
+	"alarms.maxPerObject":       {kindInt, int64(10000), 1, 0},
 
 	"objects": {kind: kindSection}, "log": {kind: kindSection}, "log.retention": {kind: kindSection},
 	"log.leases": {kind: kindSwitch}, "queue": {kind: kindSection}, "queue.backoff": {kind: kindSection},
@@ -152,5 +156,6 @@ func (c *Config) Type(name string) TypeConfig {
 	q.MaxPending = i("queue.maxPending")
 	q.Concurrency = int(i("queue.concurrency"))
 	t.Alarms.MaxAttempts = int(i("alarms.maxAttempts"))
+	t.Alarms.MaxPerObject = int(i("alarms.maxPerObject"))
 	return t
 }

@@ -50,6 +50,7 @@ func (c *Config) validate(k checker) error {
 		k.check("listen", checkListen(c.Listen)),
 		k.check("partitions", checkPartitions(int64(c.Partitions))),
 		k.check("idleTimeout", checkPositive(c.IdleTimeout)),
+		k.check("maxConnections", checkMaxConnections(int64(c.MaxConnections))),
 		c.validateApps(k),
 		c.validateCold(k),
 		c.validateCluster(k),
@@ -211,6 +212,10 @@ func checkPort(p string) error {
 
 func checkPartitions(n int64) error {
 	return when(n < 0 || n > 65536, fmt.Sprintf("%d is out of range 0..65536 (0 = what the data directory holds, or 256)", n))
+}
+
+func checkMaxConnections(n int64) error {
+	return when(n < 0 || n > math.MaxInt32, fmt.Sprintf("%d is out of range 0..%d (0 = half the descriptor limit)", n, math.MaxInt32))
 }
 
 func checkPositive(d time.Duration) error {

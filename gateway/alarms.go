@@ -20,8 +20,30 @@ func (s *Server) alarmRoutes() {
 			w.WriteHeader(http.StatusNoContent)
 		}
 	}))
-	s.mux.HandleFunc("GET "+alarmBase+"/{$}", s.object(s.logSimple(actors.AlarmListGet{})))
-	s.mux.HandleFunc("GET "+alarmBase, s.object(s.logSimple(actors.AlarmListGet{})))
+	s.mux.HandleFunc("GET "+alarmBase+"/{$}", s.object(s.alarmList))
+	s.mux.HandleFunc("GET "+alarmBase, s.object(s.alarmList))
+}
+
+// alarmList serves GET .../?limit=N&after=CURSOR: one page of the object's
+// alarms, {"alarms":[...], "next":CURSOR} ordered by at then name, "next" only
+// when more follow. limit defaults to and is capped at 1,000; a page also ends
+// once its alarms reach about 1 MiB (actions may be 64 KiB each), always
+// holding at least one. after is the "next" of the previous page.
+func (s *Server) alarmList(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	q := r.URL.Query()
+	limit, err := queryUint(q.Get("limit"), actors.DefaultAlarmPageLimit)
+	if err != nil || limit < 1 || (q.Has("limit") && q.Get("limit") == "") {
+		badRequest("limit must be a positive integer").write(w)
+		return
+	}
+	m := actors.AlarmListGet{After: q.Get("after"), Limit: int(min(limit, actors.MaxAlarmPageLimit))}
+	if q.Has("after") && m.After == "" {
+		badRequest(`after must be the "next" cursor of an earlier page of this list`).write(w)
+		return
+	}
+	if reply, ok := s.call(w, r, id, m, newRoute); ok {
+		writeJSON(w, http.StatusOK, reply)
+	}
 }
 
 // alarmPut serves PUT .../{name} {"at": ms, "action": {...}}. The action may be

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -20,7 +21,14 @@ const MaxBodyBytes = 8 << 20
 // Node is what the gateway needs of a Holdfast node.
 type Node interface {
 	actors.Requester
+	// Ready reports whether the node serves requests (started, not closing,
+	// storage working).
 	Ready() bool
+	// StorageHealth reports the node's storage: fatal is non-nil once it failed
+	// in a way only a restart repairs; unavailable is non-nil while it cannot
+	// take writes, for whatever reason (fatal included). Neither text reaches a
+	// client.
+	StorageHealth() (fatal, unavailable error)
 }
 
 // Config configures a Server.
@@ -44,6 +52,12 @@ type Config struct {
 	// ServedHeader adds X-Holdfast-Served-By: node/partition/epoch to every
 	// reply an object gave, for the cluster's ownership tests. Off in production.
 	ServedHeader bool
+	// BodyTimeout bounds the time from a request's arrival to the end of its
+	// body (a client that stops sending holds a connection and a goroutine no
+	// longer); zero means 60s. Once the body is read the connection has no
+	// read deadline, so long polls and slow objects are not cut off, and
+	// websockets (hijacked) have none either.
+	BodyTimeout time.Duration
 }
 
 // Metrics is what the gateway reports to the node's metrics.
@@ -77,22 +91,17 @@ func New(cfg Config) *Server {
 	if cfg.SocketIdleTimeout <= 0 {
 		cfg.SocketIdleTimeout = 60 * time.Second
 	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = 60 * time.Second
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), hub: newHub()}
 	s.routes()
 	return s
 }
 
 func (s *Server) routes() {
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	s.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if !s.cfg.Node.Ready() {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "the node is not ready", "code": "unavailable"})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-	})
+	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.objectRoutes()
 	s.logRoutes()
 	s.alarmRoutes()
@@ -102,6 +111,37 @@ func (s *Server) routes() {
 	if s.cfg.MetricsHandler != nil {
 		s.mux.Handle("GET /metrics", s.cfg.MetricsHandler)
 	}
+}
+
+// healthz answers 503 only when the node can be repaired by a restart alone
+// (its storage failed: a restart replays the log); anything that passes on its
+// own (starting, a handoff, a transient storage outage) is 200, so that a
+// supervisor does not restart a node that would recover.
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	if fatal, _ := s.cfg.Node.StorageHealth(); fatal != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "failed",
+			"error": "the node's storage failed; only a restart repairs it", "code": "unavailable"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// readyz answers 503 with the cause while the node cannot take writes.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	fatal, unavailable := s.cfg.Node.StorageHealth()
+	var msg string
+	switch {
+	case fatal != nil:
+		msg = "the node's storage failed; only a restart repairs it"
+	case unavailable != nil:
+		msg = "the node's storage is temporarily unavailable"
+	case !s.cfg.Node.Ready():
+		msg = "the node is not ready: starting or shutting down"
+	default:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+		return
+	}
+	writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": msg, "code": "unavailable"})
 }
 
 // now is the clock of token expiry: time.Now unless a test set another.
@@ -125,6 +165,14 @@ func requestID(r *http.Request) string {
 }
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	// A body must arrive within BodyTimeout. net/http lifts the deadline when
+	// the body reaches its end (it then watches the connection for a close
+	// without one), and readBody does too. A request without a body gets none:
+	// net/http is already watching its connection, and the deadline would
+	// cancel a slow handler. On the raw writer: net/http's own, before any wrapper.
+	if r.Body != nil && r.Body != http.NoBody {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	}
 	id := randomHex(8)
 	w.Header().Set("X-Request-Id", id)
 	r = r.WithContext(context.WithValue(r.Context(), requestIDKey, id))
@@ -210,16 +258,23 @@ func (s *Server) authApp(w http.ResponseWriter, r *http.Request) *App {
 	return app
 }
 
-// readBody reads the whole body, at most MaxBodyBytes.
+// readBody reads the whole body, at most MaxBodyBytes, then lifts the read
+// deadline serveHTTP set (BodyTimeout): what the handler does next (a long
+// poll, a slow object) is bounded by its own timeouts. (net/http lifts it at
+// the body's end already; this does not depend on that.)
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+		switch {
+		case errors.As(err, &tooBig):
 			return nil, tooLarge("the request body is over 8 MiB")
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return nil, badRequest("the request body did not arrive in time")
 		}
 		return nil, badRequest("cannot read the request body")
 	}
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	return b, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -133,21 +134,43 @@ func alarmList(o *clientOpts) *cobra.Command {
 	return &cobra.Command{
 		Use:   "list TYPE/KEY",
 		Short: "List the object's alarms, soonest first",
-		Args:  usageArgs(1, 1),
+		Long: `List every alarm of the object, soonest first, following the server's pages
+(each one at most 1,000 alarms or about 1 MiB). With --json, one {"alarms":[...]}
+document holding them all.`,
+		Args: usageArgs(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ref, err := o.object(args[0])
 			if err != nil {
 				return err
 			}
-			var r struct {
-				Alarms []alarmInfo `json:"alarms"`
+			var all []json.RawMessage // --json: kept as the server wrote them
+			q := url.Values{}
+			for {
+				var r struct {
+					Alarms []json.RawMessage `json:"alarms"`
+					Next   string            `json:"next"`
+				}
+				if _, err := c.call(cmd.Context(), "GET", c.path("alarms", ref)+"/", q, nil, &r); err != nil {
+					return err
+				}
+				for _, raw := range r.Alarms {
+					if o.json {
+						all = append(all, raw)
+						continue
+					}
+					var a alarmInfo
+					if err := json.Unmarshal(raw, &a); err != nil {
+						return fmt.Errorf("the server's reply is not what was expected: %w", err)
+					}
+					a.print(cmd.OutOrStdout())
+				}
+				if r.Next == "" {
+					break
+				}
+				q.Set("after", r.Next)
 			}
-			b, err := c.call(cmd.Context(), "GET", c.path("alarms", ref), nil, nil, &r)
-			if err != nil || o.json {
-				return orPrint(cmd.OutOrStdout(), b, err)
-			}
-			for _, a := range r.Alarms {
-				a.print(cmd.OutOrStdout())
+			if o.json {
+				return printValue(cmd.OutOrStdout(), map[string][]json.RawMessage{"alarms": append([]json.RawMessage{}, all...)})
 			}
 			return nil
 		},

@@ -67,7 +67,14 @@ var listenRE = regexp.MustCompile(`"holdfast listening" addr=(\S+)`)
 func startServer(t *testing.T, dataDir, configFile string) *server {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--config", configFile)
-	cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1", "GOTRACEBACK=all")
+	return startServerCmd(t, cmd)
+}
+
+// startServerCmd starts cmd, a `serve` of this test binary (perhaps run
+// through a shell), and waits until it listens.
+func startServerCmd(t *testing.T, cmd *exec.Cmd) *server {
+	t.Helper()
+	cmd.Env = append(append(os.Environ(), "HOLDFAST_TEST_MAIN=1", "GOTRACEBACK=all"), cmd.Env...) // cmd's own last: they win
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

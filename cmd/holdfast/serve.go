@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/net/netutil"
 
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cluster"
@@ -34,6 +36,7 @@ func serveCommand() *cobra.Command {
 		listen      string
 		partitions  int
 		idleTimeout time.Duration
+		maxConns    int
 		devCluster  bool
 		logFormat   string
 		logLevel    string
@@ -67,6 +70,9 @@ directory and runs this node as a cluster of one, for trials and tests.`,
 			if f.Changed("idle-timeout") {
 				cfg.IdleTimeout = idleTimeout
 			}
+			if f.Changed("max-connections") {
+				cfg.MaxConnections = maxConns
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -93,6 +99,7 @@ directory and runs this node as a cluster of one, for trials and tests.`,
 	f.StringVar(&listen, "listen", "", "HTTP listen address (default 127.0.0.1:7070)")
 	f.IntVar(&partitions, "partitions", 0, "partition count of a new data directory (default 256)")
 	f.DurationVar(&idleTimeout, "idle-timeout", 0, "passivate objects idle this long (default 60s)")
+	f.IntVar(&maxConns, "max-connections", 0, "HTTP connections open at once (default half the descriptor limit)")
 	f.BoolVar(&devCluster, "dev-cluster", false, "run as a one-node cluster with an embedded etcd (trials and tests)")
 	f.StringVar(&logFormat, "log-format", envOr("HOLDFAST_LOG_FORMAT", "text"), "log format: text or json (env HOLDFAST_LOG_FORMAT)")
 	f.StringVar(&logLevel, "log-level", envOr("HOLDFAST_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env HOLDFAST_LOG_LEVEL)")
@@ -103,6 +110,7 @@ directory and runs this node as a cluster of one, for trials and tests.`,
 // lets in-flight ones finish (their writes become durable) and returns nil.
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	cluster.TuneGOMAXPROCS(log)
+	maxConns := connectionCap(cfg.MaxConnections, raiseFileLimit(log), log)
 	configured := make([]gateway.App, 0, len(cfg.Apps))
 	for _, a := range cfg.Apps {
 		configured = append(configured, gateway.App{ID: a.ID, Key: a.Key, Secret: a.Secret})
@@ -123,6 +131,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
+	// Past the cap a connection waits in the kernel's backlog, holding no
+	// descriptor of ours, until one closes.
+	ln = netutil.LimitListener(ln, maxConns)
 	var cc *cluster.ClusterConfig
 	if c := cfg.Cluster; c != nil {
 		cc = &cluster.ClusterConfig{Name: c.Name, NodeID: c.NodeID, Advertise: c.Advertise, Endpoints: c.Etcd.Endpoints,
@@ -149,12 +160,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		ServedHeader: os.Getenv("HOLDFAST_TEST_SERVED_HEADER") == "1"})
 	mt.GaugeFunc("holdfast_websocket_sockets", "Open websockets.", func() float64 { return float64(gw.Sockets()) })
 	mt.GaugeFunc("holdfast_websocket_subscriptions", "Channels joined on the open websockets.", func() float64 { return float64(gw.Subscriptions()) })
-	srv := &http.Server{
-		Handler:           gw.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	log.Info("holdfast listening", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "partitions", node.Partitions())
+	srv := newHTTPServer(gw.Handler(), log)
+	log.Info("holdfast listening", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "partitions", node.Partitions(),
+		"max_connections", maxConns)
 
 	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -185,6 +193,66 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// newHTTPServer returns the node's HTTP server. Every connection holds a
+// descriptor and a slot under the connection cap, so none may stay idle
+// forever: headers must arrive within ReadHeaderTimeout and a kept-alive
+// connection closes after IdleTimeout. There is deliberately no ReadTimeout
+// (net/http would cancel a long poll's context when it passed); the gateway
+// bounds the body itself (gateway.Config.BodyTimeout). Websockets are hijacked
+// and keep their own heartbeat timeout.
+func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// raiseFileLimit raises the soft limit on open descriptors (RLIMIT_NOFILE) to
+// the hard limit, logs it, and returns the soft limit in force; 0 if unknown.
+// (Go raises it too when the program starts; doing it here says so in the log
+// and does not depend on that.)
+func raiseFileLimit(log *slog.Logger) uint64 {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		log.Warn("cannot read the open-file limit", "err", err)
+		return 0
+	}
+	if lim.Cur < lim.Max {
+		from := lim.Cur
+		lim.Cur = lim.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+			log.Warn("cannot raise the open-file limit", "soft", from, "hard", lim.Max, "err", err)
+			return from
+		}
+		log.Info("raised the open-file limit to the hard limit", "from", from, "to", lim.Cur)
+		return lim.Cur
+	}
+	log.Info("open-file limit", "limit", lim.Cur)
+	return lim.Cur
+}
+
+// defaultConnectionCap is the cap when the descriptor limit is unknown.
+const defaultConnectionCap = 1024
+
+// connectionCap returns the cap on open HTTP connections: configured, or half
+// the descriptor limit, which leaves the other half to the storage (Badger's
+// tables and value logs, the write-ahead log's segments, the cold store).
+func connectionCap(configured int, fileLimit uint64, log *slog.Logger) int {
+	if configured > 0 {
+		if fileLimit > 0 && uint64(configured) > fileLimit/2 {
+			log.Warn("maxConnections leaves the storage less than half the open-file limit; "+
+				"a flood of connections can then make writes fail", "max_connections", configured, "open_file_limit", fileLimit)
+		}
+		return configured
+	}
+	if fileLimit == 0 {
+		return defaultConnectionCap
+	}
+	return int(max(min(fileLimit/2, math.MaxInt32), 1))
 }
 
 // newLogger returns the node's logger: slog text or JSON lines on w.
@@ -245,7 +313,7 @@ func typeOptions(t config.TypeConfig) actors.TypeOptions {
 			Cold:         t.Log.Cold,
 			Leases:       leases,
 		},
-		Alarms: actors.AlarmOptions{MaxAttempts: t.Alarms.MaxAttempts},
+		Alarms: actors.AlarmOptions{MaxAttempts: t.Alarms.MaxAttempts, MaxPerObject: t.Alarms.MaxPerObject},
 		Queue: actors.QueueOptions{
 			Targets:             t.Queue.Targets,
 			MaxAttempts:         t.Queue.MaxAttempts,
