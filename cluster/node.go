@@ -240,11 +240,14 @@ func (n *Node) Ready() bool { return n.ready.Load() && n.pipe.Failed() == nil }
 
 // StorageHealth reports the node's storage: fatal is the error that failed
 // the commit pipeline, which only a restart repairs (the log replays at
-// start); unavailable is non-nil while the storage cannot take writes. The
-// pipeline has no transient outage yet, so for now unavailable is fatal.
+// start); unavailable is non-nil while the storage cannot take writes: failed,
+// or short of a resource for now (persistence.Pipeline.Unavailable: no
+// descriptor or space for a log segment, Badger far behind the log).
 func (n *Node) StorageHealth() (fatal, unavailable error) {
-	err := n.pipe.Failed()
-	return err, err
+	if err := n.pipe.Failed(); err != nil {
+		return err, err
+	}
+	return nil, n.pipe.Unavailable()
 }
 
 // Stats is a snapshot of the node's counters.

@@ -17,8 +17,9 @@ import (
 // GC need not stop the applier (HOLDFAST PATCH 2 in third_party/badger: a
 // memtable's newest version, which valueLog.rewrite reads through
 // DB.MaxVersion while the write path updates it). Run under -race, this test
-// fails on an unpatched Badger with "race detected". It goes around DB.gcMu on
-// purpose: it writes and collects through Badger directly.
+// fails on an unpatched Badger with "race detected". It writes and collects
+// through Badger directly, as the applier and the GC loop do, with no lock
+// between them.
 func TestBadgerFork_ValueLogGCRacesNoWrite(t *testing.T) {
 	dir := t.TempDir()
 	// Opened like Open opens it, with small memtables (the smallest that takes

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math"
 	"path/filepath"
-	"sync"
 
 	"github.com/dgraph-io/badger/v4"
 
@@ -50,15 +49,9 @@ const MaxPartitions = 1 << 16
 // version is its sequence number in the write-ahead log, and the log itself. Reads
 // see every commit the pipeline applied.
 type DB struct {
-	bdb  *badger.DB
-	wal  *wal
-	vlog *valueLog
-	// gcMu keeps the value-log GC and the applier's writes apart: Badger's GC
-	// reads its memtables' newest version without a lock (DB.MaxVersion in
-	// valueLog.rewrite, v4.9.6) that a write updates, which the race detector
-	// reports. The applier holds it around each batch, collectValueLog around
-	// each RunValueLogGC.
-	gcMu       sync.Mutex
+	bdb        *badger.DB
+	wal        *wal
+	vlog       *valueLog
 	log        *slog.Logger
 	partitions int
 	lastSeq    uint64 // the highest version in Badger or the log at Open
