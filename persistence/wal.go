@@ -475,7 +475,7 @@ func (w *wal) release(flushed uint64, syncDB func() error) error {
 	if n == 0 {
 		return nil
 	}
-	if err := syncDB(); err != nil {
+	if err := unlessPlanted(syncDB); err != nil {
 		return fmt.Errorf("sync database before releasing the log: %w", err)
 	}
 	// A released segment must never be replayed again: its old records would be
