@@ -25,8 +25,8 @@ import (
 // was not fsynced, and every directory entry whose directory was not fsynced,
 // is gone (internal/powerfs keeps them in memory and drops them at the cut).
 // A writer process runs the storage on a powerfs mount under load, with
-// memtable flushes, log segment releases and value-log GCs made frequent by
-// small sizes; the test cuts the power at a random moment, kills the writer,
+// memtable flushes, log segment releases and value-log GCs made frequent
+// (powerCutConfig); the test cuts the power at a random moment, kills the writer,
 // and restarts it on what was synced; every acknowledged write must be there.
 // Its planted bug: a log release that skips syncing Badger's value log
 // (testReleaseSkipsSync) must be caught.
@@ -42,7 +42,7 @@ const (
 	powerCutWriters     = 4  // goroutines writing the counter keys
 	powerCutBigKeys     = 16 // keys of 1 MiB values, in Badger's value log
 	powerCutBigWriters  = 2  // goroutines writing them (and the junk keys)
-	powerCutPlantedCuts = 8  // cuts within which the planted bug must be caught
+	powerCutPlantedCuts = 12 // cuts within which the planted bug must be caught
 
 	bigWritePause = 100 * time.Millisecond
 	flushEvery    = 200 * time.Millisecond
@@ -296,10 +296,6 @@ func runPowerCuts(t *testing.T, cuts int, planted bool) powerCutResult {
 		next := filepath.Join(base, fmt.Sprintf("cut-%d", cut))
 		run, err := powerCutRun(t, mnt, recovered, next, planted, rng)
 		res.cuts = cut
-		if recovered != "" && err == nil {
-			_ = os.RemoveAll(recovered) // loaded into the mount's memory
-		}
-		recovered = next
 		if err == nil && run.ready {
 			err = m.check(run.have)
 		}
@@ -308,6 +304,10 @@ func runPowerCuts(t *testing.T, cuts int, planted bool) powerCutResult {
 			res.checked = m.checked
 			return res
 		}
+		if recovered != "" {
+			_ = os.RemoveAll(recovered) // checked, and loaded into the mount's memory
+		}
+		recovered = next
 		if run.ready {
 			// Every key may have had one write in flight, version start+1
 			// or the last acknowledged one plus one.
