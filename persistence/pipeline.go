@@ -1131,6 +1131,9 @@ func (p *Pipeline) releaseLoop() {
 	defer p.done.Done()
 	for range p.releaseCh {
 		flushed := p.db.releasable(p.batchFirst)
+		if testReleaseUnflushed {
+			flushed = p.applied.Load()
+		}
 		if p.db.wal.segments() >= 2 {
 			if err := p.db.wal.release(flushed, p.db.vlog.syncValueLog); err != nil {
 				p.cfg.Logger.Warn("could not release write-ahead log segments", "err", err)
