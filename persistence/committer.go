@@ -1,0 +1,219 @@
+package persistence
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The committer: turns queued writes into log records, one sync per batch,
+// and completes their tickets in order.
+
+func (p *Pipeline) commitLoop() {
+	defer p.done.Done()
+	defer close(p.completions)
+	defer p.applies.close()
+	defer close(p.releaseCh)
+	for {
+		p.mu.Lock()
+		for len(p.queue) == 0 && !p.closing {
+			p.idle = true
+			p.mu.Unlock()
+			<-p.wake
+			p.mu.Lock()
+		}
+		p.idle = false
+		p.mu.Unlock()
+		// A helper may be committing: wait for it, then take what is left,
+		// so that batches commit in the order their writes were queued.
+		p.commitMu.Lock()
+		p.mu.Lock()
+		batch := p.queue
+		p.queue = nil // the completion goroutine owns batch from here
+		closing := p.closing
+		p.mu.Unlock()
+
+		if len(batch) > 0 {
+			p.commitBatch(batch)
+		}
+		p.commitMu.Unlock()
+		if closing && len(batch) == 0 {
+			return
+		}
+	}
+}
+
+// commitBatch commits batch in as few transactions as the size budget allows and
+// hands every write to the completion goroutine in order.
+func (p *Pipeline) commitBatch(batch []*Write) {
+	limit := p.cfg.MaxWriteBytes
+	start := 0
+	size := 0
+	for i, w := range batch {
+		s := w.estimate()
+		if i > start && size+s > p.cfg.MaxCommitBytes {
+			p.commitRun(batch[start:i])
+			start, size = i, 0
+		}
+		if s > limit {
+			w.fail(fmt.Errorf("%w: %d bytes, at most %d", ErrTooLarge, s, limit))
+		}
+		size += s
+	}
+	p.commitRun(batch[start:])
+	// A lone write (a serial writer) completes right here, saving a goroutine
+	// hand-off on the latency path. Larger batches go to the completion goroutine:
+	// the next commit starts at once, and the writers it wakes are not queued on
+	// the committer's P while the committer sits in its next fdatasync. Inline
+	// only when the completion goroutine is idle, so that tickets still complete
+	// in submission order.
+	if len(batch) <= inlineCompletion && p.completing.Load() == 0 {
+		p.complete(batch)
+		return
+	}
+	p.completing.Add(1)
+	p.completions <- batch
+}
+
+// inlineCompletion is the largest batch the committer completes itself.
+const inlineCompletion = 1
+
+// commitRun commits run as one record in the write-ahead log, synced once, setting
+// err on each write that fails. The applier goroutine then applies the same changes
+// to Badger at the record's sequence number, off the acknowledgement's path.
+func (p *Pipeline) commitRun(run []*Write) {
+	p.mu.Lock()
+	failErr := p.failErr
+	p.mu.Unlock()
+	payload := p.payload[:0]
+	var live []*Write
+	for _, w := range run {
+		if w.err != nil {
+			continue
+		}
+		if w.Chain != nil && w.Chain.err != nil {
+			w.err = w.Chain.err
+			continue
+		}
+		if failErr != nil {
+			w.fail(failErr)
+			continue
+		}
+		if w.barrier() {
+			continue // nothing to write; it completes after the writes before it
+		}
+		if p.cfg.Fence != nil {
+			if err := p.cfg.Fence(w.Partition, w.Epoch); err != nil {
+				w.fail(err)
+				continue
+			}
+		}
+		payload = appendWrite(payload, w)
+		live = append(live, w)
+	}
+	p.payload = payload[:0]
+	if len(live) == 0 {
+		return
+	}
+	if h := p.cfg.Hooks; h != nil && h.BeforeCommit != nil {
+		h.BeforeCommit(len(live))
+	}
+	seq := p.seq + 1
+	syncStart := time.Now()
+	err := p.db.wal.commit(seq, payload)
+	if err == nil && p.cfg.OnCommit != nil {
+		p.cfg.OnCommit(len(live), time.Since(syncStart))
+	}
+	if errors.Is(err, ErrUnavailable) {
+		// Nothing was written, and the log can take the next commit: fail
+		// these writes alone (the sequence number is used again).
+		p.unavailable.Store(&unavailableAt{err: err, at: time.Now()})
+		p.cfg.Logger.Warn("refusing writes: the write-ahead log cannot start or zero a segment", "err", err)
+		for _, w := range live {
+			w.fail(err)
+		}
+		return
+	}
+	if err != nil {
+		p.fatal(fmt.Errorf("commit of %d writes: %w", len(live), err))
+		for _, w := range live {
+			w.fail(p.Failed())
+		}
+		return
+	}
+	if p.unavailable.Load() != nil {
+		p.unavailable.Store(nil)
+		p.cfg.Logger.Info("the write-ahead log takes writes again")
+	}
+	// Badger gets the record once it is durable, so that it never holds a
+	// version the log could lose; the applier works on it while the log writes
+	// and syncs the next one.
+	p.applies.push(applyJob{seq: seq, writes: live})
+	p.seq = seq
+	p.committed.Store(seq)
+	p.commits.Add(1)
+	select { // the releaser looks at the log once a second at most
+	case p.releaseCh <- struct{}{}:
+	default:
+	}
+}
+
+// Unavailable returns why the last commit could not reach the write-ahead log
+// although the log is sound (no descriptor or no space for a new segment), or
+// nil. Writes fail with an error wrapping ErrUnavailable meanwhile; each new
+// commit tries again, and the first that succeeds clears it. It answers nil
+// once unavailableFor passed since that failure, so that a readiness probe
+// lets writes come again and find out: nothing else tries the log.
+func (p *Pipeline) Unavailable() error {
+	if u := p.unavailable.Load(); u != nil && time.Since(u.at) < unavailableFor {
+		return u.err
+	}
+	return nil
+}
+
+// unavailableFor is how long Unavailable reports a failed segment start.
+const unavailableFor = 10 * time.Second
+
+type unavailableAt struct {
+	err error
+	at  time.Time
+}
+
+// fatal stops the pipeline for good: every later write fails, and the node must
+// restart (replaying the log brings Badger back in line with it).
+func (p *Pipeline) fatal(err error) {
+	err = fmt.Errorf("%w: %v", ErrFailed, err)
+	p.mu.Lock()
+	if p.failErr == nil {
+		p.failErr = err
+		p.stopped.Store(true)
+		p.mu.Unlock()
+		p.cfg.Logger.Error("storage failed; refusing every request until restart", "err", err)
+		return
+	}
+	p.mu.Unlock()
+}
+
+func (p *Pipeline) completeLoop() {
+	defer p.done.Done()
+	for batch := range p.completions {
+		p.complete(batch)
+		p.completing.Add(-1)
+	}
+}
+
+func (p *Pipeline) complete(batch []*Write) {
+	for _, w := range batch {
+		if w.err == nil && p.cfg.AckFence != nil && !w.barrier() {
+			if err := p.cfg.AckFence(w.Partition, w.Epoch); err != nil {
+				w.err = fmt.Errorf("%w (the write is durable but was not acknowledged)", err)
+			}
+		}
+		if w.err != nil {
+			p.failed.Add(1)
+		} else {
+			p.writes.Add(1)
+		}
+		w.ticket.complete(w.err)
+	}
+}

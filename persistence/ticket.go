@@ -1,0 +1,169 @@
+package persistence
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// Writes and their tickets: what a writer hands the pipeline, and how it
+// learns the outcome.
+
+// KV is one key set to one value.
+type KV struct {
+	Key, Value []byte
+	// Of, when above zero, says that Value is a part of an earlier Set of the
+	// same Write: Sets[Of-1].Value[At:At+len(Value)] (a KV slot and the
+	// change-log entry that holds its value). The write-ahead log then stores
+	// those bytes once. Logging checks it and stores Value whole when it does
+	// not hold.
+	Of, At int
+}
+
+// Write is one atomic change of one actor: every Set and Delete of it is in the
+// same log record, so a crash keeps all of them or none.
+type Write struct {
+	// Partition and Epoch tag the write with its partition's ownership; the
+	// pipeline's Fence refuses a write whose epoch is no longer current.
+	Partition uint32
+	Epoch     uint64
+	Sets      []KV
+	Deletes   [][]byte
+	// Chain, if set, links the writes of one actor activation: once one of them
+	// fails, every later write of the chain fails too, so that nothing built on a
+	// lost write ever reaches disk.
+	Chain *Chain
+
+	err    error // set by the goroutine committing it, before completion
+	ticket Ticket
+}
+
+// Ticket reports the outcome of one submitted Write.
+type Ticket struct {
+	done    atomic.Bool
+	applied atomic.Bool
+	mu      sync.Mutex
+	err     error
+	first   Waiter   // the first waiter, kept inline: most writes have one
+	waiters []Waiter // the rest, in OnDone's order
+	ch      chan struct{}
+}
+
+// Waiter is told a write's outcome (see Ticket.Notify).
+type Waiter interface {
+	// WriteDone gets nil once the write is durable, else why it is lost. It must
+	// not block.
+	WriteDone(err error)
+}
+
+// waiterFunc is a func(error) as a Waiter.
+type waiterFunc func(error)
+
+func (f waiterFunc) WriteDone(err error) { f(err) }
+
+// Done reports whether the write's outcome is known: durable (Err is nil) or failed.
+func (t *Ticket) Done() bool { return t.done.Load() }
+
+// Applied reports whether the write is visible to DB reads, or failed. A durable
+// write becomes visible shortly after it is acknowledged: Badger applies it off
+// the acknowledgement's path.
+func (t *Ticket) Applied() bool { return t.applied.Load() }
+
+// Err returns the write's error: nil when it is durable. Valid once Done.
+func (t *Ticket) Err() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err
+}
+
+// OnDone calls f with the outcome once it is known: at once, in the caller's
+// goroutine, if it already is; otherwise on a pipeline goroutine, after the write's
+// sync, in the order OnDone and Notify were called. f must not block.
+func (t *Ticket) OnDone(f func(error)) { t.Notify(waiterFunc(f)) }
+
+// Notify is OnDone for a Waiter: a caller that already holds what the outcome
+// concerns (a request's envelope) passes itself instead of allocating closures.
+func (t *Ticket) Notify(w Waiter) {
+	t.mu.Lock()
+	if t.done.Load() {
+		err := t.err
+		t.mu.Unlock()
+		w.WriteDone(err)
+		return
+	}
+	if t.first == nil {
+		t.first = w
+	} else {
+		t.waiters = append(t.waiters, w)
+	}
+	t.mu.Unlock()
+}
+
+// Wait blocks until the outcome is known or ctx ends.
+func (t *Ticket) Wait(ctx context.Context) error {
+	t.mu.Lock()
+	if t.done.Load() {
+		t.mu.Unlock()
+		return t.Err()
+	}
+	if t.ch == nil {
+		t.ch = make(chan struct{})
+	}
+	ch := t.ch
+	t.mu.Unlock()
+	select {
+	case <-ch:
+		return t.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (t *Ticket) complete(err error) {
+	if err != nil {
+		t.applied.Store(true)
+	}
+	t.mu.Lock()
+	t.err = err
+	t.done.Store(true)
+	first, waiters := t.first, t.waiters
+	t.first, t.waiters = nil, nil
+	if t.ch != nil {
+		close(t.ch)
+	}
+	t.mu.Unlock()
+	if first != nil {
+		first.WriteDone(err)
+	}
+	for _, w := range waiters {
+		w.WriteDone(err)
+	}
+}
+
+// Chain links the writes of one writer; see Write.Chain. Only the goroutine
+// holding the pipeline's commitMu touches it.
+type Chain struct{ err error }
+
+// fail records w's failure on its chain.
+func (w *Write) fail(err error) {
+	w.err = err
+	if w.Chain != nil && w.Chain.err == nil {
+		w.Chain.err = err
+	}
+}
+
+// estimate over-approximates the bytes w takes in the log and in Badger.
+func (w *Write) estimate() int {
+	n := 0
+	for _, kv := range w.Sets {
+		n += len(kv.Key) + len(kv.Value) + 32
+	}
+	for _, k := range w.Deletes {
+		n += len(k) + 32
+	}
+	return n
+}
+
+// barrier reports whether w changes nothing: it only marks a point in the
+// pipeline's order (see Barrier).
+func (w *Write) barrier() bool { return len(w.Sets) == 0 && len(w.Deletes) == 0 }
