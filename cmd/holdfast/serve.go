@@ -109,6 +109,9 @@ directory and runs this node as a cluster of one, for trials and tests.`,
 // serve runs the node until SIGTERM or SIGINT, then stops accepting requests,
 // lets in-flight ones finish (their writes become durable) and returns nil.
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	if err := refusePlantedBug(); err != nil {
+		return err
+	}
 	cluster.TuneGOMAXPROCS(log)
 	maxConns := connectionCap(cfg.MaxConnections, raiseFileLimit(log), log)
 	configured := make([]gateway.App, 0, len(cfg.Apps))
@@ -353,4 +356,14 @@ func openColdStore(ctx context.Context, cfg *config.Config) (cold.Store, error) 
 		}
 		return store, nil
 	}
+}
+
+// refusePlantedBug stops a binary built with the plantedbug tag (replies
+// before their writes are durable: the torture tool's own test) from serving,
+// unless HOLDFAST_ALLOW_PLANTED_BUG=1 says this is that test.
+func refusePlantedBug() error {
+	if actors.PlantedBug && os.Getenv("HOLDFAST_ALLOW_PLANTED_BUG") != "1" {
+		return errors.New("this binary was built with the plantedbug tag: it acknowledges writes before they are durable, for the torture tool's own test, and never serves otherwise (set HOLDFAST_ALLOW_PLANTED_BUG=1 in that test)")
+	}
+	return nil
 }

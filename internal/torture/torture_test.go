@@ -33,8 +33,16 @@ func TestTorture_PassesAndCatchesAPlantedBug(t *testing.T) {
 		tags   string
 		wantOK bool
 	}{{"", true}, {"plantedbug", false}} {
+		bin := build(t, c.tags)
+		if c.tags == "plantedbug" {
+			// Outside the torture, such a binary refuses to serve.
+			out, err := exec.Command(bin, "serve", "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0").CombinedOutput()
+			if err == nil || !strings.Contains(string(out), "plantedbug tag") {
+				t.Fatalf("a plantedbug binary served without HOLDFAST_ALLOW_PLANTED_BUG: %v\n%s", err, out)
+			}
+		}
 		var progress strings.Builder
-		v, err := Run(context.Background(), Config{Binary: build(t, c.tags), Dir: t.TempDir(), Duration: 10 * time.Second,
+		v, err := Run(context.Background(), Config{Binary: bin, Dir: t.TempDir(), Duration: 10 * time.Second,
 			Objects: 4, KillMin: 500 * time.Millisecond, KillMax: 2 * time.Second, Seed: 1, Progress: &progress})
 		if err != nil {
 			t.Fatal(err)
