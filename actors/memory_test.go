@@ -311,3 +311,51 @@ func TestHost_MemoryBudgetBoundsTheRealHeap(t *testing.T) {
 		}
 	}
 }
+
+func TestDefaultMemoryBudget_MachineOrCgroup(t *testing.T) {
+	const meminfo = "MemTotal:       16384000 kB\nMemFree:         1000 kB\n"
+	machine := int64(16384000) << 10
+	for _, c := range []struct {
+		name  string
+		files map[string]string
+		want  int64
+	}{
+		{"machine only", map[string]string{"/proc/meminfo": meminfo}, machine / 2},
+		{"v2 no limit", map[string]string{"/proc/meminfo": meminfo, "/sys/fs/cgroup/memory.max": "max\n"}, machine / 2},
+		{"v2 container", map[string]string{"/proc/meminfo": meminfo, "/sys/fs/cgroup/memory.max": "2147483648\n"}, 1 << 30},
+		{"v2 own cgroup and a lower ancestor", map[string]string{"/proc/meminfo": meminfo,
+			"/proc/self/cgroup": "0::/system.slice/holdfast.service\n",
+			"/sys/fs/cgroup/system.slice/holdfast.service/memory.max": "max\n",
+			"/sys/fs/cgroup/system.slice/memory.max":                  "4294967296\n"}, 2 << 30},
+		{"v1 unlimited", map[string]string{"/proc/meminfo": meminfo, "/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n"}, machine / 2},
+		{"v1 limit", map[string]string{"/proc/meminfo": meminfo, "/sys/fs/cgroup/memory/memory.limit_in_bytes": "1073741824\n"}, 512 << 20},
+		{"tiny container", map[string]string{"/sys/fs/cgroup/memory.max": "16777216"}, MinMemoryBudget},
+		{"nothing readable", nil, fallbackMemoryBudget},
+	} {
+		read := func(p string) ([]byte, error) {
+			if v, ok := c.files[p]; ok {
+				return []byte(v), nil
+			}
+			return nil, errors.New("no such file")
+		}
+		if got := defaultMemoryBudget(read); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+	if b := DefaultMemoryBudget(); b < MinMemoryBudget {
+		t.Errorf("this machine's default budget %d is below the minimum", b)
+	}
+}
+
+func TestConfig_ValidateMemoryBudget(t *testing.T) {
+	for _, b := range []int64{0, MinMemoryBudget, 8 << 30} {
+		if err := (&Config{MemoryBudget: b}).Validate(); err != nil {
+			t.Errorf("budget %d: %v", b, err)
+		}
+	}
+	for _, b := range []int64{-1, 512, MinMemoryBudget - 1} {
+		if err := (&Config{MemoryBudget: b}).Validate(); err == nil {
+			t.Errorf("budget %d accepted", b)
+		}
+	}
+}
