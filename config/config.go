@@ -23,6 +23,13 @@ type Config struct {
 	// IdleTimeout is how long an idle object stays in memory (yaml idleTimeout, a Go duration
 	// string, env HOLDFAST_IDLE_TIMEOUT); default 60s; must be > 0.
 	IdleTimeout time.Duration
+	// MemoryBudget bounds the Go heap of the node in bytes (yaml memoryBudget, an integer, env
+	// HOLDFAST_MEMORY_BUDGET): from 60% of it the least recently used idle objects are
+	// passivated, from 75% new activations and writes get 503 until the heap is under 65%, and
+	// `holdfast serve` sets the Go runtime's memory limit to 85% of it. 0 (the default) means half
+	// of the machine's memory, or of the container's (cgroup) limit when that is lower; otherwise
+	// at least 33554432 (32 MiB).
+	MemoryBudget int64
 	// Apps are the configured apps. None is allowed: the server then creates one on first
 	// start (spec/auth.md).
 	Apps []App
@@ -84,11 +91,16 @@ type Cluster struct {
 
 // Environment variables that override the file.
 const (
-	EnvDataDir     = "HOLDFAST_DATA_DIR"
-	EnvListen      = "HOLDFAST_LISTEN"
-	EnvPartitions  = "HOLDFAST_PARTITIONS"
-	EnvIdleTimeout = "HOLDFAST_IDLE_TIMEOUT"
+	EnvDataDir      = "HOLDFAST_DATA_DIR"
+	EnvListen       = "HOLDFAST_LISTEN"
+	EnvPartitions   = "HOLDFAST_PARTITIONS"
+	EnvIdleTimeout  = "HOLDFAST_IDLE_TIMEOUT"
+	EnvMemoryBudget = "HOLDFAST_MEMORY_BUDGET"
 )
+
+// MinMemoryBudget is the smallest memoryBudget accepted (other than 0); it matches
+// actors.MinMemoryBudget. A smaller one is most likely a unit mistake.
+const MinMemoryBudget = 32 << 20
 
 // Default returns the configuration used with no file, no environment and no flags.
 func Default() *Config {
@@ -158,6 +170,12 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 				return fmt.Errorf("expected a duration such as 60s, got %q", v)
 			}
 			return checkPositive(c.IdleTimeout)
+		}},
+		{EnvMemoryBudget, func(v string) (err error) {
+			if c.MemoryBudget, err = strconv.ParseInt(v, 10, 64); err != nil {
+				return fmt.Errorf("expected a number of bytes, got %q", v)
+			}
+			return checkMemoryBudget(c.MemoryBudget)
 		}},
 	} {
 		if v := getenv(e.name); v != "" {

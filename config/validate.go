@@ -50,6 +50,7 @@ func (c *Config) validate(k checker) error {
 		k.check("listen", checkListen(c.Listen)),
 		k.check("partitions", checkPartitions(int64(c.Partitions))),
 		k.check("idleTimeout", checkPositive(c.IdleTimeout)),
+		k.check("memoryBudget", checkMemoryBudget(c.MemoryBudget)),
 		c.validateApps(k),
 		c.validateCold(k),
 		c.validateCluster(k),
@@ -211,6 +212,11 @@ func checkPort(p string) error {
 
 func checkPartitions(n int64) error {
 	return when(n < 0 || n > 65536, fmt.Sprintf("%d is out of range 0..65536 (0 = what the data directory holds, or 256)", n))
+}
+
+func checkMemoryBudget(n int64) error {
+	return when(n != 0 && n < MinMemoryBudget,
+		fmt.Sprintf("%d bytes is below the minimum %d (32 MiB); 0 means half of the machine's memory", n, MinMemoryBudget))
 }
 
 func checkPositive(d time.Duration) error {
