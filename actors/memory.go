@@ -44,7 +44,11 @@ const (
 	// effect of a passivation round, or while it refuses requests, before it
 	// runs one itself: an idle node may not collect for two minutes, and
 	// requests would be refused all that time for memory already released.
-	memForceGC = time.Second
+	// While a forced GC does not end the refusal (the heap is full of what no
+	// passivation frees), the wait doubles up to memForceGCMax, so that a node
+	// stuck over its budget does not spend a core on collections.
+	memForceGC    = time.Second
+	memForceGCMax = 32 * time.Second
 	// activationBytes is the estimated fixed cost of one activation (actor,
 	// mailbox, object, routing entry; protoactor alone is about 1.9 KB).
 	activationBytes = 4 << 10
@@ -132,8 +136,9 @@ type memGovernor struct {
 	every  time.Duration     // the sampling interval
 
 	lastCycles  uint64
-	lastGC      time.Time // when a GC cycle was last seen to complete
-	shedPending bool      // a passivation round waits for a GC to show its effect
+	lastGC      time.Time     // when a GC cycle was last seen to complete
+	shedPending bool          // a passivation round waits for a GC to show its effect
+	forceAfter  time.Duration // the wait for a GC before forcing one (memForceGC..memForceGCMax)
 }
 
 // MemoryStats is a snapshot of the memory governor.
@@ -196,8 +201,10 @@ func (h *Host) govern() {
 func (h *Host) memTick(now time.Time) {
 	g := &h.mem
 	state := memState(g.state.Load())
-	if (state == memRefusing || g.shedPending) && now.Sub(g.lastGC) >= memForceGC && !g.lastGC.IsZero() {
+	forced := false
+	if (state == memRefusing || g.shedPending) && !g.lastGC.IsZero() && now.Sub(g.lastGC) >= max(g.forceAfter, memForceGC) {
 		g.gc()
+		forced = true
 	}
 	s := g.sample()
 	if s.cycles != g.lastCycles || g.lastGC.IsZero() {
@@ -220,6 +227,12 @@ func (h *Host) memTick(now time.Time) {
 		next = memShedding
 	default:
 		next = memNormal
+	}
+	switch {
+	case next != memRefusing:
+		g.forceAfter = memForceGC
+	case forced:
+		g.forceAfter = min(2*max(g.forceAfter, memForceGC), memForceGCMax)
 	}
 	if next != state {
 		g.state.Store(int32(next))

@@ -217,8 +217,31 @@ func TestHost_MemoryRefusesNewActivationsAndWritesThenRecovers(t *testing.T) {
 func TestHost_MemoryForcesAGCWhileRefusing(t *testing.T) {
 	heap := &fakeHeap{}
 	n := startMemNode(t, nodeOpts{cfg: Config{MemoryBudget: 64 << 20}}, func(h *Host) { heap.install(h) })
-	heap.onGC = func() { heap.live.Store(n.pct(30)) } // what a GC would find freed
+	// A GC that frees nothing: the next forced one waits twice as long.
 	t0 := time.Now()
+	heap.live.Store(n.pct(90))
+	heap.cycles.Add(1)
+	n.host.memTick(t0)
+	for _, c := range []struct {
+		at  time.Duration
+		gcs int64
+	}{{memForceGC / 2, 0}, {memForceGC, 1}, {2 * memForceGC, 1}, {3 * memForceGC, 2}, {6 * memForceGC, 2}, {7 * memForceGC, 3}} {
+		n.host.memTick(t0.Add(c.at))
+		if heap.gcs.Load() != c.gcs {
+			t.Fatalf("at %v: %d forced GCs, want %d", c.at, heap.gcs.Load(), c.gcs)
+		}
+	}
+	heap.live.Store(n.pct(30))
+	heap.cycles.Add(1)
+	n.host.memTick(t0.Add(8 * memForceGC))
+	if n.host.MemoryStats().State != "normal" {
+		t.Fatalf("%+v, want normal", n.host.MemoryStats())
+	}
+
+	// A GC that frees memory ends the refusal at once.
+	heap.onGC = func() { heap.live.Store(n.pct(30)) }
+	heap.gcs.Store(0)
+	t0 = t0.Add(time.Minute)
 	heap.live.Store(n.pct(90))
 	heap.cycles.Add(1) // a GC cycle ended just before t0
 	n.host.memTick(t0)
