@@ -108,7 +108,10 @@ func TestHost_MemoryPassivatesLeastRecentlyUsed(t *testing.T) {
 	if heap.live.Load() < n.pct(memShedAt) {
 		t.Fatalf("test set-up: %d is under the shedding threshold %d", heap.live.Load(), n.pct(memShedAt))
 	}
-	n.host.memTick(time.Now())
+	// The ticks are all at t0, just after a GC cycle ended: none forces one.
+	t0 := time.Now()
+	heap.cycles.Add(1)
+	n.host.memTick(t0)
 	waitFor(t, "four objects to passivate", func() bool { return n.host.Active() == 7 })
 	for i := 0; i < 10; i++ {
 		if got, want := n.active("m", fmt.Sprint(i)), i < 6; got != want {
@@ -122,12 +125,12 @@ func TestHost_MemoryPassivatesLeastRecentlyUsed(t *testing.T) {
 		t.Fatalf("stats %+v, want 4 passivated, shedding", st)
 	}
 	// Until a GC cycle ends the sample cannot show what went: no second round.
-	n.host.memTick(time.Now())
+	n.host.memTick(t0)
 	if st := n.host.MemoryStats(); st.Passivated != 4 || n.host.Active() != 7 {
 		t.Fatalf("a second round before a GC: %+v, %d active", st, n.host.Active())
 	}
 	heap.cycles.Add(1)
-	n.host.memTick(time.Now())
+	n.host.memTick(t0)
 	waitFor(t, "four more objects to passivate", func() bool { return n.host.Active() == 3 })
 	// Passivated objects reactivate from disk with their data.
 	for i := 0; i < 10; i++ {
@@ -160,8 +163,11 @@ func TestHost_MemoryRefusesNewActivationsAndWritesThenRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The ticks are all at t0, each just after a GC cycle ended: none forces one.
+	t0 := time.Now()
 	heap.live.Store(n.pct(80))
-	n.host.memTick(time.Now())
+	heap.cycles.Add(1)
+	n.host.memTick(t0)
 	if st := n.host.MemoryStats(); st.State != "refusing" {
 		t.Fatalf("at 80%%: %+v, want refusing", st)
 	}
@@ -191,12 +197,12 @@ func TestHost_MemoryRefusesNewActivationsAndWritesThenRecovers(t *testing.T) {
 	// Hysteresis: still refusing at 70%, under 65% no longer.
 	heap.live.Store(n.pct(70))
 	heap.cycles.Add(1)
-	n.host.memTick(time.Now())
+	n.host.memTick(t0)
 	_, err = hot.Set(ctx, "n", 2)
 	wantOverBudget(t, "a write at 70% after refusing", err)
 	heap.live.Store(n.pct(62))
 	heap.cycles.Add(1)
-	n.host.memTick(time.Now())
+	n.host.memTick(t0)
 	if st := n.host.MemoryStats(); st.State != "shedding" {
 		t.Fatalf("at 62%%: %+v, want shedding", st)
 	}
@@ -208,7 +214,7 @@ func TestHost_MemoryRefusesNewActivationsAndWritesThenRecovers(t *testing.T) {
 	}
 	heap.live.Store(n.pct(50))
 	heap.cycles.Add(1)
-	n.host.memTick(time.Now())
+	n.host.memTick(t0)
 	if st := n.host.MemoryStats(); st.State != "normal" {
 		t.Fatalf("at 50%%: %+v, want normal", st)
 	}
