@@ -72,7 +72,7 @@ func (e *Error) Is(target error) bool {
 	switch t {
 	case ErrBadRequest, ErrNotFound, ErrInvalid, ErrTooLarge, ErrOverloaded, ErrUnavailable:
 		return t.Kind == e.Kind
-	case ErrLeaseNotHeld, ErrLeasesDisabled, ErrAlarmLimit:
+	case ErrLeaseNotHeld, ErrLeasesDisabled, ErrAlarmLimit, ErrOverBudget:
 		return t.Kind == e.Kind && t.Code == e.Code
 	}
 	return false

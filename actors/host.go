@@ -52,6 +52,12 @@ type Config struct {
 	Alarms alarms.Config
 	// Hooks observe the host's work (metrics); nil fields are skipped.
 	Hooks Hooks
+	// MemoryBudget bounds the Go heap the node's objects may fill, in bytes
+	// (memory.go): from 60% of it the least recently used idle objects are
+	// passivated, from 75% new activations and writes are refused (503) until
+	// the heap is under 65%. Zero means DefaultMemoryBudget (half of the
+	// machine's or the cgroup's memory); otherwise at least MinMemoryBudget.
+	MemoryBudget int64
 }
 
 // Hooks observe a host's work for metrics. Each is called on an object's turn
@@ -122,6 +128,8 @@ type Host struct {
 	// back the deliveries of earlier runs (queuereplay.go).
 	boot   string
 	replay replayState
+	// mem is the memory governor (memory.go).
+	mem memGovernor
 }
 
 type hostShard struct {
@@ -171,6 +179,9 @@ type activation struct {
 	// committer (object.submit); whoever delivered the message wakes it or
 	// commits on its own goroutine (Host.send).
 	queued atomic.Bool
+	// bytes estimates the state the activation holds (object.noteBytes), for
+	// the memory governor.
+	bytes atomic.Int64
 }
 
 // NewHost returns a host over db and pipe; register types, then Start it.
@@ -189,6 +200,7 @@ func NewHost(db *persistence.DB, pipe *persistence.Pipeline, cfg Config) *Host {
 	}
 	h := &Host{db: db, pipe: pipe, cfg: cfg, log: cfg.Logger, types: map[string]*TypeSpec{}, now: time.Now, jitter: mrand.Float64,
 		boot: newBoot()}
+	h.initMemory()
 	for i := range h.shards {
 		h.shards[i].m = make(map[ObjectID]*activation)
 		h.shards[i].routed = cfg.Hooks.Routed
@@ -235,6 +247,7 @@ func (h *Host) Start() {
 	h.stop = make(chan struct{})
 	h.swept.Add(1)
 	go h.sweepLoop()
+	h.startMemory()
 	sc := h.cfg.Alarms
 	sc.DB, sc.WaitApplied, sc.Fire = h.db, h.pipe.WaitApplied, h.fireAlarm
 	if sc.Logger == nil {
@@ -422,6 +435,9 @@ func (h *Host) shard(id ObjectID) *hostShard {
 // Request sends msg to object id, activating it if needed, and waits for its
 // reply or for ctx. A reply is only sent once every write before it is durable.
 func (h *Host) Request(ctx context.Context, id ObjectID, msg any) (any, error) {
+	if h.refuses(msg) {
+		return nil, errOverBudget()
+	}
 	act, err := h.acquire(id)
 	if err != nil {
 		return nil, err
@@ -465,6 +481,9 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 	s.mu.RUnlock()
 	if err := ValidateID(id); err != nil {
 		return nil, err
+	}
+	if h.refusesActivation() {
+		return nil, errOverBudget()
 	}
 	s.mu.Lock()
 	if a = s.m[id]; a == nil {

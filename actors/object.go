@@ -100,7 +100,7 @@ func (o *object) Receive(c actor.Context) {
 	case *envelope:
 		o.handle(c, m)
 	case passivate:
-		o.idle(c)
+		o.idle(c, m.memory)
 	case flushDone:
 		o.evict() // long trims run here, pass after pass: keep the overlay short
 		o.onFlushDone(m)
@@ -130,8 +130,9 @@ func (o *object) init(c actor.Context, a *activation) {
 // evict drops the overlay's entries that Badger shows now.
 func (o *object) evict() { o.ov.evict(o.h.pipe.AppliedSeq()) }
 
-// passivate asks an object that the host's sweeper saw idle to go away.
-type passivate struct{}
+// passivate asks an object that the host's sweeper saw idle to go away; memory
+// says that the memory governor asked (memory.go).
+type passivate struct{ memory bool }
 
 // tidy asks a quiet object to drop the buffers of its applied writes.
 type tidy struct{}
@@ -164,6 +165,7 @@ func (o *object) handle(c actor.Context, env *envelope) {
 	}
 	o.cur, o.deferred = env, false
 	val, err := o.dispatch(env.msg)
+	o.noteBytes()
 	o.cur = nil
 	if o.deferred {
 		return // the handler replies later, from a later turn or a goroutine
@@ -362,13 +364,16 @@ func (o *object) submit(w *persistence.Write, readBack func([]byte) bool) {
 // idle passivates the activation when nothing is in flight: every reply was
 // delivered, every write is durable and visible in Badger, and no caller holds the
 // activation.
-func (o *object) idle(c actor.Context) {
+func (o *object) idle(c actor.Context, memory bool) {
 	o.evict()
 	// Applied, not only durable: the next activation loads from Badger. An object
 	// with subscribers stays: its feed lives in this activation.
 	if len(o.subs) == 0 && o.push.inflight == 0 && (o.last == nil || o.last.Applied()) && o.h.release(o.act) {
 		if f := o.h.cfg.Hooks.Passivated; f != nil {
 			f()
+		}
+		if memory {
+			o.h.mem.passivated.Add(1)
 		}
 		c.Stop(c.Self())
 	}

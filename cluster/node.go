@@ -26,6 +26,9 @@ type Config struct {
 	Partitions int
 	// IdleTimeout passivates idle objects; zero means 60s.
 	IdleTimeout time.Duration
+	// MemoryBudget bounds the Go heap the node's objects may fill, in bytes
+	// (actors.Config.MemoryBudget); zero means half of the machine's memory.
+	MemoryBudget int64
 	// TypeOptions returns an object type's options; nil means the defaults.
 	TypeOptions func(typ string) actors.TypeOptions
 	// Types are the user-defined object types this node runs.
@@ -88,6 +91,9 @@ func Start(cfg Config) (*Node, error) {
 		cfg.Logger = slog.Default()
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger}
+	if err := (&actors.Config{MemoryBudget: cfg.MemoryBudget}).Validate(); err != nil {
+		return nil, err
+	}
 	var cli *clientv3.Client
 	if cfg.Cluster != nil {
 		var err error
@@ -110,14 +116,15 @@ func Start(cfg Config) (*Node, error) {
 	}
 	pc := persistence.PipelineConfig{Fence: n.table.fence, Logger: cfg.Logger}
 	hc := actors.Config{
-		IdleTimeout: cfg.IdleTimeout,
-		TypeOptions: cfg.TypeOptions,
-		Epoch:       n.table.epoch,
-		Logger:      cfg.Logger,
-		Cold:        cfg.Cold,
-		ColdTimeout: cfg.ColdTimeout,
-		Alarms:      cfg.Alarms,
-		Hooks:       cfg.Hooks,
+		IdleTimeout:  cfg.IdleTimeout,
+		MemoryBudget: cfg.MemoryBudget,
+		TypeOptions:  cfg.TypeOptions,
+		Epoch:        n.table.epoch,
+		Logger:       cfg.Logger,
+		Cold:         cfg.Cold,
+		ColdTimeout:  cfg.ColdTimeout,
+		Alarms:       cfg.Alarms,
+		Hooks:        cfg.Hooks,
 	}
 	if m := cfg.Metrics; m != nil {
 		pc.OnCommit = m.Commit
@@ -182,6 +189,10 @@ func (n *Node) registerMetrics(m *metrics.Metrics) {
 	m.GaugeFunc("holdfast_commit_queue_writes", "Writes waiting for the committer (every object's mailbox feeds it).", func() float64 { return float64(n.pipe.Queued()) })
 	m.GaugeFunc("holdfast_objects_active", "Active objects (activations in memory).", func() float64 { return float64(n.host.Active()) })
 	m.GaugeFunc("holdfast_objects_mailbox_requests", "Requests queued in or run by objects now (their mailboxes' depth).", func() float64 { return float64(n.host.Inflight()) })
+	m.GaugeFunc("holdfast_memory_budget_bytes", "The node's memory budget.", func() float64 { return float64(n.host.MemoryStats().Budget) })
+	m.GaugeFunc("holdfast_memory_live_bytes", "The live Go heap at the memory governor's last sample.", func() float64 { return float64(n.host.MemoryStats().Live) })
+	m.CounterFunc("holdfast_memory_passivations_total", "Objects passivated to bring the heap under the memory budget.", func() float64 { return float64(n.host.MemoryStats().Passivated) })
+	m.CounterFunc("holdfast_memory_refusals_total", "Requests refused (503) over the memory budget.", func() float64 { return float64(n.host.MemoryStats().Refused) })
 	m.GaugeFunc("holdfast_alarms_resident", "Alarm index entries held in memory by the scheduler.", func() float64 { return float64(n.host.Scheduler().Stats().Resident) })
 	m.QueueDepth(func() (int, [4]int64, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

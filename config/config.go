@@ -28,6 +28,13 @@ type Config struct {
 	// (the default) means half the process's descriptor limit, so that the storage keeps
 	// descriptors in reserve; must be >= 0.
 	MaxConnections int
+	// MemoryBudget bounds the Go heap of the node in bytes (yaml memoryBudget, an integer, env
+	// HOLDFAST_MEMORY_BUDGET): from 60% of it the least recently used idle objects are
+	// passivated, from 75% new activations and writes get 503 until the heap is under 65%, and
+	// `holdfast serve` sets the Go runtime's memory limit to 85% of it. 0 (the default) means half
+	// of the machine's memory, or of the container's (cgroup) limit when that is lower; otherwise
+	// at least 33554432 (32 MiB).
+	MemoryBudget int64
 	// Apps are the configured apps. None is allowed: the server then creates one on first
 	// start (spec/auth.md).
 	Apps []App
@@ -89,12 +96,17 @@ type Cluster struct {
 
 // Environment variables that override the file.
 const (
-	EnvDataDir     = "HOLDFAST_DATA_DIR"
-	EnvListen      = "HOLDFAST_LISTEN"
-	EnvPartitions  = "HOLDFAST_PARTITIONS"
-	EnvIdleTimeout = "HOLDFAST_IDLE_TIMEOUT"
-	EnvMaxConns    = "HOLDFAST_MAX_CONNECTIONS"
+	EnvDataDir      = "HOLDFAST_DATA_DIR"
+	EnvListen       = "HOLDFAST_LISTEN"
+	EnvPartitions   = "HOLDFAST_PARTITIONS"
+	EnvIdleTimeout  = "HOLDFAST_IDLE_TIMEOUT"
+	EnvMaxConns     = "HOLDFAST_MAX_CONNECTIONS"
+	EnvMemoryBudget = "HOLDFAST_MEMORY_BUDGET"
 )
+
+// MinMemoryBudget is the smallest memoryBudget accepted (other than 0); it matches
+// actors.MinMemoryBudget. A smaller one is most likely a unit mistake.
+const MinMemoryBudget = 32 << 20
 
 // Default returns the configuration used with no file, no environment and no flags.
 func Default() *Config {
@@ -170,6 +182,12 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 				return fmt.Errorf("expected an integer, got %q", v)
 			}
 			return checkMaxConnections(int64(c.MaxConnections))
+		}},
+		{EnvMemoryBudget, func(v string) (err error) {
+			if c.MemoryBudget, err = strconv.ParseInt(v, 10, 64); err != nil {
+				return fmt.Errorf("expected a number of bytes, got %q", v)
+			}
+			return checkMemoryBudget(c.MemoryBudget)
 		}},
 	} {
 		if v := getenv(e.name); v != "" {

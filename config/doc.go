@@ -3,8 +3,9 @@
 // checks that stop start-up on a wrong value. It starts nothing and opens nothing but the file.
 //
 // Precedence: built-in defaults, then the YAML file, then the environment (HOLDFAST_DATA_DIR,
-// HOLDFAST_LISTEN, HOLDFAST_PARTITIONS, HOLDFAST_IDLE_TIMEOUT, HOLDFAST_MAX_CONNECTIONS), then flags. Load applies the
-// first three; the serve command sets fields from its flags and calls Validate again.
+// HOLDFAST_LISTEN, HOLDFAST_PARTITIONS, HOLDFAST_IDLE_TIMEOUT, HOLDFAST_MAX_CONNECTIONS,
+// HOLDFAST_MEMORY_BUDGET), then flags. Load applies the first three; the serve command sets
+// fields from its flags and calls Validate again.
 //
 // Invariants:
 //   - Nothing is guessed: an unknown key (at any depth), a key set twice, a wrong type, a null

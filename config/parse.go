@@ -44,7 +44,7 @@ type leaf struct {
 var (
 	topKeys = map[string]leaf{
 		"dataDir": {kind: kindString}, "listen": {kind: kindString}, "partitions": {kind: kindInt},
-		"idleTimeout": {kind: kindDuration}, "maxConnections": {kind: kindInt}, "apps": {kind: kindApps}, "types": {kind: kindTypes},
+		"idleTimeout": {kind: kindDuration}, "maxConnections": {kind: kindInt}, "memoryBudget": {kind: kindInt}, "apps": {kind: kindApps}, "types": {kind: kindTypes},
 		"cold": {kind: kindSection}, "cold.store": {kind: kindString},
 		"cold.fs": {kind: kindSection}, "cold.fs.dir": {kind: kindString},
 		"cold.s3": {kind: kindSection}, "cold.s3.endpoint": {kind: kindString}, "cold.s3.bucket": {kind: kindString},
@@ -127,6 +127,9 @@ func (c *Config) set(top layer) {
 	}
 	if d, ok := top["idleTimeout"].(time.Duration); ok {
 		c.IdleTimeout = d
+	}
+	if n, ok := top["memoryBudget"].(int64); ok {
+		c.MemoryBudget = n
 	}
 	if _, ok := top["cold.fs.dir"]; ok {
 		c.autoColdDir = "" // set by the file: not derived from dataDir again

@@ -51,6 +51,7 @@ func (c *Config) validate(k checker) error {
 		k.check("partitions", checkPartitions(int64(c.Partitions))),
 		k.check("idleTimeout", checkPositive(c.IdleTimeout)),
 		k.check("maxConnections", checkMaxConnections(int64(c.MaxConnections))),
+		k.check("memoryBudget", checkMemoryBudget(c.MemoryBudget)),
 		c.validateApps(k),
 		c.validateCold(k),
 		c.validateCluster(k),
@@ -216,6 +217,11 @@ func checkPartitions(n int64) error {
 
 func checkMaxConnections(n int64) error {
 	return when(n < 0 || n > math.MaxInt32, fmt.Sprintf("%d is out of range 0..%d (0 = half the descriptor limit)", n, math.MaxInt32))
+}
+
+func checkMemoryBudget(n int64) error {
+	return when(n != 0 && n < MinMemoryBudget,
+		fmt.Sprintf("%d bytes is below the minimum %d (32 MiB); 0 means half of the machine's memory", n, MinMemoryBudget))
 }
 
 func checkPositive(d time.Duration) error {

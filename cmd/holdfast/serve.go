@@ -143,10 +143,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			LeaseTTL: c.LeaseTTL, HTTP: ln.Addr().String()}
 	}
 	mt := metrics.New()
+	setMemoryLimit(cfg.MemoryBudget, log)
 	node, err := cluster.Start(cluster.Config{
 		DataDir:     filepath.Join(cfg.DataDir, "db"),
 		Partitions:  cfg.Partitions,
 		IdleTimeout: cfg.IdleTimeout,
+
+		MemoryBudget: cfg.MemoryBudget, // setMemoryLimit derived Go's memory limit from it
+
 		TypeOptions: func(typ string) actors.TypeOptions { return typeOptions(cfg.Type(typ)) },
 		Logger:      log,
 		Cold:        store,
