@@ -29,7 +29,7 @@ func (p *Pipeline) commitLoop() {
 		p.commitMu.Lock()
 		p.mu.Lock()
 		batch := p.queue
-		p.queue = nil // the completion goroutine owns batch from here
+		p.queue, p.queuedBytes = nil, 0 // the completion goroutine owns batch from here
 		closing := p.closing
 		p.mu.Unlock()
 
@@ -89,6 +89,7 @@ func (p *Pipeline) commitRun(run []*Write) {
 	var live []*Write
 	for _, w := range run {
 		if w.err != nil {
+			w.fail(w.err) // too large, or refused by submit: later writes of its chain fail too
 			continue
 		}
 		if w.Chain != nil && w.Chain.err != nil {

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/holdfast/holdfast/internal/pipehook"
 )
 
 // faultyApplier makes the applier's attempts fail with err while failing is
@@ -222,5 +224,57 @@ func TestPipeline_ABacklogBeyondItsBoundRefusesWrites(t *testing.T) {
 	}
 	if err := p.Submit(set("after", value)).Wait(ctx); err != nil {
 		t.Fatalf("a write once Badger caught up: %v", err)
+	}
+}
+
+// TestPipeline_AFullQueueRefusesWritesAndTheirChain: while the committer is
+// held, writes queue up to MaxQueuedBytes; the next one is refused with
+// ErrUnavailable, and so is every later write of its chain, even one that
+// would fit: nothing built on a refused write may reach disk. Writes of other
+// chains go on once the queue drains.
+func TestPipeline_AFullQueueRefusesWritesAndTheirChain(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	t.Cleanup(func() { _ = db.Close() })
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	p := startPipeline(t, db, PipelineConfig{MaxQueuedBytes: 64 << 10, Hooks: &pipehook.Hooks{BeforeCommit: func(int) {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+	}}})
+	ctx := context.Background()
+	held := p.Submit(set("held", "x"))
+	<-entered
+	value := string(make([]byte, 20<<10))
+	var queued []*Ticket
+	for i := 0; i < 3; i++ { // 60 KiB and a bit: under the bound
+		queued = append(queued, p.Submit(set(fmt.Sprintf("q%d", i), value)))
+	}
+	chain := &Chain{}
+	refused := p.Submit(&Write{Sets: []KV{{Key: []byte("big"), Value: []byte(value)}}, Chain: chain})
+	after := p.Submit(&Write{Sets: []KV{{Key: []byte("small"), Value: []byte("s")}}, Chain: chain})
+	close(release)
+	for _, tk := range append([]*Ticket{held}, queued...) {
+		if err := tk.Wait(ctx); err != nil {
+			t.Fatalf("a write under the bound: %v", err)
+		}
+	}
+	if err := refused.Wait(ctx); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the write over the bound: %v, want ErrUnavailable", err)
+	}
+	if err := after.Wait(ctx); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a later write of the refused write's chain: %v, want its refusal", err)
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"big", "small"} {
+		if _, found, _ := db.Get(ctx, []byte(k)); found {
+			t.Fatalf("%s reached Badger", k)
+		}
+	}
+	if err := p.Submit(set("later", "x")).Wait(ctx); err != nil {
+		t.Fatalf("a write once the queue drained: %v", err)
 	}
 }

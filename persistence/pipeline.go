@@ -43,6 +43,11 @@ type PipelineConfig struct {
 	// ValueLogGCEvery is how often the pipeline looks for value-log files to
 	// reclaim (see valuelog.go). Zero means a minute; negative, never.
 	ValueLogGCEvery time.Duration
+	// MaxQueuedBytes bounds the estimated bytes of the writes waiting for the
+	// committer; past it, new writes fail with ErrUnavailable (a 503 with
+	// retryAfterMs) instead of piling up in memory while the disk is slow. A
+	// write alone in the queue is always taken. Zero means 256 MiB.
+	MaxQueuedBytes int
 	// MaxApplyBacklog bounds the bytes of durable writes that Badger has yet
 	// to take; past it, new writes fail with ErrUnavailable (a 503 with
 	// retryAfterMs) until Badger catches up. Zero means 256 MiB.
@@ -76,6 +81,8 @@ type Pipeline struct {
 
 	mu      sync.Mutex
 	queue   []*Write
+	// queuedBytes estimates the bytes of the writes in queue; guarded by mu.
+	queuedBytes int
 	closing bool
 	failErr error // set once a commit failed; guarded by mu
 	// stopped is set right after failErr, so that Failed, which every request
@@ -147,6 +154,9 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 	}
 	if cfg.ValueLogGCEvery == 0 {
 		cfg.ValueLogGCEvery = time.Minute
+	}
+	if cfg.MaxQueuedBytes <= 0 {
+		cfg.MaxQueuedBytes = 256 << 20
 	}
 	if cfg.MaxApplyBacklog <= 0 {
 		cfg.MaxApplyBacklog = 256 << 20
@@ -241,17 +251,27 @@ func (p *Pipeline) submit(w *Write, wake bool) *Ticket {
 		w.ticket.complete(err)
 		return &w.ticket
 	}
-	if backlog := p.applies.bytes.Load(); backlog > int64(p.cfg.MaxApplyBacklog) && !w.barrier() {
-		p.mu.Unlock()
-		p.failed.Add(1)
-		w.ticket.complete(unavailableErr(fmt.Errorf("the database is %d MiB behind the write-ahead log (at most %d MiB)",
-			backlog>>20, p.cfg.MaxApplyBacklog>>20)))
-		return &w.ticket
+	// Past a bound, the write is refused, but still queued: it completes in
+	// order with the writes around it, and the committer fails the rest of
+	// its chain (commitRun), so that no later write of its writer lands.
+	size := w.estimate()
+	switch backlog := p.applies.bytes.Load(); {
+	case w.barrier():
+	case backlog > int64(p.cfg.MaxApplyBacklog):
+		w.err = unavailableErr(fmt.Errorf("the database is %d MiB behind the write-ahead log (at most %d MiB)",
+			backlog>>20, p.cfg.MaxApplyBacklog>>20))
+	case p.queuedBytes+size > p.cfg.MaxQueuedBytes && len(p.queue) > 0:
+		w.err = unavailableErr(fmt.Errorf("%d MiB of writes wait for the disk (at most %d MiB)",
+			p.queuedBytes>>20, p.cfg.MaxQueuedBytes>>20))
+	}
+	if w.err != nil {
+		size = 0 // its data is not written
 	}
 	if len(p.queue) == 0 {
 		p.queuedAt = time.Now()
 	}
 	p.queue = append(p.queue, w)
+	p.queuedBytes += size
 	if wake {
 		p.wakeLocked()
 	}
@@ -312,7 +332,7 @@ func (p *Pipeline) Help() {
 		return
 	}
 	batch := p.queue
-	p.queue = nil
+	p.queue, p.queuedBytes = nil, 0
 	p.mu.Unlock()
 	p.commitBatch(batch)
 	p.commitMu.Unlock()
