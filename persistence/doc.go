@@ -1,7 +1,29 @@
 // Package persistence owns the node's Badger database, the key layout of object
 // keyspaces, and the commit pipeline that makes every write durable.
 //
-// Key layout. Every key of an object lives under
+// # Map
+//
+//	keys.go       the key layout: partitions, objects, keyspaces, partition indexes
+//	ticket.go     Write (one actor's atomic change) and Ticket (its outcome)
+//	pipeline.go   Pipeline: configuration, Submit/Queue/Help, bounds, Barrier
+//	committer.go  the committer: a batch of writes -> one log record, one sync
+//	applier.go    the applier: durable records -> Badger, merged when they wait
+//	release.go    the releaser: log segments Badger holds in synced tables go
+//	holds.go      the one owner of Badger's discard version (HoldVersions)
+//	gcloop.go     Badger's value-log GC, run by the pipeline
+//	wal.go        the write-ahead log: segments, records, rotation, release
+//	walpage.go    the page writer (O_DIRECT, RWF_DSYNC) under the log
+//	recovery.go   strict replay: what Open accepts, CorruptionError
+//	repair.go     RepairWAL, the operator's explicit way past damage
+//	valuelog.go   syncing and collecting Badger's value log
+//	db.go         Open, Close, reads, releasable
+//	export.go     a partition's keys and changes as a stream (handoff)
+//	errors.go     the errors callers match: ErrFailed, ErrUnavailable, ...
+//	plantedbug.go test knobs, false in every program
+//
+// # Key layout
+//
+// Every key of an object lives under
 //
 //	'p' | partition (uint16, big endian) | object | behaviour (1 byte) | suffix
 //
@@ -9,45 +31,68 @@
 // bytes). Length prefixes make the encoding prefix-free, so one partition
 // (PartitionPrefix) or one object (ObjectPrefix) or one behaviour of one object
 // (Keyspace.Prefix) can be scanned, copied or dropped by prefix. Node metadata lives
-// under 'm'.
+// under 'm'. Which behaviour and index bytes exist is the business of the layers
+// above (actors/keys.go).
 //
-// Commit pipeline. Pipeline has one owning goroutine. Actors hand it Writes with
-// Submit, which never waits for disk; the goroutine drains everything queued into one
-// record of the write-ahead log (wal.go), made durable with one fdatasync, whose
-// changes Badger gets at the record's sequence number as their version. Only
-// then does it complete each Write's Ticket. Tickets complete in submission order,
-// so waiting for the latest Ticket of an actor covers every earlier write of it.
+// # The write path
 //
-// A record's payload is its writes' changes in order: set (key, value), delete
-// (key), and set-part (key, then which earlier set of the record, an offset and a
-// length), for a value that is part of another value of the same write (a KV slot
-// and the change-log entry that holds it), so the log stores those bytes once.
+// Actors hand the pipeline Writes with Submit or Queue, which never wait for
+// disk. The committer (or a writer's goroutine in Help, while the committer is
+// parked) drains everything queued into one record of the write-ahead log,
+// made durable with one fdatasync; only then are the writes' Tickets completed,
+// in submission order, so waiting for an actor's latest Ticket covers every
+// earlier write of it. A record's payload is its writes' changes in order: set,
+// delete, and set-part (a part of an earlier value of the same record, so the
+// log stores those bytes once).
 //
-// Badger applies records off the acknowledgement's path, on one applier goroutine,
-// and only records the log made durable: Badger never holds a version that a
-// crash could take out of the log.
-// When records wait for it, it applies them together at the newest one's version
-// (a key written by several goes to Badger once), in key order, through Badger's
-// KVLoader rather than a transaction; reads are always at the newest version and
-// versions are only compared with older marks, so the merge is invisible.
+// The applier then writes each durable record into Badger, off the
+// acknowledgement's path, at the record's sequence number as Badger's version
+// (Badger runs in managed mode). Badger never holds a version the log could
+// lose. When records wait for it, they go to Badger together at the newest one's
+// version, in key order. A batch Badger refuses is retried (for as long as the
+// cause is a missing resource, else three times, then the pipeline fails); its
+// tickets are marked applied, and the applied mark moves, only once it is in.
+// Until then objects keep the writes in their overlays and activations wait
+// (WaitApplied), so no read misses an acknowledged write.
 //
-// Durability. Badger runs in managed mode without syncing; the log is the
-// durability point. Open replays every retained log record into Badger at its
-// version, which makes replay idempotent: a version Badger already holds is written
-// again with the same value. A log segment is released only once Badger holds all
-// its records in synced tables (and its value log is synced): records below the
-// newest version of Badger's tables, since a large batch can span two memtables, so
-// the newest version may be only partly flushed. A released segment
-// is renamed out of the log, durably, so it can never be replayed over newer history.
-// A clean Close flushes Badger and removes the log.
+// # Durability, release and recovery
 //
-// Values of 1 MiB and more live in Badger's value log, which Badger neither
-// syncs nor reclaims on its own: the release syncs every value-log file, and
-// the pipeline runs Badger's value-log GC so that it deletes a file only once
-// the copies it made are synced (valuelog.go).
+// Badger does not sync on its own: the log is the durability point. A log
+// segment is released (renamed out of the log, durably, or removed) only once
+// every record in it is in Badger's synced tables: below the first record of the
+// batch at the newest version of Badger's tables (a batch may span two memtables;
+// DB.releasable). Badger's flush syncs the value log and the directory before
+// its MANIFEST names a new table (third_party/badger, HOLDFAST PATCHES 1 and 3),
+// and the releaser syncs the value log once more before it gives records up.
+// The releaser runs on its own goroutine, never under the committer's lock.
 //
-// A failed commit (a failed write or sync) is not retried: after it the pipeline
-// refuses every later Write with ErrFailed, because what the log's file holds is
-// unknown after a failed fdatasync (the kernel may have dropped the pages). Its
-// writes never reach Badger. The node must restart.
+// Open replays every retained record into Badger at its version (idempotent).
+// Replay is strict (recovery.go): only the newest segment's last record may be
+// torn and dropped; anything else that fails its checksum, a gap or step back
+// in the sequence, or a log that starts beyond Badger stops Open with a
+// *CorruptionError naming the file and offset. RepairWAL (`holdfast repair
+// wal`) is the explicit way past it. A clean Close flushes Badger and removes
+// the log; a Close after the applier could not finish keeps it for the next
+// Open.
+//
+// Values of 1 MiB and more live in Badger's value log, which Badger does not
+// reclaim on its own: the pipeline runs the value-log GC, and a rewritten file
+// is deleted only once the copies are durable (valuelog.go).
+//
+// # Failures and bounds
+//
+// A failed write or sync of a log record is the pipeline's end (ErrFailed):
+// what the file holds is unknown after a failed fdatasync. A log segment that
+// cannot be started or zeroed (no descriptor, no space) only refuses the writes
+// of that commit with ErrUnavailable; the next commit tries again. Writes are
+// also refused with ErrUnavailable, never absorbed, past MaxQueuedBytes waiting
+// for the committer or MaxApplyBacklog waiting for Badger; a refused write fails
+// the rest of its chain as a failed one does.
+//
+// # Directories
+//
+// Every directory the storage creates is fsynced into its parent
+// (internal/durable): Holdfast relies on POSIX's promise only, where a new
+// directory entry is durable once its directory is synced. The power-cut test
+// (powercut_test.go, on internal/powerfs) holds the storage to exactly that.
 package persistence
