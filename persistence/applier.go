@@ -112,6 +112,11 @@ func (p *Pipeline) applyLoop() {
 			continue
 		}
 		for {
+			select { // between two batches: a flush the GC loop asked for
+			case reply := <-p.flushes:
+				reply <- p.flushBadger()
+			default:
+			}
 			var size int
 			var drained bool
 			jobs, size, drained = p.applies.take(jobs[:0], 0, 1)
@@ -165,7 +170,7 @@ func (p *Pipeline) applyJobs(jobs []applyJob) bool {
 			return false
 		}
 		p.cfg.Logger.Warn("could not apply durable writes to Badger; trying again", "seq_from", first, "seq_to", last, "attempt", attempt, "err", err)
-		p.unavailable.Store(&unavailableAt{err: unavailableErr(fmt.Errorf("the database cannot take writes: %w", err)), at: time.Now()})
+		p.applyUnavailable.Store(&unavailableAt{err: unavailableErr(fmt.Errorf("the database cannot take writes: %w", err)), at: time.Now()})
 		select {
 		case <-time.After(applyBackoff(attempt)):
 		case <-p.stopGC:
@@ -173,6 +178,10 @@ func (p *Pipeline) applyJobs(jobs []applyJob) bool {
 			// Badger lacks some), and the next start replays them.
 			return false
 		}
+	}
+	if p.applyUnavailable.Load() != nil {
+		p.applyUnavailable.Store(nil)
+		p.cfg.Logger.Info("Badger takes the durable writes again", "seq_to", last)
 	}
 	p.batchMu.Lock()
 	p.batches = append(p.batches, appliedBatch{first: first, version: last})

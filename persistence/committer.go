@@ -165,7 +165,13 @@ func (p *Pipeline) commitRun(run []*Write) {
 // commit tries again, and the first that succeeds clears it. It answers nil
 // once unavailableFor passed since that failure, so that a readiness probe
 // lets writes come again and find out: nothing else tries the log.
+//
+// While Badger refuses the durable writes it is handed for a missing resource,
+// it answers that (until Badger takes them again).
 func (p *Pipeline) Unavailable() error {
+	if u := p.applyUnavailable.Load(); u != nil {
+		return u.err
+	}
 	if u := p.unavailable.Load(); u != nil && time.Since(u.at) < unavailableFor {
 		return u.err
 	}

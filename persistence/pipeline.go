@@ -79,12 +79,12 @@ type Pipeline struct {
 	// while holding mu.
 	commitMu sync.Mutex
 
-	mu      sync.Mutex
-	queue   []*Write
+	mu    sync.Mutex
+	queue []*Write
 	// queuedBytes estimates the bytes of the writes in queue; guarded by mu.
 	queuedBytes int
-	closing bool
-	failErr error // set once a commit failed; guarded by mu
+	closing     bool
+	failErr     error // set once a commit failed; guarded by mu
 	// stopped is set right after failErr, so that Failed, which every request
 	// calls, need not take mu while nothing failed.
 	stopped atomic.Bool
@@ -109,6 +109,9 @@ type Pipeline struct {
 	// unavailable is the last commit that could not start or zero a log
 	// segment (nil once one succeeds); see Unavailable.
 	unavailable atomic.Pointer[unavailableAt]
+	// applyUnavailable is the applier's: set while Badger refuses a batch for
+	// a missing resource, nil once it takes one.
+	applyUnavailable atomic.Pointer[unavailableAt]
 	// batches are the applied batches, oldest first, that a release may still
 	// ask about (see DB.releasable); guarded by batchMu.
 	batchMu sync.Mutex
