@@ -44,11 +44,13 @@ func (p *Pipeline) gcLoop() {
 			}
 			flushedAt = newest
 		}
-		n, err := p.db.collectValueLog(maxGCFiles)
+		n, err := p.db.collectValueLog(maxGCFiles, p.flushMemtables)
 		if err == nil {
 			p.reclaimed.Add(uint64(n))
 		}
 		switch {
+		case errors.Is(err, errGCStopped):
+			return
 		case errors.Is(err, errRewriteSync):
 			p.fatal(err)
 			return

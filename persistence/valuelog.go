@@ -38,13 +38,29 @@ import (
 // would lose values whose only synced copy was in it. collectValueLog makes it
 // safe. It holds an iterator open while the GC runs, which makes Badger defer
 // the delete (Badger deletes a rewritten file only once no iterator is open);
-// then it syncs the copies, and the memtable logs (NNNNN.mem) that hold the
-// tree's new pointers; only then does it close the iterator and let the old
-// file go. (That deferral is Badger's, v4.9.6: valueLog.rewrite and
+// then it has Badger's memtables, which hold the tree's new pointers, flushed
+// to tables; only then does it close the iterator and let the old file go.
+// (That deferral is Badger's, v4.9.6: valueLog.rewrite and
 // decrIteratorCount. TestValueLog_GCKeepsRewrittenFilesUntilItsCopiesAreSynced
 // fails if an upgrade changes it.) Badger finds the garbage of a file in its
 // compactions (discard statistics), so space comes back as the tree is
 // compacted, not at once; Pipeline.gcLoop sees that compactions happen.
+//
+// Why a flush, and not a sync of the memtable logs (NNNNN.mem) that hold the
+// new pointers, as this did before: a pointer must never be durable before the
+// value it points to. A flush keeps that order: Badger syncs the value log,
+// copies included, before its MANIFEST names the new table (third_party/badger,
+// HOLDFAST PATCH 3). Two syncs of separate files cannot: the memtable logs
+// synced first, then the value log, a power cut between them (the value-log
+// sync writes back megabytes of mapped pages, tens of milliseconds) left
+// durable memtable logs pointing past the durable end of the current value-log
+// file, which Badger replays at open; the value log first, then the memtable
+// logs, and the applier's writes between the two are durable pointers to
+// unsynced values. Either way a read failed after the cut, even with the
+// write-ahead log holding the record: Badger reads the newest version, and a
+// merged batch's version (the applier's) is newer than the record's own (the
+// replay's). The power-cut test found it. So Holdfast never syncs Badger's
+// memtable logs: what they hold is in the write-ahead log or in tables.
 
 // valueLogFileSize is the size at which Badger starts a new value-log file,
 // and so the unit in which the GC gives space back. Badger's default is 1 GiB.
@@ -179,12 +195,15 @@ func (v *valueLog) syncValueLog() error {
 
 // collectValueLog runs Badger's value-log GC until it finds no file worth
 // rewriting, or has rewritten maxFiles, and returns how many it rewrote. The
-// rewritten files are deleted only once their live values' copies, and the
-// pointers to them, are synced (see the top of this file). When that sync
-// fails, the old files are kept for good (the error is the node's end: the
-// pipeline fails). One goroutine at a time calls it: the pipeline's gcLoop, or
-// a test.
-func (db *DB) collectValueLog(maxFiles int) (int, error) {
+// rewritten files are deleted only once the pointers to their live values'
+// copies are in tables, through flush, which must flush every memtable of
+// Badger's (Pipeline.flushMemtables), and Badger synced the copies before
+// naming those tables (see the top of this file). When flush fails, the old
+// files are kept for good and the error is errRewriteSync (the node's end: the
+// pipeline fails), or errGCStopped, returned as is, when the pipeline closes
+// first (Badger's Close flushes the memtables then). One goroutine at a time
+// calls it: the pipeline's gcLoop, or a test.
+func (db *DB) collectValueLog(maxFiles int, flush func() error) (int, error) {
 	txn := db.bdb.NewTransactionAt(math.MaxUint64, false)
 	// While an iterator is open, Badger keeps every file its GC rewrites.
 	pin := txn.NewIterator(badger.IteratorOptions{})
@@ -205,9 +224,15 @@ func (db *DB) collectValueLog(maxFiles int) (int, error) {
 		err = nil
 	}
 	if n > 0 {
-		if serr := db.syncRewrites(); serr != nil {
+		// The copies are written (RunValueLogGC returns once its writes are
+		// in Badger's memtables); the flush makes them and their pointers
+		// durable, in that order.
+		if ferr := flush(); ferr != nil {
 			db.vlog.pins = append(db.vlog.pins, pin) // never closed: the rewritten files stay
-			return n, fmt.Errorf("%w: %v", errRewriteSync, serr)
+			if errors.Is(ferr, errGCStopped) {
+				return n, ferr
+			}
+			return n, fmt.Errorf("%w: %v", errRewriteSync, ferr)
 		}
 	}
 	pin.Close()
@@ -218,20 +243,26 @@ func (db *DB) collectValueLog(maxFiles int) (int, error) {
 	return n, nil
 }
 
-// errRewriteSync is collectValueLog's error when it could not sync what the GC
-// rewrote.
-var errRewriteSync = errors.New("could not sync the values the value-log GC rewrote")
+// errRewriteSync is collectValueLog's error when it could not make durable
+// what the GC rewrote.
+var errRewriteSync = errors.New("could not make durable the values the value-log GC rewrote")
 
-// syncRewrites makes durable what a value-log GC wrote: the copies in the
-// value log, and the tree's new pointers, which are in the memtables' logs
-// until Badger flushes them to tables. Badger's DB.Sync would sync only the
-// current memtable's log (and must not run beside Badger's writes: see
-// syncValueLog), so every memtable log is synced here, by its path.
-func (db *DB) syncRewrites() error {
-	if _, err := db.vlog.syncFiles(".mem", 0); err != nil {
-		return err
+// errGCStopped is Pipeline.flushMemtables's error when the pipeline closes
+// before the applier took the flush.
+var errGCStopped = errors.New("the pipeline closed before the value-log GC's flush")
+
+// flushMemtables has the applier flush Badger's memtables, every one
+// (Pipeline.flushBadger: Badger refuses writes while it flushes, so only its
+// writer may), and waits for it; errGCStopped if the pipeline closes first.
+// It runs on the GC loop.
+func (p *Pipeline) flushMemtables() error {
+	reply := make(chan error, 1)
+	select {
+	case p.flushes <- reply:
+	case <-p.stopGC:
+		return errGCStopped
 	}
-	return db.vlog.syncValueLog() // the value log, then the directory
+	return <-reply
 }
 
 // removeEmptyLogs removes the empty value-log and memtable-log files in

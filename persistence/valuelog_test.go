@@ -162,10 +162,13 @@ func TestPipeline_ReleaseSyncsTheValueLog(t *testing.T) {
 }
 
 // A value-log GC deletes the files it rewrote only once what it wrote (the
-// live values' copies, and the memtable logs that point at them) is synced:
-// until then, those files are the only synced copies. It gives the space of
-// deleted and overwritten values back, and the live values read the same,
-// before and after a restart.
+// live values' copies, and the pointers to them) is durable: until then, those
+// files are the only synced copies. The pointers become durable through a
+// flush of Badger's memtables, which syncs the copies before it names the
+// tables that point at them; the GC never syncs the memtable logs, which would
+// make pointers durable apart from their values (see valuelog.go). It gives
+// the space of deleted and overwritten values back, and the live values read
+// the same, before and after a restart.
 func TestValueLog_GCKeepsRewrittenFilesUntilItsCopiesAreSynced(t *testing.T) {
 	dir := t.TempDir()
 	cfg := Config{Dir: dir, ValueLogFileSize: 4 << 20}
@@ -191,41 +194,46 @@ func TestValueLog_GCKeepsRewrittenFilesUntilItsCopiesAreSynced(t *testing.T) {
 	before := len(vlogFiles(t, dir))
 
 	rec := recordSyncs(db)
-	var present []string // the value-log files when a GC starts
-	var gone []string    // those of them missing when the GC syncs its copies
-	memSyncs := 0
+	var memSyncs []string // memtable logs the GC synced
 	rec.before = func(path string) {
-		if !strings.HasSuffix(path, ".mem") {
-			return
+		if strings.HasSuffix(path, ".mem") {
+			memSyncs = append(memSyncs, filepath.Base(path))
 		}
-		memSyncs++
+	}
+	var present []string // the value-log files when a GC starts
+	var gone []string    // those of them missing when the GC flushes
+	gcFlushes := 0
+	flush := func() error {
+		gcFlushes++
 		for _, f := range present {
 			if _, err := os.Stat(f); err != nil {
 				gone = append(gone, filepath.Base(f))
 			}
 		}
+		return p.flushMemtables()
 	}
 	// Badger finds garbage in compactions of its tables: flush the memtables
 	// (as the GC loop has the applier do) until a compaction found some.
 	deadline := time.Now().Add(30 * time.Second)
 	for round := 0; ; round++ {
 		put(t, p, fmt.Sprintf("filler-%d", round), []byte("x"))
-		reply := make(chan error, 1)
-		p.flushes <- reply
-		if err := <-reply; err != nil {
+		if err := p.flushMemtables(); err != nil {
 			t.Fatalf("flush: %v", err)
 		}
 		present = vlogFiles(t, dir)
-		n, err := db.collectValueLog(maxGCFiles)
+		n, err := db.collectValueLog(maxGCFiles, flush)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(gone) > 0 {
-			t.Fatalf("the GC deleted %v before it synced its copies", gone)
+			t.Fatalf("the GC deleted %v before it flushed the pointers to its copies", gone)
+		}
+		if len(memSyncs) > 0 {
+			t.Fatalf("the GC synced memtable logs %v: pointers durable apart from their values", memSyncs)
 		}
 		if n > 0 {
-			if memSyncs == 0 {
-				t.Fatal("the GC rewrote files without syncing the memtable logs that point at the copies")
+			if gcFlushes == 0 {
+				t.Fatal("the GC rewrote files without flushing the memtables that point at the copies")
 			}
 			break
 		}
