@@ -26,10 +26,13 @@ import (
 // it reclaims none of their space by itself. Two things follow.
 //
 // Before the write-ahead log gives up records, every value-log file that they
-// may point into must be synced. Badger's DB.Sync syncs only the file it writes
-// now; one it filled and left since is synced by nobody until Close.
-// syncValueLog syncs those too, and the directory, which Badger does not sync
-// when it creates a value-log file, a memtable's log or a table.
+// may point into must be synced. Upstream Badger (v4.9.6) synced a file it
+// filled and left only at Close, and its DB.Sync syncs only the file it writes
+// now; the fork in third_party/badger syncs a file when Badger leaves it, and
+// the current one and the directory before its MANIFEST names a table
+// (HOLDFAST PATCHES 1 and 3). syncValueLog, which the release calls, syncs
+// every file and the directory once more: a second line, which the power-cut
+// test found redundant since those patches.
 //
 // The space of values deleted, overwritten or trimmed comes back only through
 // Badger's value-log GC (RunValueLogGC). It copies a file's live values into
