@@ -93,6 +93,7 @@ func main() {
 		stMem    = flag.Int("stall-memtable-mib", 8, "stall: Badger's memtable size in both phases, MiB (at least 7; Holdfast's default is 128)")
 		stSeg    = flag.Int("stall-segment-mib", 8, "stall: write-ahead log segment size in both phases, MiB (Holdfast's default is 64)")
 		stVlog   = flag.Int("stall-vlog-mib", 8, "stall: value-log file size in both phases, MiB (Holdfast's default is 128)")
+		stGC     = flag.Duration("stall-gc-every", 100*time.Millisecond, "stall: the value-log GC's interval in both phases; negative turns it off (and the memtable flushes it asks for)")
 	)
 	flag.Parse()
 	acfg := alarmConfig{objects: *aObjects, count: *aCount, rate: *aRate, window: *aWindow, lead: *aLead}
@@ -110,7 +111,7 @@ func main() {
 		os.Exit(clusterChild(*only, *dirFlag, ccfg))
 	}
 	scfg := stallConfig{rounds: *rounds, d: *duration, warmup: *warmup, callers: *stCalls, bigRate: *stRate,
-		memTableMiB: *stMem, segmentMiB: *stSeg, valueLogMiB: *stVlog}
+		memTableMiB: *stMem, segmentMiB: *stSeg, valueLogMiB: *stVlog, gcEvery: *stGC}
 	if strings.HasPrefix(*only, "stall-") {
 		os.Exit(stallChild(*only, *dirFlag, scfg))
 	}

@@ -32,7 +32,9 @@ import (
 // files, the value-log GC every 100 ms) and the same primary load: callers
 // goroutines, each with one KV set of 256 bytes in flight, over 1,000 objects
 // (caller c owns the objects o with o mod callers == c and writes them in
-// turn). Every acknowledged primary write's latency is recorded.
+// turn). Every acknowledged primary write's latency is recorded, and the
+// longest time in which no caller's write was acknowledged (a node-wide stall
+// would show there first).
 //
 //   - quiet: the primary load alone. Memtable flushes and segment releases
 //     happen only as often as that load makes them; the value-log GC finds no
@@ -62,9 +64,6 @@ const (
 	stallBigSize = 1 << 20 // Badger's largest value threshold: this goes to its value log
 )
 
-// stallGCEvery is the value-log GC's interval in both phases.
-const stallGCEvery = 100 * time.Millisecond
-
 type stallConfig struct {
 	rounds    int
 	d, warmup time.Duration
@@ -74,12 +73,17 @@ type stallConfig struct {
 	// default 8 MiB each: the smallest power of two memtable whose Badger batch
 	// (15%) holds a 1 MiB value, and log segments and value-log files as small.
 	memTableMiB, segmentMiB, valueLogMiB int
+	// gcEvery is the value-log GC's interval in both phases (-stall-gc-every,
+	// default 100 ms); negative turns the GC loop off, and with it the memtable
+	// flushes it asks for: the maintenance phase is then the background
+	// writer's load alone, to tell its cost from the GC's.
+	gcEvery time.Duration
 }
 
 // storage is the phases' storage configuration.
 func (c stallConfig) storage() storetune.Config {
 	return storetune.Config{MemTableSize: int64(c.memTableMiB) << 20, SegmentSize: int64(c.segmentMiB) << 20,
-		ValueLogFileSize: int64(c.valueLogMiB) << 20, ValueLogGCEvery: stallGCEvery}
+		ValueLogFileSize: int64(c.valueLogMiB) << 20, ValueLogGCEvery: c.gcEvery}
 }
 
 // stallPhase is what one phase's child prints.
@@ -88,6 +92,9 @@ type stallPhase struct {
 	Writes int64   `json:"writes"` // primary writes acknowledged in the measured interval
 	PerSec float64 `json:"perSec"`
 	latencyFigures
+	// LongestSilenceMs is the longest time in the measured interval in which
+	// no primary write was acknowledged, by any caller: a node-wide stall.
+	LongestSilenceMs  float64 `json:"longestSilenceMs"`
 	CPUMicrosPerWrite float64 `json:"cpuMicrosPerWrite"` // the whole process's CPU (background writer and maintenance included) per primary write
 	SyncsPerWrite     float64 `json:"syncsPerWrite"`     // commits per write, background writes included
 	// Maintenance counted over the measured interval.
@@ -125,6 +132,14 @@ func summarizeLatencies(lat []time.Duration) latencyFigures {
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	return latencyFigures{P50Ms: ms(percentile(lat, 0.5)), P99Ms: ms(percentile(lat, 0.99)),
 		P999Ms: ms(percentile(lat, 0.999)), MaxMs: ms(percentile(lat, 1))}
+}
+
+// longestSilence is the longest time within [from, to] without an
+// acknowledgement, over every caller's acknowledgement times (each in order).
+func longestSilence(acks [][]time.Time, from, to time.Time) time.Duration {
+	all := slices.Concat(acks...)
+	slices.SortFunc(all, func(a, b time.Time) int { return a.Compare(b) })
+	return longestGap(all, from, to)
 }
 
 // stallRound is one round: the fsync probe before it, each phase's figures,
@@ -264,6 +279,7 @@ func stallRun(phase, dir string, cfg stallConfig) (stallPhase, error) {
 		stopBig = startBigWriter(ctx, rt, cfg.bigRate, &bigWrites)
 	}
 	lat := make([][]time.Duration, cfg.callers)
+	acks := make([][]time.Time, cfg.callers)
 	next := make([]int, cfg.callers)
 	recording := false
 	write := func(c int) (int64, error) {
@@ -272,7 +288,9 @@ func stallRun(phase, dir string, cfg stallConfig) (stallPhase, error) {
 		t := time.Now()
 		_, err := o.Set(ctx, "v", value)
 		if recording && err == nil {
-			lat[c] = append(lat[c], time.Since(t))
+			now := time.Now()
+			lat[c] = append(lat[c], now.Sub(t))
+			acks[c] = append(acks[c], now)
 		}
 		return 1, err
 	}
@@ -282,6 +300,7 @@ func stallRun(phase, dir string, cfg stallConfig) (stallPhase, error) {
 	}
 	for c := range lat {
 		lat[c] = make([]time.Duration, 0, 1<<14)
+		acks[c] = make([]time.Time, 0, 1<<14)
 	}
 	recording = true // runWorkers' goroutines start after this and end before it returns
 	before, err := countStorage(rt, dir)
@@ -290,10 +309,14 @@ func stallRun(phase, dir string, cfg stallConfig) (stallPhase, error) {
 		return stallPhase{}, err
 	}
 	pipe0, big0 := rt.Node().Stats().Pipeline, bigWrites.Load()
+	stopProfile, stopTrace := profileCPU(), traceRun() // HOLDFAST_BENCH_CPUPROFILE, HOLDFAST_BENCH_TRACE
 	m := startMeter()
+	start := time.Now()
 	iv, err := runWorkers(cfg.callers, cfg.d, write)
 	var cost result
 	m.stop(&cost, iv.ops)
+	stopTrace()
+	stopProfile()
 	pipe1, big1 := rt.Node().Stats().Pipeline, bigWrites.Load()
 	after, cerr := countStorage(rt, dir)
 	if serr := stopBig(); err == nil {
@@ -310,6 +333,7 @@ func stallRun(phase, dir string, cfg stallConfig) (stallPhase, error) {
 		Writes:            iv.ops,
 		PerSec:            iv.perSec(),
 		latencyFigures:    summarizeLatencies(slices.Concat(lat...)),
+		LongestSilenceMs:  float64(longestSilence(acks, start, start.Add(iv.elapsed))) / 1e6,
 		CPUMicrosPerWrite: cost.CPUSeconds * 1e6 / float64(iv.ops),
 		SyncsPerWrite:     float64(pipe1.Commits-pipe0.Commits) / float64(pipe1.Writes-pipe0.Writes),
 		MemtablesStarted:  after.newestMem - before.newestMem,
@@ -383,7 +407,8 @@ func startBigWriter(ctx context.Context, rt *holdfast.Runtime, rate int, n *atom
 func stallArgs(phase, dir string, cfg stallConfig) []string {
 	return []string{"-case", phase, "-dir", dir, "-duration", cfg.d.String(), "-warmup", cfg.warmup.String(),
 		"-stall-callers", fmt.Sprint(cfg.callers), "-stall-big-rate", fmt.Sprint(cfg.bigRate),
-		"-stall-memtable-mib", fmt.Sprint(cfg.memTableMiB), "-stall-segment-mib", fmt.Sprint(cfg.segmentMiB), "-stall-vlog-mib", fmt.Sprint(cfg.valueLogMiB)}
+		"-stall-memtable-mib", fmt.Sprint(cfg.memTableMiB), "-stall-segment-mib", fmt.Sprint(cfg.segmentMiB), "-stall-vlog-mib", fmt.Sprint(cfg.valueLogMiB),
+		"-stall-gc-every", cfg.gcEvery.String()}
 }
 
 // runStall runs the rounds, each phase in its own process, each round after
@@ -413,8 +438,8 @@ func runStall(base string, cfg stallConfig, mdOut, jsonOut string) int {
 			if err != nil {
 				fatal(err)
 			}
-			fmt.Fprintf(os.Stderr, "round %d %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms; memtables %d, tables %d, segments released %d, value-log files reclaimed %d, 1 MiB values %.1f/s\n",
-				r+1, p.out.Phase, p.out.PerSec, p.out.P50Ms, p.out.P99Ms, p.out.P999Ms, p.out.MaxMs,
+			fmt.Fprintf(os.Stderr, "round %d %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms, longest silence %.1f ms; memtables %d, tables %d, segments released %d, value-log files reclaimed %d, 1 MiB values %.1f/s\n",
+				r+1, p.out.Phase, p.out.PerSec, p.out.P50Ms, p.out.P99Ms, p.out.P999Ms, p.out.MaxMs, p.out.LongestSilenceMs,
 				p.out.MemtablesStarted, p.out.TablesWritten, p.out.SegmentsReleased, p.out.ValueLogReclaimed, p.out.BigPerSec)
 		}
 		rounds = append(rounds, round)
@@ -435,21 +460,29 @@ func runStall(base string, cfg stallConfig, mdOut, jsonOut string) int {
 	return 0
 }
 
+// gcEvery describes the value-log GC's interval for the report.
+func gcEvery(d time.Duration) string {
+	if d < 0 {
+		return "off"
+	}
+	return "every " + d.String()
+}
+
 func writeStallReport(w io.Writer, cfg stallConfig, rounds []stallRound) {
 	fmt.Fprintf(w, "Holdfast embedded, %d objects, %d callers each with one KV set of 256 bytes in flight; %v measured per phase after a %v warm-up, every phase in a fresh process and data directory. "+
-		"Storage in both phases: memtables %d MiB, log segments %d MiB, value-log files %d MiB, value-log GC every %v. "+
-		"Maintenance adds a writer of 1 MiB values over %d keys at %d values/s. %d cores; latencies in ms; counts over the measured interval.\n\n",
-		stallObjects, cfg.callers, cfg.d, cfg.warmup, cfg.memTableMiB, cfg.segmentMiB, cfg.valueLogMiB, stallGCEvery, stallBigKeys, cfg.bigRate, runtime.NumCPU())
-	fmt.Fprintf(w, "| round | phase | writes/s | p50 | p99 | p99.9 | max | CPU µs/write | memtables started | tables written | log segments released | value-log files reclaimed | value log at end (MiB) | 1 MiB values/s |\n")
-	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		"Storage in both phases: memtables %d MiB, log segments %d MiB, value-log files %d MiB, value-log GC %s. "+
+		"Maintenance adds a writer of 1 MiB values over %d keys at %d values/s. %d cores; latencies in ms; the longest silence is the longest time no write was acknowledged by any caller; counts over the measured interval.\n\n",
+		stallObjects, cfg.callers, cfg.d, cfg.warmup, cfg.memTableMiB, cfg.segmentMiB, cfg.valueLogMiB, gcEvery(cfg.gcEvery), stallBigKeys, cfg.bigRate, runtime.NumCPU())
+	fmt.Fprintf(w, "| round | phase | writes/s | p50 | p99 | p99.9 | max | longest silence | CPU µs/write | memtables started | tables written | log segments released | value-log files reclaimed | value log at end (MiB) | 1 MiB values/s |\n")
+	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for i, r := range rounds {
 		ps := []stallPhase{r.Quiet, r.Maintenance}
 		if r.First != "quiet" {
 			ps[0], ps[1] = ps[1], ps[0]
 		}
 		for _, p := range ps {
-			fmt.Fprintf(w, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %.1f | %.1f | %d | %d | %d | %d | %.0f | %.1f |\n", i+1, strings.TrimPrefix(p.Phase, "stall-"),
-				p.PerSec, p.P50Ms, p.P99Ms, p.P999Ms, p.MaxMs, p.CPUMicrosPerWrite, p.MemtablesStarted, p.TablesWritten, p.SegmentsReleased,
+			fmt.Fprintf(w, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %d | %d | %d | %d | %.0f | %.1f |\n", i+1, strings.TrimPrefix(p.Phase, "stall-"),
+				p.PerSec, p.P50Ms, p.P99Ms, p.P999Ms, p.MaxMs, p.LongestSilenceMs, p.CPUMicrosPerWrite, p.MemtablesStarted, p.TablesWritten, p.SegmentsReleased,
 				p.ValueLogReclaimed, p.ValueLogMiB, p.BigPerSec)
 		}
 	}
@@ -470,6 +503,7 @@ func writeStallReport(w io.Writer, cfg stallConfig, rounds []stallRound) {
 		{"p99 (ms)", "%.2f", func(p stallPhase) float64 { return p.P99Ms }},
 		{"p99.9 (ms)", "%.2f", func(p stallPhase) float64 { return p.P999Ms }},
 		{"max (ms)", "%.1f", func(p stallPhase) float64 { return p.MaxMs }},
+		{"longest time without any write acknowledged (ms)", "%.1f", func(p stallPhase) float64 { return p.LongestSilenceMs }},
 		{"CPU µs per primary write (the whole process)", "%.1f", func(p stallPhase) float64 { return p.CPUMicrosPerWrite }},
 		{"syncs per write (background writes included)", "%.3f", func(p stallPhase) float64 { return p.SyncsPerWrite }},
 	} {

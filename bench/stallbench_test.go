@@ -84,3 +84,24 @@ func TestNumberedIDs(t *testing.T) {
 		}
 	}
 }
+
+func TestLongestSilence(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms ...int) []time.Time {
+		var out []time.Time
+		for _, m := range ms {
+			out = append(out, t0.Add(time.Duration(m)*time.Millisecond))
+		}
+		return out
+	}
+	// Each caller alone has gaps of 40 ms and more; together, at most 30 ms
+	// pass without an acknowledgement (70 to 100), if the callers are merged.
+	acks := [][]time.Time{at(10, 50, 100), at(30, 70, 120)}
+	if got := longestSilence(acks, t0, t0.Add(130*time.Millisecond)); got != 30*time.Millisecond {
+		t.Fatalf("%v, want 30ms", got)
+	}
+	// The window's ends count: nothing from 120 until 200.
+	if got := longestSilence(acks, t0, t0.Add(200*time.Millisecond)); got != 80*time.Millisecond {
+		t.Fatalf("%v, want 80ms", got)
+	}
+}
