@@ -18,6 +18,7 @@ import (
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/cold"
+	"github.com/holdfast/holdfast/internal/storetune"
 )
 
 // Re-exported so that an embedding program imports one package.
@@ -99,6 +100,10 @@ type Options struct {
 	// cluster.ExtraProcs (unless the GOMAXPROCS environment variable is set),
 	// because the commit pipeline blocks a P in fdatasync.
 	KeepGOMAXPROCS bool
+	// Storage overrides storage sizes for this module's benchmarks and tests
+	// (the type is internal: no other program can set it); nil means the
+	// defaults.
+	Storage *storetune.Config
 }
 
 // Runtime is an embedded Holdfast node.
@@ -119,6 +124,7 @@ func Open(opts Options) (*Runtime, error) {
 		TypeOptions: opts.TypeOptions,
 		Logger:      opts.Logger,
 		Cold:        opts.Cold,
+		Storage:     opts.Storage,
 	})
 	if err != nil {
 		return nil, err

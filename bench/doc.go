@@ -22,7 +22,8 @@
 // payload byte), restart with -log-records records, and Holdfast's memory per
 // object.
 //
-// Other modes: -fanout (websocket fan-out), -cold (cold storage), -alarms.
+// Other modes: -fanout (websocket fan-out), -cold (cold storage), -alarms,
+// -cluster, -stall (write latency with storage maintenance, issue 25).
 //
 // One case alone, profiled over its measured interval (a fresh -dir each time):
 //

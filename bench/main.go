@@ -87,6 +87,13 @@ func main() {
 		clMode   = flag.Bool("cluster", false, "run the cluster benchmark (a cluster's nodes in one child process per phase) instead of the write cases")
 		cMiB     = flag.Int("cluster-mib", 256, "cluster: MiB of log data the leaving node hands off")
 		leasePar = flag.Int("lease-parallelism", 64, "internal: the http-server child's maxParallelism of leases")
+		stMode   = flag.Bool("stall", false, "run the storage-maintenance stall benchmark (write latency with and without maintenance, each phase in a child process) instead of the write cases")
+		stCalls  = flag.Int("stall-callers", 64, "stall: callers, one write in flight each, over 1,000 objects")
+		stRate   = flag.Int("stall-big-rate", 16, "stall: 1 MiB values per second the maintenance phase's background writer overwrites")
+		stMem    = flag.Int("stall-memtable-mib", 8, "stall: Badger's memtable size in both phases, MiB (at least 7; Holdfast's default is 128)")
+		stSeg    = flag.Int("stall-segment-mib", 8, "stall: write-ahead log segment size in both phases, MiB (Holdfast's default is 64)")
+		stVlog   = flag.Int("stall-vlog-mib", 8, "stall: value-log file size in both phases, MiB (Holdfast's default is 128)")
+		stGC     = flag.Duration("stall-gc-every", 100*time.Millisecond, "stall: the value-log GC's interval in both phases; negative turns it off (and the memtable flushes it asks for)")
 	)
 	flag.Parse()
 	acfg := alarmConfig{objects: *aObjects, count: *aCount, rate: *aRate, window: *aWindow, lead: *aLead}
@@ -102,6 +109,11 @@ func main() {
 	ccfg := clusterConfig{rounds: *rounds, d: *duration, warmup: *warmup, mib: *cMiB}
 	if strings.HasPrefix(*only, "cluster-") {
 		os.Exit(clusterChild(*only, *dirFlag, ccfg))
+	}
+	scfg := stallConfig{rounds: *rounds, d: *duration, warmup: *warmup, callers: *stCalls, bigRate: *stRate,
+		memTableMiB: *stMem, segmentMiB: *stSeg, valueLogMiB: *stVlog, gcEvery: *stGC}
+	if strings.HasPrefix(*only, "stall-") {
+		os.Exit(stallChild(*only, *dirFlag, scfg))
 	}
 	if *only != "" {
 		os.Exit(runChild(*only, *dirFlag, *duration, *warmup, *memObjs, *logRecs))
@@ -153,6 +165,14 @@ func main() {
 	if *clMode {
 		os.Exit(runCluster(base, ccfg, *mdOut, *jsonOut))
 	}
+	if *stMode {
+		if !flagSet("warmup") {
+			// Long enough for the value log to fill files, and compactions to
+			// find their garbage, before the measured interval.
+			scfg.warmup = 3 * time.Second
+		}
+		os.Exit(runStall(base, scfg, *mdOut, *jsonOut))
+	}
 	if *alarmsOn {
 		os.Exit(runAlarms(base, acfg, *jsonOut))
 	}
@@ -165,6 +185,13 @@ func main() {
 		}
 	}
 	os.Exit(drive(base, cfg))
+}
+
+// flagSet says whether the command line set flag name.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 func fatal(err error) {

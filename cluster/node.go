@@ -13,6 +13,7 @@ import (
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/cold"
+	"github.com/holdfast/holdfast/internal/storetune"
 	"github.com/holdfast/holdfast/metrics"
 	"github.com/holdfast/holdfast/persistence"
 )
@@ -49,6 +50,9 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Hooks observe the node's actors (tests); Metrics adds its own to them.
 	Hooks actors.Hooks
+	// Storage overrides storage sizes for this module's benchmarks and tests
+	// (the type is internal); nil means the defaults.
+	Storage *storetune.Config
 }
 
 // ErrNotOwner is returned by the fence for a write whose partition epoch is no
@@ -101,7 +105,11 @@ func Start(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
-	db, err := persistence.Open(persistence.Config{Dir: cfg.DataDir, Partitions: cfg.Partitions, Logger: cfg.Logger})
+	dc := persistence.Config{Dir: cfg.DataDir, Partitions: cfg.Partitions, Logger: cfg.Logger}
+	if st := cfg.Storage; st != nil {
+		dc.MemTableSize, dc.SegmentSize, dc.ValueLogFileSize = st.MemTableSize, st.SegmentSize, st.ValueLogFileSize
+	}
+	db, err := persistence.Open(dc)
 	if err != nil {
 		if cli != nil {
 			_ = cli.Close()
@@ -115,6 +123,9 @@ func Start(cfg Config) (*Node, error) {
 		n.cfg.Cold = cfg.Cold
 	}
 	pc := persistence.PipelineConfig{Fence: n.table.fence, Logger: cfg.Logger}
+	if cfg.Storage != nil {
+		pc.ValueLogGCEvery = cfg.Storage.ValueLogGCEvery
+	}
 	hc := actors.Config{
 		IdleTimeout:  cfg.IdleTimeout,
 		MemoryBudget: cfg.MemoryBudget,
