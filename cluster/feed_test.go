@@ -254,11 +254,9 @@ func TestCluster_LostFeedEventsEndTheSubscription(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := uint64(n) - last
-		waitFor(t, func() bool {
-			again.mu.Lock()
-			defer again.mu.Unlock()
-			return uint64(len(again.events)) >= want
-		})
+		// The join, the replays and the snapshot come in that order, over the
+		// feed in one or more messages: wait for the snapshot, the last.
+		waitFor(t, func() bool { return again.count(actors.EventSnapshot) == 1 })
 		if replays := again.count(actors.EventReplay); uint64(replays) != want {
 			t.Fatalf("tail %v: %d changes replayed, want %d", tail, replays, want)
 		}
