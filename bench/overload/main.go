@@ -23,7 +23,9 @@
 // retryAfterMs before their next write, which always uses a new value (a 5xx's
 // outcome is unknown, so a key is never retried blindly). The server's memory
 // is sampled every 250 ms from /proc/<pid>/status (VmRSS, RssAnon, RssFile) and
-// its live heap every second from GET /metrics.
+// its live heap every 5 s from GET /metrics (a scrape is not free: it scans
+// every partition's queue index in Badger). After the load it measures how long
+// the node keeps refusing new activations.
 //
 // The Markdown report goes to stdout and to -md. The exit status is 1 when an
 // acknowledged write was lost, a refusal lacked retryAfterMs, or RssAnon went
@@ -56,7 +58,7 @@ func realMain() int {
 		writers    = flag.Int("writers", 80, "overload writers (large values on new objects)")
 		minLen     = flag.Int("min-value", 512<<10, "smallest large value, bytes")
 		maxLen     = flag.Int("max-value", 1<<20-64, "largest large value, bytes (a slot value is at most 1 MiB of JSON)")
-		budget     = flag.Int64("budget", 512<<20, "the node's memory budget, bytes (HOLDFAST_MEMORY_BUDGET)")
+		budget     = flag.Int64("budget", 1<<30, "the node's memory budget, bytes (HOLDFAST_MEMORY_BUDGET; under 1 GiB Badger's own heap leaves objects little room, docs/decisions.md)")
 		bin        = flag.String("bin", "", "holdfast binary (default: go build ./cmd/holdfast)")
 		dirFlag    = flag.String("dir", "", "work directory (default: a temporary one, removed unless -keep)")
 		keep       = flag.Bool("keep", false, "keep the work directory (data and server.log)")
@@ -64,7 +66,10 @@ func realMain() int {
 		timeout    = flag.Duration("timeout", 30*time.Second, "of one request; no reply in time is an unknown outcome")
 		readers    = flag.Int("readers", 4, "concurrent reads of the read-back")
 		sampleStep = flag.Duration("sample", 250*time.Millisecond, "RSS sampling interval")
+		scrapeStep = flag.Duration("scrape", 5*time.Second, "GET /metrics interval (each scrape scans every partition's queue index in Badger: not free under load)")
 		step       = flag.Duration("timeline", 5*time.Second, "step of the overload phase's timeline")
+		verifyMax  = flag.Duration("verify-timeout", 3*time.Minute, "of one read-back of everything (reads refused past it count as unreadable)")
+		recovery   = flag.Duration("recovery-wait", time.Minute, "how long to wait, after the load, for the node to accept new activations again")
 	)
 	flag.Parse()
 	if *baseW < 1 || *objects < 1 || *writers < 0 || *minLen < 64 || *maxLen < *minLen || *maxLen > 1<<20-2 || *budget < 64<<20 ||
@@ -99,11 +104,11 @@ func realMain() int {
 	r := &runReport{
 		Command: "go run ./bench/overload " + strings.Join(os.Args[1:], " "),
 		Date:    time.Now().UTC().Format("2006-01-02 15:04 UTC"),
-		Machine: machine(),
-		Budget:  *budget, Writers: *writers, BaseWriters: *baseW, Objects: *objects, MinLen: *minLen, MaxLen: *maxLen, Step: *step,
+		Machine: machine(), Scrape: *scrapeStep,
+		Budget: *budget, Writers: *writers, BaseWriters: *baseW, Objects: *objects, MinLen: *minLen, MaxLen: *maxLen, Step: *step,
 	}
 	r.Command = strings.TrimSpace(r.Command)
-	if err := run(r, *bin, work, *duration, *baseDur, *timeout, *readers, *sampleStep); err != nil {
+	if err := run(r, *bin, work, runOpts{*duration, *baseDur, *timeout, *readers, *sampleStep, *scrapeStep, *verifyMax, *recovery}); err != nil {
 		return fail(err)
 	}
 	var sb strings.Builder
@@ -121,8 +126,16 @@ func realMain() int {
 	return 0
 }
 
+type runOpts struct {
+	duration, baseDur, timeout time.Duration
+	readers                    int
+	step, scrape               time.Duration
+	verifyMax, recovery        time.Duration
+}
+
 // run does the phases and fills r.
-func run(r *runReport, bin, work string, duration, baseDur, timeout time.Duration, readers int, step time.Duration) error {
+func run(r *runReport, bin, work string, o runOpts) error {
+	duration, baseDur, timeout, readers, step := o.duration, o.baseDur, o.timeout, o.readers, o.step
 	dataDir := filepath.Join(work, "data")
 	logFile := filepath.Join(work, "server.log")
 	env := []string{fmt.Sprintf("HOLDFAST_MEMORY_BUDGET=%d", r.Budget)}
@@ -141,7 +154,7 @@ func run(r *runReport, bin, work string, duration, baseDur, timeout time.Duratio
 	c := &client{http: hc, url: srv.url, app: app}
 	start := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
-	sm := &sampler{pid: srv.pid(), url: srv.url, start: start, interval: step, metricsEvery: max(1, int(time.Second/step)), client: hc}
+	sm := &sampler{pid: srv.pid(), url: srv.url, start: start, interval: step, metricsEvery: max(1, int(o.scrape/step)), client: hc}
 	sampled := make(chan struct{})
 	go func() { defer close(sampled); sm.run(ctx) }()
 	stopSampler := func() { cancel(); <-sampled }
@@ -172,11 +185,13 @@ func run(r *runReport, bin, work string, duration, baseDur, timeout time.Duratio
 		Groups: []groupStats{groupOf("baseline", r.BaseWriters, to-from, base), groupOf("overload", r.Writers, to-from, big)}})
 	r.Timeline = timeline(from, to, r.Step, base, big, ss)
 
+	progress("waiting up to %v for the node to accept new activations", o.recovery)
+	r.Recovery, r.Recovered, r.RecoveryRefusals = waitAccepting(c, o.recovery)
 	a := mergeAcks(all...)
 	vals := l.vals
 	progress("reading back %d counters and %d large values", len(a.ackedIncr), len(a.big))
 	vfrom := time.Since(start)
-	r.Verify = verify(c, a, vals, readers, 2*time.Minute)
+	r.Verify = verify(c, a, vals, readers, 30*time.Second, o.verifyMax)
 	ss, errs := sm.taken()
 	r.VerifyMem = memOver(ss, vfrom, time.Since(start)+time.Second)
 
@@ -187,19 +202,19 @@ func run(r *runReport, bin, work string, duration, baseDur, timeout time.Duratio
 	restartAt := time.Now()
 	srv2, err := startServer(bin, dataDir, logFile, env)
 	if err != nil {
-		r.Warnings = srv.warningCount()
+		r.Warnings, r.RefusalLogs = srv.warningCount()
 		return fmt.Errorf("restart after the load: %w", err)
 	}
 	defer srv2.kill()
 	r.StartTook = time.Since(restartAt)
 	c2 := &client{http: hc, url: srv2.url, app: app}
 	ctx2, cancel2 := context.WithCancel(context.Background())
-	sm2 := &sampler{pid: srv2.pid(), url: srv2.url, start: start, interval: step, metricsEvery: max(1, int(time.Second/step)), client: hc}
+	sm2 := &sampler{pid: srv2.pid(), url: srv2.url, start: start, interval: step, metricsEvery: max(1, int(o.scrape/step)), client: hc}
 	sampled2 := make(chan struct{})
 	go func() { defer close(sampled2); sm2.run(ctx2) }()
 	progress("reading everything back again")
 	rfrom := time.Since(start)
-	r.VerifyRestart = verify(c2, a, vals, readers, 2*time.Minute)
+	r.VerifyRestart = verify(c2, a, vals, readers, 30*time.Second, o.verifyMax)
 	cancel2()
 	<-sampled2
 	ss2, errs2 := sm2.taken()
@@ -208,8 +223,32 @@ func run(r *runReport, bin, work string, duration, baseDur, timeout time.Duratio
 	if _, err := srv2.stop(2 * time.Minute); err != nil {
 		progress("the restarted server's exit: %v", err)
 	}
-	r.Warnings = srv.warningCount() + srv2.warningCount()
+	r.Warnings, r.RefusalLogs = srv.warningCount()
+	w2, rl2 := srv2.warningCount()
+	r.Warnings, r.RefusalLogs = r.Warnings+w2, r.RefusalLogs+rl2
 	return nil
+}
+
+// waitAccepting asks, every 500 ms for at most wait, for a slot of a new
+// object (an activation, which a node over its budget refuses), and returns
+// how long until one was served (a 200 or a 404), whether one was, and how
+// many were refused.
+func waitAccepting(c *client, wait time.Duration) (time.Duration, bool, int) {
+	start := time.Now()
+	refusals := 0
+	for i := 0; ; i++ {
+		status, _, _ := c.do(context.Background(), "GET", fmt.Sprintf("/api/v1/objects/%s/probe/p%d/x", c.app.ID, i), nil)
+		if status == 200 || status == 404 {
+			return time.Since(start), true, refusals
+		}
+		if classify(status) == refused {
+			refusals++
+		}
+		if time.Since(start) >= wait {
+			return time.Since(start), false, refusals
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 func machine() string {

@@ -148,17 +148,19 @@ func timeline(from, to, step time.Duration, base, big []*writerLog, ss []sample)
 	if step <= 0 || to <= from {
 		return nil
 	}
-	n := int((to - from + step - 1) / step)
+	// The last bucket takes the remainder (a phase runs a little over its
+	// duration), so that no bucket is nearly empty.
+	n := max(1, int((to-from)/step))
 	bs := make([]bucket, n)
 	lat := make([][]time.Duration, n)
 	idx := func(at time.Duration) int {
 		if at < from || at >= to {
 			return -1
 		}
-		return int((at - from) / step)
+		return min(n-1, int((at-from)/step))
 	}
 	for i := range bs {
-		bs[i].From = from + time.Duration(i)*step
+		bs[i].From = time.Duration(i) * step
 	}
 	for _, w := range base {
 		for _, r := range w.replies {
@@ -187,7 +189,11 @@ func timeline(from, to, step time.Duration, base, big []*writerLog, ss []sample)
 	}
 	for i := range bs {
 		bs[i].BaseP99 = summarize(lat[i]).P99
-		m := memOver(ss, bs[i].From, bs[i].From+step)
+		end := from + bs[i].From + step
+		if i == n-1 {
+			end = to
+		}
+		m := memOver(ss, from+bs[i].From, end)
 		bs[i].RssAnon, bs[i].RssFile, bs[i].Live = m.RssAnon, m.RssFile, m.Live
 	}
 	return bs
@@ -206,10 +212,15 @@ type runReport struct {
 	Verify, VerifyRestart  verifyResult
 	VerifyMem, RestartMem  memMax
 	StopTook, StartTook    time.Duration
-	StopErr                error
-	SampleErrs             int
-	Warnings               int
-	FinalMetrics           map[string]float64
+	// After the load: how long until the node served a new activation.
+	Recovery              time.Duration
+	Recovered             bool
+	RecoveryRefusals      int
+	StopErr               error
+	SampleErrs            int
+	Warnings, RefusalLogs int
+	Scrape                time.Duration
+	FinalMetrics          map[string]float64
 }
 
 // verdicts are the issue's requirements, each true when it held.
@@ -273,7 +284,7 @@ func (r *runReport) write(w io.Writer) {
 	p("\n\n")
 
 	p("Memory of the server process, the highest of the samples (every 250 ms from `/proc/<pid>/status`;\n")
-	p("the live heap and heap in use from `GET /metrics` every second). The budget bounds the Go heap\n")
+	p("the live heap and heap in use from `GET /metrics` every %.0f s). The budget bounds the Go heap\n", r.Scrape.Seconds())
 	p("(the governor reads the live heap); `RssFile` is file-backed pages, mostly Badger's memory-mapped\n")
 	p("tables and value log, which the kernel can drop and which the budget does not count.\n\n")
 	p("| phase | samples | VmRSS | RssAnon | RssFile | live heap | heap in use | active objects | budget |\n")
@@ -288,6 +299,11 @@ func (r *runReport) write(w io.Writer) {
 	row("read-back after restart", r.RestartMem)
 	p("\n")
 
+	if r.Recovered {
+		p("After the load stopped, the node served a new activation (`GET` of a new object) after %.1f s (%d probes refused before).\n\n", r.Recovery.Seconds(), r.RecoveryRefusals)
+	} else {
+		p("After the load stopped, the node **still refused new activations %.0f s later** (%d probes, every 500 ms, all refused).\n\n", r.Recovery.Seconds(), r.RecoveryRefusals)
+	}
 	p("Read-back of every acknowledged write (counters: at least the acknowledged increments, at\n")
 	p("most those plus the ones of unknown outcome; large values: byte for byte):\n\n")
 	p("| when | counters | large values | lost or wrong | unreadable | reads refused and retried | took |\n|---|---|---|---|---|---|---|\n")
@@ -301,7 +317,8 @@ func (r *runReport) write(w io.Writer) {
 	if r.StopErr != nil {
 		stopNote = fmt.Sprintf(" (%v)", r.StopErr)
 	}
-	p("\nSIGTERM to exit: %.1f s%s; restart to listening: %.1f s. Server log lines at WARN or ERROR: %d.\n", r.StopTook.Seconds(), stopNote, r.StartTook.Seconds(), r.Warnings)
+	p("\nSIGTERM to exit: %.1f s%s; restart to listening: %.1f s. Server log: %d lines at WARN or ERROR, and %d `request failed` lines at ERROR, one per refusal.\n",
+		r.StopTook.Seconds(), stopNote, r.StartTook.Seconds(), r.Warnings, r.RefusalLogs)
 	if len(r.FinalMetrics) > 0 {
 		p("At the end of the load: `holdfast_memory_refusals_total` %.0f, `holdfast_memory_passivations_total` %.0f.\n",
 			r.FinalMetrics["holdfast_memory_refusals_total"], r.FinalMetrics["holdfast_memory_passivations_total"])

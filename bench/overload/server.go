@@ -30,9 +30,10 @@ type server struct {
 	exited chan struct{}
 	err    error // the exit status, once exited is closed
 
-	mu       sync.Mutex
-	warnings int // log lines at WARN or ERROR
-	tail     []string
+	mu          sync.Mutex
+	warnings    int // log lines at WARN or ERROR, but for refusals'
+	refusalLogs int // "request failed" lines of 503s and 429s
+	tail        []string
 }
 
 var listenRE = regexp.MustCompile(`"holdfast listening" addr=(\S+)`)
@@ -77,7 +78,10 @@ func startServer(bin, dataDir, logFile string, env []string) (*server, error) {
 			line := sc.Text()
 			_, _ = io.WriteString(logw, line+"\n")
 			s.mu.Lock()
-			if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			switch {
+			case strings.Contains(line, `msg="request failed"`) && (strings.Contains(line, "status=503") || strings.Contains(line, "status=429")):
+				s.refusalLogs++
+			case strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR"):
 				s.warnings++
 			}
 			if s.tail = append(s.tail, line); len(s.tail) > 100 {
@@ -113,10 +117,10 @@ func (s *server) lastLines() string {
 	return strings.Join(s.tail, "\n")
 }
 
-func (s *server) warningCount() int {
+func (s *server) warningCount() (warnings, refusalLogs int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.warnings
+	return s.warnings, s.refusalLogs
 }
 
 func (s *server) kill() {

@@ -189,7 +189,7 @@ func TestVerify_FindsLostAndWrongWrites(t *testing.T) {
 		{ackedIncr: map[int]int{0: 2, 1: 2}, uncertainIncr: map[int]int{0: 1, 2: 4}},
 		{big: []bigWrite{good, lost}},
 	}, []*writerLog{{ackedIncr: map[int]int{}, big: []bigWrite{wrong}}})
-	res := verify(c, a, vals, 2, 10*time.Second)
+	res := verify(c, a, vals, 2, 10*time.Second, time.Minute)
 	if res.Counters != 3 || res.Slots != 3 {
 		t.Errorf("checked %d counters and %d slots, want 3 and 3", res.Counters, res.Slots)
 	}

@@ -46,9 +46,12 @@ type verifyResult struct {
 
 // verify reads every object a write was acknowledged on, with readers
 // goroutines, retrying refused reads after their retryAfterMs for up to
-// perKey each (reads are safe to retry).
-func verify(c *client, a *acks, vals *values, readers int, perKey time.Duration) verifyResult {
+// perKey each (reads are safe to retry), and giving up on every read once
+// total has passed (a node that refuses new activations for good would
+// otherwise keep the check going for perKey times the keys).
+func verify(c *client, a *acks, vals *values, readers int, perKey, total time.Duration) verifyResult {
 	start := time.Now()
+	end := start.Add(total)
 	type job struct {
 		counter int // -1 for a large slot
 		big     bigWrite
@@ -68,7 +71,7 @@ func verify(c *client, a *acks, vals *values, readers int, perKey time.Duration)
 				} else {
 					path = fmt.Sprintf("/api/v1/objects/%s/big/%s/v", c.app.ID, j.big.Key)
 				}
-				status, body, refusals := readRetrying(c, path, perKey)
+				status, body, refusals := readRetrying(c, path, min(perKey, time.Until(end)))
 				var problem string
 				switch {
 				case status != 200 && status != 404:
@@ -128,13 +131,14 @@ func verify(c *client, a *acks, vals *values, readers int, perKey time.Duration)
 }
 
 // readRetrying GETs path until it gets a 200 or a 404, waiting out refusals
-// (their retryAfterMs) and failures (a second), for at most budget.
+// (their retryAfterMs) and failures (a second), for at most budget (at
+// least one request is made, even with no budget left).
 func readRetrying(c *client, path string, budget time.Duration) (status int, body []byte, refusals int) {
 	deadline := time.Now().Add(budget)
 	for {
 		var h http.Header
 		status, body, h = c.do(context.Background(), "GET", path, nil)
-		if status == 200 || status == 404 || time.Now().After(deadline) {
+		if status == 200 || status == 404 || !time.Now().Before(deadline) {
 			return status, body, refusals
 		}
 		wait := time.Second
