@@ -220,3 +220,21 @@ func (m *onceSet) first(k string) bool {
 	m.seen[k] = true
 	return true
 }
+
+func TestRunReport_Verdicts(t *testing.T) {
+	r := &runReport{Budget: 100, Phases: []phaseReport{{Mem: memMax{RssAnon: 90}, Groups: []groupStats{{Refused: 4, WithMs: 4}}}}}
+	if rss, retry, lost := r.verdicts(); !rss || !retry || !lost {
+		t.Fatalf("a good run: %v %v %v", rss, retry, lost)
+	}
+	r.Phases[0].Mem.RssAnon = 101
+	r.Phases[0].Groups[0].WithMs = 3
+	r.VerifyRestart.Unreadable = []string{"x"}
+	if rss, retry, lost := r.verdicts(); rss || retry || lost {
+		t.Errorf("RSS over, a refusal without retryAfterMs, a write not read back: %v %v %v", rss, retry, lost)
+	}
+	r.VerifyRestart.Unreadable = nil
+	r.Verify.Problems = []string{"LOST"}
+	if _, _, lost := r.verdicts(); lost {
+		t.Error("a lost write")
+	}
+}

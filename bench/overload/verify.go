@@ -138,12 +138,17 @@ func readRetrying(c *client, path string, budget time.Duration) (status int, bod
 	for {
 		var h http.Header
 		status, body, h = c.do(context.Background(), "GET", path, nil)
-		if status == 200 || status == 404 || !time.Now().Before(deadline) {
+		if status == 200 || status == 404 {
+			return status, body, refusals
+		}
+		if classify(status) == refused {
+			refusals++
+		}
+		if !time.Now().Before(deadline) {
 			return status, body, refusals
 		}
 		wait := time.Second
 		if classify(status) == refused {
-			refusals++
 			if ms, ok, _ := retryAfter(body, h.Get("Retry-After")); ok {
 				wait = time.Duration(ms) * time.Millisecond
 			}
