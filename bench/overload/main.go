@@ -154,7 +154,7 @@ func run(r *runReport, bin, work string, o runOpts) error {
 	c := &client{http: hc, url: srv.url, app: app}
 	start := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
-	sm := &sampler{pid: srv.pid(), url: srv.url, start: start, interval: step, metricsEvery: max(1, int(o.scrape/step)), client: hc}
+	sm := &sampler{pid: srv.pid(), url: srv.url, start: start, interval: step, scrapeEvery: o.scrape, client: hc}
 	sampled := make(chan struct{})
 	go func() { defer close(sampled); sm.run(ctx) }()
 	stopSampler := func() { cancel(); <-sampled }
@@ -168,7 +168,7 @@ func run(r *runReport, bin, work string, o runOpts) error {
 		base, _ := l.phase(r.BaseWriters, 0, baseDur, 1)
 		to := time.Since(start)
 		all = append(all, base)
-		ss, _ := sm.taken()
+		ss, _, _ := sm.taken()
 		r.Phases = append(r.Phases, phaseReport{Name: "baseline only", From: from, To: to, Mem: memOver(ss, from, to),
 			Groups: []groupStats{groupOf("baseline", r.BaseWriters, to-from, base)}})
 	}
@@ -180,7 +180,7 @@ func run(r *runReport, bin, work string, o runOpts) error {
 	if m, err := scrape(context.Background(), hc, srv.url); err == nil {
 		r.FinalMetrics = m
 	}
-	ss, _ := sm.taken()
+	ss, _, _ := sm.taken()
 	r.Phases = append(r.Phases, phaseReport{Name: "overload", From: from, To: to, Mem: memOver(ss, from, to),
 		Groups: []groupStats{groupOf("baseline", r.BaseWriters, to-from, base), groupOf("overload", r.Writers, to-from, big)}})
 	r.Timeline = timeline(from, to, r.Step, base, big, ss)
@@ -192,12 +192,12 @@ func run(r *runReport, bin, work string, o runOpts) error {
 	progress("reading back %d counters and %d large values", len(a.ackedIncr), len(a.big))
 	vfrom := time.Since(start)
 	r.Verify = verify(c, a, vals, readers, 30*time.Second, o.verifyMax)
-	ss, errs := sm.taken()
+	ss, perrs, serrs := sm.taken()
 	r.VerifyMem = memOver(ss, vfrom, time.Since(start)+time.Second)
 
 	progress("SIGTERM, then a restart")
 	stopSampler()
-	r.SampleErrs = errs
+	r.ProcErrs, r.ScrapeErrs = perrs, serrs
 	r.StopTook, r.StopErr = srv.stop(2 * time.Minute)
 	restartAt := time.Now()
 	srv2, err := startServer(bin, dataDir, logFile, env)
@@ -209,7 +209,7 @@ func run(r *runReport, bin, work string, o runOpts) error {
 	r.StartTook = time.Since(restartAt)
 	c2 := &client{http: hc, url: srv2.url, app: app}
 	ctx2, cancel2 := context.WithCancel(context.Background())
-	sm2 := &sampler{pid: srv2.pid(), url: srv2.url, start: start, interval: step, metricsEvery: max(1, int(o.scrape/step)), client: hc}
+	sm2 := &sampler{pid: srv2.pid(), url: srv2.url, start: start, interval: step, scrapeEvery: o.scrape, client: hc}
 	sampled2 := make(chan struct{})
 	go func() { defer close(sampled2); sm2.run(ctx2) }()
 	progress("reading everything back again")
@@ -217,9 +217,9 @@ func run(r *runReport, bin, work string, o runOpts) error {
 	r.VerifyRestart = verify(c2, a, vals, readers, 30*time.Second, o.verifyMax)
 	cancel2()
 	<-sampled2
-	ss2, errs2 := sm2.taken()
+	ss2, perrs2, serrs2 := sm2.taken()
 	r.RestartMem = memOver(ss2, rfrom, time.Since(start)+time.Second)
-	r.SampleErrs += errs2
+	r.ProcErrs, r.ScrapeErrs = r.ProcErrs+perrs2, r.ScrapeErrs+serrs2
 	if _, err := srv2.stop(2 * time.Minute); err != nil {
 		progress("the restarted server's exit: %v", err)
 	}

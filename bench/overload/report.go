@@ -217,7 +217,8 @@ type runReport struct {
 	Recovered             bool
 	RecoveryRefusals      int
 	StopErr               error
-	SampleErrs            int
+	ProcErrs              int // /proc/<pid>/status reads that failed
+	ScrapeErrs            int // GET /metrics that failed (a 5 s timeout included)
 	Warnings, RefusalLogs int
 	Scrape                time.Duration
 	FinalMetrics          map[string]float64
@@ -351,8 +352,8 @@ func (r *runReport) write(w io.Writer) {
 	default:
 		p("no acknowledged write lost (before and after the restart): %s.\n", yes(lostOK))
 	}
-	if r.SampleErrs > 0 {
-		p("(%d memory samples or scrapes failed.)\n", r.SampleErrs)
+	if r.ProcErrs > 0 || r.ScrapeErrs > 0 {
+		p("(%d reads of /proc/<pid>/status and %d scrapes of /metrics failed.)\n", r.ProcErrs, r.ScrapeErrs)
 	}
 }
 

@@ -175,18 +175,21 @@ type sample struct {
 }
 
 // sampler reads the server's /proc status every interval and its /metrics
-// every metricsEvery, until ctx is done; run returns then.
+// every scrapeEvery, on two goroutines of its own (a slow scrape must not
+// leave a gap in the RSS samples), until ctx is done; run returns then.
 type sampler struct {
-	pid          int
-	url          string
-	start        time.Time
-	interval     time.Duration
-	metricsEvery int // every this many samples
-	client       *http.Client
+	pid         int
+	url         string
+	start       time.Time
+	interval    time.Duration
+	scrapeEvery time.Duration
+	client      *http.Client
 
-	mu      sync.Mutex
-	samples []sample
-	errs    int
+	mu         sync.Mutex
+	samples    []sample
+	latest     sample // Live, HeapInuse and Active of the last scrape
+	procErrs   int
+	scrapeErrs int
 }
 
 var sampledMetrics = map[string]bool{
@@ -199,30 +202,25 @@ var sampledMetrics = map[string]bool{
 }
 
 func (sm *sampler) run(ctx context.Context) {
+	sm.latest = sample{Live: -1, HeapInuse: -1, Active: -1}
+	var wg sync.WaitGroup
+	wg.Go(func() { sm.scrapeLoop(ctx) })
+	sm.procLoop(ctx)
+	wg.Wait()
+}
+
+func (sm *sampler) procLoop(ctx context.Context) {
 	t := time.NewTicker(sm.interval)
 	defer t.Stop()
-	last := sample{Live: -1, HeapInuse: -1, Active: -1}
-	for i := 0; ; i++ {
-		s := sample{At: time.Since(sm.start), Live: last.Live, HeapInuse: last.HeapInuse, Active: last.Active}
+	for {
 		ps, err := readProcStatus(sm.pid)
-		if err == nil {
-			s.procStatus = ps
-		}
-		if i%sm.metricsEvery == 0 {
-			if m, err := scrape(ctx, sm.client, sm.url); err == nil {
-				s.Live, s.HeapInuse, s.Active = m["holdfast_memory_live_bytes"], m["go_memstats_heap_inuse_bytes"], m["holdfast_objects_active"]
-			} else if ctx.Err() == nil {
-				sm.mu.Lock()
-				sm.errs++
-				sm.mu.Unlock()
-			}
-		}
-		last = s
 		sm.mu.Lock()
 		if err == nil {
+			s := sm.latest
+			s.At, s.procStatus = time.Since(sm.start), ps
 			sm.samples = append(sm.samples, s)
 		} else {
-			sm.errs++
+			sm.procErrs++
 		}
 		sm.mu.Unlock()
 		select {
@@ -233,10 +231,31 @@ func (sm *sampler) run(ctx context.Context) {
 	}
 }
 
-func (sm *sampler) taken() ([]sample, int) {
+func (sm *sampler) scrapeLoop(ctx context.Context) {
+	t := time.NewTicker(sm.scrapeEvery)
+	defer t.Stop()
+	for {
+		m, err := scrape(ctx, sm.client, sm.url)
+		sm.mu.Lock()
+		if err == nil {
+			sm.latest.Live, sm.latest.HeapInuse, sm.latest.Active = m["holdfast_memory_live_bytes"], m["go_memstats_heap_inuse_bytes"], m["holdfast_objects_active"]
+		} else if ctx.Err() == nil {
+			sm.scrapeErrs++
+		}
+		sm.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// taken is the samples so far, and how many /proc reads and scrapes failed.
+func (sm *sampler) taken() ([]sample, int, int) {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
-	return slices.Clone(sm.samples), sm.errs
+	return slices.Clone(sm.samples), sm.procErrs, sm.scrapeErrs
 }
 
 func readProcStatus(pid int) (procStatus, error) {
