@@ -238,3 +238,25 @@ func TestRunReport_Verdicts(t *testing.T) {
 		t.Error("a lost write")
 	}
 }
+
+func TestTimeline_BucketsAndRemainder(t *testing.T) {
+	base := []*writerLog{{replies: []reply{
+		{At: 10 * time.Second, Latency: time.Millisecond, Class: acked},
+		{At: 14 * time.Second, Latency: 3 * time.Millisecond, Class: acked},
+		{At: 15 * time.Second, Class: refused},
+		{At: 20500 * time.Millisecond, Latency: time.Millisecond, Class: acked}, // past 2 steps: the last bucket's
+		{At: 9 * time.Second, Class: acked},                                     // before the phase
+	}}}
+	big := []*writerLog{{replies: []reply{{At: 11 * time.Second, Class: refused}}}}
+	ss := []sample{{At: 12 * time.Second, procStatus: procStatus{RssAnon: 5}}, {At: 16 * time.Second, procStatus: procStatus{RssAnon: 7}}}
+	bs := timeline(10*time.Second, 20600*time.Millisecond, 5*time.Second, base, big, ss)
+	if len(bs) != 2 {
+		t.Fatalf("%d buckets, want 2", len(bs))
+	}
+	if b := bs[0]; b.From != 0 || b.BaseAcked != 2 || b.BigRefused != 1 || b.BaseP99 != 3*time.Millisecond || b.RssAnon != 5 {
+		t.Errorf("first bucket %+v", b)
+	}
+	if b := bs[1]; b.From != 5*time.Second || b.BaseAcked != 1 || b.BaseRefused != 1 || b.RssAnon != 7 {
+		t.Errorf("second bucket %+v", b)
+	}
+}
