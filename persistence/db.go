@@ -35,6 +35,9 @@ type Config struct {
 	// fails the pipeline, so keep it above PipelineConfig.MaxWriteBytes (the
 	// API's largest value is 8 MiB).
 	ValueLogFileSize int64
+	// BlockCacheSize is the bytes of Badger's block cache. Zero means 256 MiB
+	// (Badger's default).
+	BlockCacheSize int64
 	// Logger receives Badger's messages. Nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -80,6 +83,9 @@ func open(cfg Config, acceptMissingStart bool) (*DB, error) {
 	if cfg.ValueLogFileSize == 0 {
 		cfg.ValueLogFileSize = valueLogFileSize
 	}
+	if cfg.BlockCacheSize == 0 {
+		cfg.BlockCacheSize = 256 << 20
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -97,6 +103,8 @@ func open(cfg Config, acceptMissingStart bool) (*DB, error) {
 		WithDetectConflicts(false).
 		WithMemTableSize(cfg.MemTableSize).
 		WithNumMemtables(3).
+		WithValueThreshold(valueThreshold).
+		WithBlockCacheSize(cfg.BlockCacheSize).
 		WithValueLogFileSize(cfg.ValueLogFileSize).
 		WithLogger(badgerLogger{cfg.Logger.With("component", "badger")})
 	if err := removeEmptyLogs(opts.Dir, cfg.Logger); err != nil {

@@ -18,9 +18,9 @@ import (
 	"github.com/dgraph-io/badger/v4"
 )
 
-// Badger's value log. Badger keeps a value of 1 MiB or more (its largest
-// ValueThreshold) out of its LSM tree, in value-log files (NNNNNN.vlog) that
-// the tree points into: a slot value of 1 MiB, the change-log entry of a large
+// Badger's value log. Badger keeps a value of valueThreshold (64 KiB) or
+// more out of its LSM tree, in value-log files (NNNNNN.vlog) that the tree
+// points into: a large slot value, the change-log entry of a large
 // transaction, the block of a large log append. Badger does not sync those
 // files (SyncWrites is off: the write-ahead log is the durability point), and
 // it reclaims none of their space by itself. Two things follow.
@@ -64,6 +64,15 @@ import (
 // merged batch's version (the applier's) is newer than the record's own (the
 // replay's). The power-cut test found it. So Holdfast never syncs Badger's
 // memtable logs: what they hold is in the write-ahead log or in tables.
+
+// valueThreshold is the size from which Badger keeps a value in its value
+// log rather than in its tree. Badger's default is 1 MiB, its largest: a
+// value just under it then went through the memtables, every table built from
+// them and every compaction. In the overload run (bench/overload, 80 writers
+// of 512 KiB-1 MiB values), Badger's table building took 464 MB of a 1 GB
+// heap and the node's RSS passed its memory budget; a small pointer in the
+// tree costs none of that.
+const valueThreshold = 64 << 10
 
 // valueLogFileSize is the size at which Badger starts a new value-log file,
 // and so the unit in which the GC gives space back. Badger's default is 1 GiB.
