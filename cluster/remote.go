@@ -38,6 +38,7 @@ type transport struct {
 	system   *actor.ActorSystem
 	cluster  *protocluster.Cluster
 	provider *etcdprovider.Provider
+	conns    *grpcConns // the remote's outgoing connections (leaks.go)
 	client   bool
 	lookup   *ownerLookup
 	log      *slog.Logger
@@ -102,13 +103,14 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 	if err != nil {
 		return nil, fmt.Errorf("cluster: etcd provider: %w", err)
 	}
+	conns := newGRPCConns()
 	rc := remote.Configure(host, port,
 		remote.WithServerOptions(grpc.MaxRecvMsgSize(maxWireMessage), grpc.MaxSendMsgSize(maxWireMessage)),
-		remote.WithDialOptions(grpc.WithInsecure(), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage))),
+		remote.WithDialOptions(append(conns.dialOptions(), grpc.WithInsecure(), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage)))...),
 		remote.WithCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage)))
 	cc := protocluster.Configure(name, provider, lookup, rc)
 	c := protocluster.New(system, cc)
-	t := &transport{system: system, cluster: c, provider: provider, client: client, lookup: lookup, log: log, down: map[string]time.Time{}, serving: owner.New(nil)}
+	t := &transport{system: system, cluster: c, provider: provider, conns: conns, client: client, lookup: lookup, log: log, down: map[string]time.Time{}, serving: owner.New(nil)}
 	// StartMember panics on errors (a port in use, etcd unreachable).
 	if err := func() (err error) {
 		defer func() {
@@ -124,6 +126,7 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 		return nil
 	}(); err != nil {
 		closeProviderClient(provider)
+		conns.close()
 		return nil, err
 	}
 	t.addr = system.Address()
@@ -166,6 +169,7 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 	if _, err := system.Root.SpawnNamed(props, routerName); err != nil {
 		c.Shutdown(false)
 		closeProviderClient(provider)
+		conns.close()
 		return nil, fmt.Errorf("cluster: spawn the router: %w", err)
 	}
 	// Forget cached addresses on every membership change; note lost connections.
@@ -367,6 +371,7 @@ func (t *transport) stop(graceful bool) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer t.conns.close()
 		defer closeProviderClient(t.provider)
 		if t.client {
 			// Cluster.Shutdown assumes gossip, which a client does not start.
@@ -388,8 +393,17 @@ func (t *transport) stop(graceful bool) {
 	}()
 	select {
 	case <-done:
+		return
 	case <-time.After(10 * time.Second):
-		t.log.Warn("the protoactor cluster did not stop within 10s (etcd unreachable?); leaving it behind")
+	}
+	// The provider's calls to etcd have no deadline: closing its client ends
+	// them, and the shutdown goes on.
+	t.log.Warn("the protoactor cluster did not stop within 10s (etcd unreachable?); closing its etcd client")
+	closeProviderClient(t.provider)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.log.Warn("the protoactor cluster did not stop; leaving it behind")
 	}
 }
 
