@@ -17,6 +17,7 @@ import (
 
 	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/cold"
+	"github.com/holdfast/holdfast/internal/owner"
 	"github.com/holdfast/holdfast/internal/slogx"
 	"github.com/holdfast/holdfast/persistence"
 )
@@ -120,6 +121,9 @@ type Host struct {
 	stop    chan struct{}
 	swept   sync.WaitGroup
 	sched   *alarms.Scheduler
+	// push and bg own the goroutines that run outside objects' turns: user
+	// push handlers, and cold I/O and retries (owners.go). Close stops both.
+	push, bg *owner.Group
 
 	now func() time.Time // clock; a test may replace it before Start
 	// jitter returns a number in [0, 1) for backoff jitter; a test may replace it.
@@ -199,7 +203,7 @@ func NewHost(db *persistence.DB, pipe *persistence.Pipeline, cfg Config) *Host {
 		cfg.ColdTimeout = 10 * time.Second
 	}
 	h := &Host{db: db, pipe: pipe, cfg: cfg, log: cfg.Logger, types: map[string]*TypeSpec{}, now: time.Now, jitter: mrand.Float64,
-		boot: newBoot()}
+		boot: newBoot(), push: owner.New(nil), bg: owner.New(nil)}
 	h.initMemory()
 	for i := range h.shards {
 		h.shards[i].m = make(map[ObjectID]*activation)
@@ -363,10 +367,14 @@ func (h *Host) sweepLoop() {
 	}
 }
 
-// Close stops admitting requests, waits until every admitted request was answered
-// (so every acknowledged write is durable) or ctx ends, then stops every actor.
+// Close stops admitting requests, cancels the push handlers, waits until every
+// admitted request was answered (so every acknowledged write is durable) or ctx
+// ends, cancels and waits for the host's other goroutines (cold I/O, retries,
+// the alarm scheduler) and the push handlers, then stops every actor. Only then
+// may the caller close the pipeline and the database.
 func (h *Host) Close(ctx context.Context) error {
 	h.closing.Store(true)
+	h.push.Stop() // owners.go: user code ends first; its results are refused now
 	close(h.stop)
 	h.swept.Wait()
 	h.sched.Close()
@@ -377,6 +385,9 @@ func (h *Host) Close(ctx context.Context) error {
 			break
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+	if oerr := h.closeOwned(ctx); oerr != nil && err == nil { // owners.go
+		err = oerr
 	}
 	for i := range h.shards {
 		s := &h.shards[i]

@@ -208,23 +208,26 @@ func (o *object) flushNext(l *logState) {
 		l.pendFirst, l.pendEnd = first, end
 		o.submit(&persistence.Write{Sets: []persistence.KV{{Key: l.ks.Key(logMeta, nil), Value: l.metaValue()}}}, l.readBack)
 	}
-	// Step 2, off the turn: after the run is durable, create the segment.
+	// Step 2, off the turn: after the run is durable, create the segment, on a
+	// goroutine of h.bg (owners.go).
 	t, store, timeout, h, act := o.last, o.h.cfg.Cold, o.h.cfg.ColdTimeout, o.h, o.act
-	go func() {
+	if !h.bg.Go(func(ctx context.Context) {
 		var err error
 		if t != nil {
-			err = t.Wait(context.Background())
+			err = t.Wait(ctx)
 		}
 		if err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			err = store.Create(ctx, key, data)
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			err = store.Create(cctx, key, data)
 			cancel()
 			if errors.Is(err, cold.ErrExists) {
 				err = fmt.Errorf("segment %s exists with other content", key)
 			}
 		}
 		h.send(act, flushDone{err: err}, false)
-	}()
+	}) {
+		o.onFlushDone(flushDone{err: errClosing()})
+	}
 }
 
 // onFlushDone runs step 3 of the pass in flight, then the next pass.
@@ -284,22 +287,27 @@ func (o *object) coldRead(l *logState, m LogRead, limit int) (any, error) {
 	if o.h.cfg.Cold == nil {
 		return nil, unavailable("this node has no cold store", nil)
 	}
-	env := o.deferReply()
 	t, store, timeout, next := o.last, o.h.cfg.Cold, o.h.cfg.ColdTimeout, l.next
-	go func() {
-		page, err := readSegment(store, timeout, e, m.From, limit, next)
+	// On a goroutine of h.bg (owners.go); the request stays in flight, so
+	// Close waits for its reply before it cancels the read.
+	env := o.deferReply()
+	if !o.h.bg.Go(func(ctx context.Context) {
+		page, err := readSegment(ctx, store, timeout, e, m.From, limit, next)
 		finish := func(cerr error) { env.finish(page, err, cerr) }
 		if t == nil {
 			finish(nil)
 			return
 		}
 		t.OnDone(finish)
-	}()
+	}) {
+		o.deferred = false // handle replies after all
+		return nil, errClosing()
+	}
 	return nil, nil
 }
 
-func readSegment(store cold.Store, timeout time.Duration, e segEntry, from uint64, limit int, next uint64) (*RecordPage, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+func readSegment(ctx context.Context, store cold.Store, timeout time.Duration, e segEntry, from uint64, limit int, next uint64) (*RecordPage, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	data, err := store.Get(ctx, e.key)
 	if errors.Is(err, cold.ErrNotFound) {

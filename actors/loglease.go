@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -270,7 +271,8 @@ func (o *object) recordsOf(l *logState, first, last uint64, fn func([]LogRecord,
 		fn(nil, unavailable("this node has no cold store", nil))
 		return
 	}
-	go func() {
+	// On a goroutine of h.bg (owners.go).
+	if !h.bg.Go(func(ctx context.Context) {
 		var recs []LogRecord
 		var err error
 		next := first
@@ -279,7 +281,7 @@ func (o *object) recordsOf(l *logState, first, last uint64, fn func([]LogRecord,
 				break // a gap: forgotten
 			}
 			var page *RecordPage
-			page, err = readSegment(store, timeout, e, next, int(min(last, e.end-1)-next+1), 0)
+			page, err = readSegment(ctx, store, timeout, e, next, int(min(last, e.end-1)-next+1), 0)
 			if err != nil {
 				break
 			}
@@ -291,7 +293,9 @@ func (o *object) recordsOf(l *logState, first, last uint64, fn func([]LogRecord,
 		}
 		recs = append(recs, hot...)
 		h.send(act, resume{fn: func() { fn(recs, err) }}, false)
-	}()
+	}) {
+		fn(nil, errClosing())
+	}
 }
 
 func (o *object) logLease(m LogLease) (any, error) {

@@ -394,6 +394,7 @@ func errMoved() error {
 func (o *object) moved() {
 	o.broken = errMoved()
 	o.h.forget(o.act)
+	o.cancelPush() // its handlers' results cannot come back to it (owners.go)
 	subs := o.subs
 	o.subs = nil
 	o.act.subscribed.Store(0)
@@ -406,9 +407,10 @@ func (o *object) drop(c actor.Context) {
 	if o.broken == nil {
 		o.moved()
 	}
-	if o.act.inflight.Load() != 0 || (o.last != nil && !o.last.Done()) || o.push.inflight != 0 {
-		h, act := o.h, o.act
-		time.AfterFunc(10*time.Millisecond, func() { h.send(act, dropPartition{}, false) })
+	// Not o.push.inflight: the host forgot this activation, so its push
+	// handlers' results go to a fresh one (or nowhere), never back here.
+	if o.act.inflight.Load() != 0 || (o.last != nil && !o.last.Done()) {
+		o.h.retryDrop(o.act) // owners.go
 		return
 	}
 	c.Stop(c.Self())

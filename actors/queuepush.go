@@ -49,7 +49,8 @@ type QueueResult struct {
 // QueueHandler is a push consumer of a type's queues: Handle is called with
 // every due message of Target (every target when empty) and Topic (every
 // topic when empty). An error or a panic is a retry. Its context ends at the
-// delivery's visibility deadline.
+// delivery's visibility deadline, when the node closes (Host.Close waits for
+// the handler to return) and when the object's partition leaves the node.
 type QueueHandler struct {
 	Topic, Target string
 	Handle        func(ctx context.Context, m QueueDelivery) (QueueResult, error)
@@ -69,7 +70,12 @@ type queuePushDone struct {
 }
 
 // pushState is an activation's handlers in flight.
-type pushState struct{ inflight int }
+type pushState struct {
+	inflight int
+	// gone ends when the activation moves away (owners.go, pushGone).
+	gone  context.Context
+	leave context.CancelFunc
+}
 
 // pushHandler returns the handler of a pair of target and topic: the most
 // specific one registered.
@@ -202,24 +208,32 @@ func (o *object) queuePump() {
 	for i, s := range starts {
 		handlers[i] = o.pushHandler(s.target, s.d.Topic)
 	}
-	// Start the handlers once the take (and every write before it) is durable.
+	// Start the handlers once the take (and every write before it) is durable,
+	// as goroutines of h.push (owners.go).
+	gone := o.pushGone()
 	o.last.OnDone(func(commitErr error) {
 		for i, s := range starts {
-			go func() {
+			started := h.push.Go(func(ctx context.Context) {
 				done := queuePushDone{receipt: s.d.Receipt, err: commitErr}
 				if commitErr == nil {
-					done.res, done.err = runQueueHandler(h, id, handlers[i], s.d, vis)
+					done.res, done.err = runQueueHandler(ctx, gone, h, id, handlers[i], s.d, vis)
 				}
 				_ = h.post(id, done) // if the node is closing, the delivery expires and replays
-			}()
+			})
+			if !started {
+				return // the host is closing: the deliveries expire and replay
+			}
 		}
 	})
 }
 
-// runQueueHandler calls a push handler; a panic is an error like any other.
-func runQueueHandler(h *Host, id ObjectID, qh *QueueHandler, d QueueDelivery, vis time.Duration) (r QueueResult, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), vis)
+// runQueueHandler calls a push handler under ctx (the host's), until the
+// visibility deadline or until gone (its activation moved away) ends; a panic
+// is an error like any other.
+func runQueueHandler(ctx, gone context.Context, h *Host, id ObjectID, qh *QueueHandler, d QueueDelivery, vis time.Duration) (r QueueResult, err error) {
+	ctx, cancel := context.WithTimeout(ctx, vis)
 	defer cancel()
+	defer context.AfterFunc(gone, cancel)()
 	defer func() {
 		if p := recover(); p != nil {
 			h.log.Error("queue handler panicked", "object", id.String(), "message", d.ID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))

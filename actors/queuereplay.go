@@ -226,15 +226,14 @@ func (h *Host) TakeUp(p uint32) {
 	if h.sched != nil {
 		h.sched.Reset()
 	}
-	h.swept.Add(1)
-	go func() {
-		defer h.swept.Done()
+	// On a goroutine of h.bg (owners.go): h.swept may be waited on already.
+	h.bg.Go(func(context.Context) {
 		total, objects, start := h.replayPartitions([]uint32{p})
 		if objects > 0 || len(total.Errors) > 0 {
 			h.log.Info("queue replay of a partition taken up", "partition", p, "objects", objects, "recovered", total.Recovered,
 				"errors", len(total.Errors), "took", time.Since(start).Round(time.Millisecond))
 		}
-	}()
+	})
 }
 
 // partitions returns the partitions this node serves.

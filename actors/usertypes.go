@@ -50,8 +50,9 @@ type Context struct {
 // ID returns the object's name.
 func (c *Context) ID() ObjectID { return c.o.act.id }
 
-// Context returns a context for storage calls.
-func (c *Context) Context() context.Context { return context.Background() }
+// Context returns a context for storage calls. It ends when the node closes
+// and stops waiting for the requests in flight.
+func (c *Context) Context() context.Context { return c.o.h.bg.Context() }
 
 func checkStorageKey(key string) error {
 	if key == "" || len(key) > MaxStorageKeyBytes {

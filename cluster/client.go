@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/internal/owner"
 )
 
 // ClientConfig configures a client member: an in-cluster Go service that
@@ -79,7 +80,8 @@ func StartClient(cfg ClientConfig) (*Client, error) {
 		id:  cfg.ID, log: cfg.Logger.With("client", cfg.ID), cli: cli, k: k, view: newView(meta.Partitions), boot: newBoot(),
 		state: make([]uint8, meta.Partitions), subs: newRemoteSubs(), kick: make(chan struct{}, 1), leaveAsked: make(chan struct{}),
 	}
-	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.owned = owner.New(nil)
+	m.ctx, m.cancel = m.owned.Context(), m.owned.Stop
 	tr, err := startTransport(cfg.Name, cfg.Advertise, cfg.Endpoints, newOwnerLookup(m.resolve), m.serveRemote, m.serveFeed, true, m.log)
 	if err != nil {
 		m.cancel()
@@ -87,10 +89,8 @@ func StartClient(cfg ClientConfig) (*Client, error) {
 		return nil, err
 	}
 	m.tr = tr
-	go m.view.follow(m.ctx, cli, k, m.log)
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
+	m.goOwned(func() { m.view.follow(m.ctx, cli, k, m.log) })
+	m.goOwned(func() {
 		for {
 			select {
 			case <-m.ctx.Done():
@@ -99,7 +99,7 @@ func StartClient(cfg ClientConfig) (*Client, error) {
 				m.sweepSubs()
 			}
 		}
-	}()
+	})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		m.view.mu.RLock()
@@ -109,9 +109,7 @@ func StartClient(cfg ClientConfig) (*Client, error) {
 			return &Client{m: m}, nil
 		}
 		if time.Now().After(deadline) {
-			m.cancel()
-			tr.stop(false)
-			_ = cli.Close()
+			m.stop(false)
 			return nil, errors.New("cluster client: cannot read the cluster's state from etcd")
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -19,7 +19,6 @@ import (
 // controllerLoop campaigns for the controller key and, while it holds it, places
 // partitions at every change of the cluster's state.
 func (m *member) controllerLoop() {
-	defer m.wg.Done()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {

@@ -263,11 +263,11 @@ func (m *member) serveFeed(req *wireRequest) {
 		m.log.Warn("events of a live feed were lost between nodes; the subscriber resumes", "node", o.node, "sub", f.SubID)
 		o.sub.Lost(errFeedGap)
 		// The owner's stand-in must go too; serveFeed must not block.
-		go func() {
+		m.goOwned(func() {
 			ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
 			defer cancel()
 			m.unsubscribeAt(ctx, o, f.SubID)
-		}()
+		})
 		return
 	}
 	for _, ev := range f.Events {
@@ -346,7 +346,7 @@ func (m *member) checkSubs() {
 	}
 	m.subs.mu.Unlock()
 	for k, ids := range byOwner {
-		go func() {
+		started := m.owned.Go(func(context.Context) {
 			ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
 			defer cancel()
 			reply, err := m.tr.call(ctx, NodeInfo{ID: k.node, Addr: k.addr, Boot: k.boot}, &wireRequest{Op: opSubsCheck, From: m.id, Feed: &feedMsg{SubIDs: ids}})
@@ -366,7 +366,12 @@ func (m *member) checkSubs() {
 				m.log.Warn("a live feed's owner no longer holds it; the subscriber resumes", "node", k.node)
 				o.sub.Lost(errSubGone)
 			}
-		}()
+		})
+		if !started { // stopping: no check now
+			m.subs.mu.Lock()
+			delete(m.subs.checking, k.addr)
+			m.subs.mu.Unlock()
+		}
 	}
 }
 

@@ -55,7 +55,6 @@ const handoffRounds = 4
 
 // handoff runs on A (this node) for partition p, whose entry e asks for a move.
 func (m *member) handoff(p uint32, e PartEntry) {
-	defer m.wg.Done()
 	start := time.Now()
 	err := m.handOff(p, e)
 	if mt := m.n.cfg.Metrics; mt != nil {

@@ -126,7 +126,6 @@ func TestCluster_CleanupKeepsAPartitionEtcdSaysIsOurs(t *testing.T) {
 	m.state[p] = stCleaning
 	m.stale[p] = true
 	m.mu.Unlock()
-	m.wg.Add(1)
 	m.clean(p)
 	m.mu.Lock()
 	st, stale := m.state[p], m.stale[p]

@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/internal/owner"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -90,9 +91,11 @@ type member struct {
 	// leaveAsked is closed when an operator asked this node to leave.
 	leaveAsked chan struct{}
 	askedOnce  sync.Once
-	ctx        context.Context
-	cancel     context.CancelFunc
-	wg         sync.WaitGroup
+	// owned owns every goroutine of the member (goOwned); ctx is its
+	// context, and cancel (its Stop) ends it and refuses new goroutines.
+	owned  *owner.Group
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	// beforeSwitch, when set (tests), runs before a handoff switches the table
 	// entry cur of partition p; an error stands for the switch's own error.
@@ -159,9 +162,14 @@ func newMember(n *Node, cli *clientv3.Client, parts int) *member {
 		imports: map[uint32]*importState{}, retryAt: map[uint32]time.Time{}, stale: map[uint32]bool{},
 		kick: make(chan struct{}, 1), leaveAsked: make(chan struct{}), subs: newRemoteSubs(),
 	}
-	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.owned = owner.New(nil)
+	m.ctx, m.cancel = m.owned.Context(), m.owned.Stop
 	return m
 }
+
+// goOwned runs f on a goroutine of m.owned: stop cancels m.ctx and waits for
+// it. Once stop began it does not run f (whose loops would end at once).
+func (m *member) goOwned(f func()) { m.owned.Go(func(context.Context) { f() }) }
 
 // start registers the node, starts the transport, follows the cluster's state
 // and takes up the partitions the table gives this node.
@@ -185,16 +193,16 @@ func (m *member) start() error {
 		return err
 	}
 	m.tr = tr
-	go m.view.follow(m.ctx, cli, m.k, m.log)
+	m.goOwned(func() { m.view.follow(m.ctx, cli, m.k, m.log) })
 	if err := m.newSession(); err != nil {
 		m.cancel()
+		_ = m.owned.Wait(context.Background())
 		tr.stop(false)
 		return err
 	}
-	m.wg.Add(3)
-	go m.sessionLoop()
-	go m.reconcileLoop()
-	go m.controllerLoop()
+	m.goOwned(m.sessionLoop)
+	m.goOwned(m.reconcileLoop)
+	m.goOwned(m.controllerLoop)
 	return nil
 }
 
@@ -215,8 +223,7 @@ func (m *member) newSession() error {
 			cancel()
 			if err == nil && resp.Succeeded {
 				m.sess.Store(s)
-				m.wg.Add(1)
-				go func() { defer m.wg.Done(); s.keepAlive(m.ctx) }()
+				m.goOwned(func() { s.keepAlive(m.ctx) })
 				m.log.Info("registered in the cluster", "lease", int64(s.lease), "addr", m.tr.addr)
 				m.poke()
 				return nil
@@ -232,8 +239,7 @@ func (m *member) newSession() error {
 					cancel()
 					if err == nil {
 						m.sess.Store(s)
-						m.wg.Add(1)
-						go func() { defer m.wg.Done(); s.keepAlive(m.ctx) }()
+						m.goOwned(func() { s.keepAlive(m.ctx) })
 						m.poke()
 						return nil
 					}
@@ -258,7 +264,6 @@ func (m *member) newSession() error {
 // have been cut off long enough for etcd to expire it), then registers again and
 // takes its partitions up under new epochs.
 func (m *member) sessionLoop() {
-	defer m.wg.Done()
 	for {
 		s := m.sess.Load()
 		select {
@@ -542,7 +547,6 @@ func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 // reconcileLoop brings this node's local partition states in line with the
 // table whenever either changes.
 func (m *member) reconcileLoop() {
-	defer m.wg.Done()
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -601,16 +605,14 @@ func (m *member) reconcile() {
 			}
 			if e.Target != "" && e.Target != m.id && time.Now().After(m.retryAt[p]) {
 				m.state[p] = stHandoff
-				m.wg.Add(1)
-				go m.handoff(p, e)
+				m.goOwned(func() { m.handoff(p, e) })
 			}
 		case stIdle:
 			if mine {
 				takeUp = append(takeUp, p)
 			} else if m.stale[p] {
 				m.state[p] = stCleaning
-				m.wg.Add(1)
-				go m.clean(p)
+				m.goOwned(func() { m.clean(p) })
 			}
 		case stImporting:
 			if mine { // the handoff's end was lost, but the table says it is ours
@@ -680,7 +682,6 @@ func (m *member) nextAux() uint64 { return 1<<63 | m.auxSeq.Add(1) }
 
 // clean deletes this node's data of partition p, which another node owns.
 func (m *member) clean(p uint32) {
-	defer m.wg.Done()
 	// The view may lag behind etcd: a partition this node was handed, whose
 	// switch it has not seen yet, must keep its data.
 	if e, err := readPart(m.ctx, m.cli, m.k, p); err != nil || e.Owner == m.id {
@@ -754,7 +755,7 @@ func (m *member) stop(revoke bool) {
 	if s := m.sess.Load(); s != nil && revoke {
 		s.revoke()
 	}
-	m.wg.Wait()
+	_ = m.owned.Wait(context.Background()) // every loop ends with m.ctx
 	m.tr.stop(revoke)
 	_ = m.cli.Close()
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/internal/owner"
 	"github.com/holdfast/holdfast/internal/slogx"
 )
 
@@ -34,12 +35,14 @@ const maxWireMessage = 80 << 20
 // transport is a node's protoactor-go cluster member: remote messaging over gRPC,
 // membership through protoactor-go's etcd provider, and our own identity lookup.
 type transport struct {
-	system  *actor.ActorSystem
-	cluster *protocluster.Cluster
-	client  bool
-	lookup  *ownerLookup
-	log     *slog.Logger
-	addr    string
+	system   *actor.ActorSystem
+	cluster  *protocluster.Cluster
+	provider *etcdprovider.Provider
+	conns    *grpcConns // the remote's outgoing connections (leaks.go)
+	client   bool
+	lookup   *ownerLookup
+	log      *slog.Logger
+	addr     string
 
 	downMu sync.Mutex
 	down   map[string]time.Time // addresses whose connection failed, and when
@@ -47,6 +50,9 @@ type transport struct {
 	// running holds the Calls of other nodes' requests this node runs whose
 	// reply is not sent yet, for the pings of callers still waiting.
 	running sync.Map
+	// serving owns the goroutine of each request from another node; stop
+	// cancels and waits for them before it leaves the protoactor cluster.
+	serving *owner.Group
 
 	// dropReply, when set (tests), says whether to drop the reply of a request
 	// of this op instead of sending it, as a connection lost on the way would.
@@ -97,13 +103,14 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 	if err != nil {
 		return nil, fmt.Errorf("cluster: etcd provider: %w", err)
 	}
+	conns := newGRPCConns()
 	rc := remote.Configure(host, port,
 		remote.WithServerOptions(grpc.MaxRecvMsgSize(maxWireMessage), grpc.MaxSendMsgSize(maxWireMessage)),
-		remote.WithDialOptions(grpc.WithInsecure(), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage))),
+		remote.WithDialOptions(append(conns.dialOptions(), grpc.WithInsecure(), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage)))...),
 		remote.WithCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage)))
 	cc := protocluster.Configure(name, provider, lookup, rc)
 	c := protocluster.New(system, cc)
-	t := &transport{system: system, cluster: c, client: client, lookup: lookup, log: log, down: map[string]time.Time{}}
+	t := &transport{system: system, cluster: c, provider: provider, conns: conns, client: client, lookup: lookup, log: log, down: map[string]time.Time{}, serving: owner.New(nil)}
 	// StartMember panics on errors (a port in use, etcd unreachable).
 	if err := func() (err error) {
 		defer func() {
@@ -118,6 +125,8 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 		}
 		return nil
 	}(); err != nil {
+		closeProviderClient(provider)
+		conns.close()
 		return nil, err
 	}
 	t.addr = system.Address()
@@ -144,16 +153,23 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 		if w.Call != 0 {
 			t.running.Store(w.Call, struct{}{})
 		}
-		go func() {
-			reply := t.serve(&w, serve)
+		if !t.serving.Go(func(sctx context.Context) {
+			reply := t.serve(sctx, &w, serve)
 			if drop := t.dropReply.Load(); sender != nil && (drop == nil || !(*drop)(w.Op)) {
 				system.Root.Send(sender, reply)
 			}
 			t.running.Delete(w.Call) // after the reply: replies to one node keep their order
-		}()
+		}) { // stopping
+			if sender != nil {
+				system.Root.Send(sender, encodeReply(t.log, &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindUnavailable, Msg: "the node is shutting down", RetryAfter: time.Second})}))
+			}
+			t.running.Delete(w.Call)
+		}
 	})
 	if _, err := system.Root.SpawnNamed(props, routerName); err != nil {
 		c.Shutdown(false)
+		closeProviderClient(provider)
+		conns.close()
 		return nil, fmt.Errorf("cluster: spawn the router: %w", err)
 	}
 	// Forget cached addresses on every membership change; note lost connections.
@@ -173,13 +189,13 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 	return t, nil
 }
 
-// serve runs one decoded request and encodes its reply.
-func (t *transport) serve(w *wireRequest, serve handler) *protocluster.GrainResponse {
+// serve runs one decoded request under ctx (t.serving's) and encodes its reply.
+func (t *transport) serve(ctx context.Context, w *wireRequest, serve handler) *protocluster.GrainResponse {
 	wait := w.Wait
 	if wait <= 0 || wait > time.Minute {
 		wait = time.Minute
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	reply := serve(ctx, w)
 	cancel()
 	if w.Op == opPing {
@@ -241,6 +257,17 @@ func (t *transport) call(ctx context.Context, n NodeInfo, req *wireRequest) (*wi
 	var res any
 	done := make(chan struct{})
 	go func() { res, err = f.Result(); close(done) }()
+	// The waiter is call's own: on an early return the future is stopped, so
+	// that the waiter ends now rather than at the future's timeout (up to a
+	// minute), and call waits for it.
+	defer func() {
+		select {
+		case <-done:
+		default:
+			t.system.Root.Stop(f.PID())
+			<-done
+		}
+	}()
 	probe := time.NewTicker(probeAfter)
 	defer probe.Stop()
 wait:
@@ -334,24 +361,57 @@ func (t *transport) markDown(addr string) {
 // deregisters with no deadline: with etcd unreachable it would wait forever, so
 // the wait is bounded (the registration then expires with its lease).
 func (t *transport) stop(graceful bool) {
+	// Requests from other nodes end first (their contexts end; their replies
+	// still leave), and none starts any more.
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := t.serving.Close(sctx); err != nil {
+		t.log.Warn("requests from other nodes did not end when told to; leaving them behind", "err", err)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer t.conns.close()
+		defer closeProviderClient(t.provider)
 		if t.client {
 			// Cluster.Shutdown assumes gossip, which a client does not start.
 			_ = t.cluster.Config.ClusterProvider.Shutdown(false)
 			t.system.Shutdown()
 			t.cluster.Remote.Shutdown(false)
+			t.stopEndpoints()
 			return
 		}
 		t.cluster.Shutdown(graceful)
+		if !graceful {
+			// Cluster.Shutdown leaves the provider running when not graceful:
+			// its keep-alive and watch loops would go on for ever (and spin
+			// once its client is closed). It deregisters the member, which
+			// routing does not depend on (ownerLookup).
+			_ = t.cluster.Config.ClusterProvider.Shutdown(false)
+			t.stopEndpoints()
+		}
 	}()
 	select {
 	case <-done:
+		return
 	case <-time.After(10 * time.Second):
-		t.log.Warn("the protoactor cluster did not stop within 10s (etcd unreachable?); leaving it behind")
+	}
+	// The provider's calls to etcd have no deadline: closing its client ends
+	// them, and the shutdown goes on.
+	t.log.Warn("the protoactor cluster did not stop within 10s (etcd unreachable?); closing its etcd client")
+	closeProviderClient(t.provider)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.log.Warn("the protoactor cluster did not stop; leaving it behind")
 	}
 }
+
+// stopEndpoints stops the remote's connections to other nodes, which a
+// Remote.Shutdown that is not graceful leaves redialing for ever (protoactor-go
+// leaks them). Its server is stopped already, so a graceful Shutdown only
+// stops the endpoints and returns at once.
+func (t *transport) stopEndpoints() { t.cluster.Remote.Shutdown(true) }
 
 // ownerLookup is the identity lookup: an object identity resolves to the router
 // of the node that owns the object's partition under the current table, never to

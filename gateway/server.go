@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/internal/owner"
 )
 
 // MaxBodyBytes bounds a request body (spec/README.md); larger bodies get 413.
@@ -75,6 +76,9 @@ type Server struct {
 	mux   *http.ServeMux
 	clock atomic.Pointer[func() time.Time] // of token expiry; a test may replace it
 	hub   *hub                             // the open websockets
+	// owned owns the websockets' goroutines (socket.go): readers, writers,
+	// closes and unsubscribes. Close stops and waits for them.
+	owned *owner.Group
 }
 
 // New returns a server; serve it with Handler.
@@ -94,7 +98,7 @@ func New(cfg Config) *Server {
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = 60 * time.Second
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), hub: newHub()}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), hub: newHub(), owned: owner.New(nil)}
 	s.routes()
 	return s
 }

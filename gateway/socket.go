@@ -79,8 +79,9 @@ func (s *Server) Subscriptions() int {
 	return n
 }
 
-// Close closes every websocket (status 1001, going away) and refuses new ones.
-// Call it when the node stops, after the HTTP server stopped accepting.
+// Close closes every websocket (status 1001, going away) and refuses new ones,
+// and waits for their goroutines. Call it when the node stops, after the HTTP
+// server stopped accepting, and before the node closes.
 func (s *Server) Close() {
 	s.hub.mu.Lock()
 	s.hub.closed = true
@@ -95,6 +96,10 @@ func (s *Server) Close() {
 	for _, sk := range socks {
 		<-sk.done
 	}
+	// What the readers left running: close handshakes (bounded by the
+	// websocket library), writers of closed sockets, and unsubscribes, which
+	// the group's context cancels.
+	_ = s.owned.Close(context.Background())
 }
 
 // serveSocket serves GET /socket/websocket?app_key=...&vsn=2.0.0.
@@ -132,7 +137,12 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request) {
 	// The handler returns: the hijacked connection lives on in the reader, whose
 	// fresh goroutine starts with a small stack (the handler's has grown in
 	// net/http's request parsing, and idle sockets would keep it).
-	go sk.readLoop()
+	if !s.owned.Go(func(context.Context) { sk.readLoop() }) {
+		// Close is past waiting for its sockets: not a socket after all.
+		sk.shut(websocket.StatusGoingAway, "the server is shutting down")
+		s.hub.remove(sk)
+		close(sk.done)
+	}
 }
 
 // frame is one queued text frame: head, then body (shared between sockets, never
@@ -196,7 +206,9 @@ func (sk *socket) enqueue(f frame) {
 	if start {
 		// A writer runs only while there is something to send: an idle socket
 		// keeps no writer goroutine (and no stack).
-		go sk.drain()
+		if !sk.srv.owned.Go(func(context.Context) { sk.drain() }) {
+			sk.shut(websocket.StatusGoingAway, "the server is shutting down")
+		}
 	}
 }
 
@@ -213,7 +225,9 @@ func (sk *socket) shut(code websocket.StatusCode, reason string) {
 		// goroutine, which may be an object's turn or the commit pipeline. (A
 		// Read or Write whose ctx ends would drop the connection without the close
 		// frame, so they never get sk.ctx.)
-		go sk.conn.Close(code, reason)
+		if !sk.srv.owned.Go(func(context.Context) { _ = sk.conn.Close(code, reason) }) {
+			_ = sk.conn.CloseNow()
+		}
 	})
 }
 
@@ -527,12 +541,13 @@ func (sk *socket) leave(ch *channel) {
 		return
 	}
 	// Best effort and off the reader's path: an object that cannot be reached
-	// drops the subscriber when its next delivery finds the socket closed.
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), sk.srv.cfg.RequestTimeout)
+	// (or the server closed) drops the subscriber when its next delivery finds
+	// the socket closed.
+	sk.srv.owned.Go(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, sk.srv.cfg.RequestTimeout)
 		defer cancel()
 		_, _ = sk.srv.cfg.Node.Request(ctx, ch.id, actors.KVUnsubscribe{Sub: ch})
-	}()
+	})
 }
 
 // channel is one joined topic of a socket; as an actors.Subscriber it turns the

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/holdfast/holdfast/internal/leakcheck"
 )
 
 // TestMain lets the test binary act as a writer process that a test kills.
@@ -24,7 +26,9 @@ func TestMain(m *testing.M) {
 		bigWriterProcess(dir)
 		return
 	}
-	os.Exit(m.Run())
+	// The tests leave no goroutine behind: the pipeline's and the log's
+	// Close wait for theirs.
+	leakcheck.Main(m)
 }
 
 // writerProcess writes key i = value i, one write at a time from 8 goroutines,

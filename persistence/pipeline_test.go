@@ -22,6 +22,13 @@ func openTestDB(t *testing.T, dir string) *DB {
 	return db
 }
 
+func closeDB(t *testing.T, db *DB) {
+	t.Helper()
+	if err := db.Close(); err != nil {
+		t.Errorf("close db: %v", err)
+	}
+}
+
 func startPipeline(t *testing.T, db *DB, cfg PipelineConfig) *Pipeline {
 	t.Helper()
 	p := NewPipeline(db, cfg)
@@ -406,6 +413,7 @@ func TestPipeline_ChainStopsWritesAfterAFailure(t *testing.T) {
 // prefix, honours each range's bounds, and stops when told.
 func TestDB_ScanMergedOrdersAcrossRanges(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
+	t.Cleanup(func() { closeDB(t, db) }) // after the pipeline's (cleanups run last first)
 	p := startPipeline(t, db, PipelineConfig{})
 	w := &Write{}
 	for _, k := range []string{"a:1", "a:4", "a:7", "b:2", "b:4", "b:9", "c:3", "z:0"} {
@@ -441,6 +449,7 @@ func TestDB_ScanMergedOrdersAcrossRanges(t *testing.T) {
 // and stops at end (it walks deletions itself: see DB.Scan).
 func TestDB_ScanWithEndSeesNewestLiveVersions(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
+	t.Cleanup(func() { closeDB(t, db) }) // after the pipeline's (cleanups run last first)
 	p := startPipeline(t, db, PipelineConfig{})
 	set := func(kvs ...string) *Write {
 		w := &Write{}

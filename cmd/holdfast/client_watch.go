@@ -150,9 +150,12 @@ func (w *watcher) session(ctx context.Context) error {
 	}
 	defer conn.CloseNow()
 	conn.SetReadLimit(64 << 20) // a snapshot holds up to 16 MiB of state, escaped
+	// The heartbeat is the session's: it ends and is waited for when the
+	// session returns (before the deferred CloseNow, which runs later).
 	hbCtx, stopHB := context.WithCancel(ctx)
-	defer stopHB()
-	go w.heartbeat(hbCtx, conn)
+	hbDone := make(chan struct{})
+	go func() { defer close(hbDone); w.heartbeat(hbCtx, conn) }()
+	defer func() { stopHB(); <-hbDone }()
 	joinRef, err := w.join(ctx, conn)
 	if err != nil {
 		return err

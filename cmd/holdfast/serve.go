@@ -190,6 +190,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("http shutdown", "err", err)
 	}
+	<-served   // Serve returns at once when Shutdown begins: its goroutine is done
 	gw.Close() // websockets are hijacked connections: Shutdown leaves them open
 	// The node's own budget: in a cluster, Close hands every partition off first
 	// (about 10 s per GiB measured), whatever the HTTP shutdown took.
