@@ -347,3 +347,9 @@ func (o *object) noteBytes() {
 		o.act.bytes.Store(int64(o.kv.size))
 	}
 }
+
+// RefusesWrites reports whether the node is over its memory budget and refuses
+// writes that add data (and new activations) now: the gateway then answers a
+// write with a body 503 before it reads the body, which would only add to the
+// memory the node is short of.
+func (h *Host) RefusesWrites() bool { return memState(h.mem.state.Load()) == memRefusing }

@@ -264,6 +264,12 @@ func (n *Node) LeaveRequested() <-chan struct{} {
 // storage has not failed.
 func (n *Node) Ready() bool { return n.ready.Load() && n.pipe.Failed() == nil }
 
+// RefusesWrites reports whether writes that add data are refused now, with a
+// 503 the client may retry: the node is over its memory budget, or its storage
+// is short of a resource (StorageHealth). The gateway then refuses a write
+// before it reads its body.
+func (n *Node) RefusesWrites() bool { return n.host.RefusesWrites() || n.pipe.Unavailable() != nil }
+
 // StorageHealth reports the node's storage: fatal is the error that failed
 // the commit pipeline, which only a restart repairs (the log replays at
 // start); unavailable is non-nil while the storage cannot take writes: failed,
