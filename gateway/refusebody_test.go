@@ -79,3 +79,51 @@ func TestServer_ALargeWriteIsRefusedBeforeItsBodyIsRead(t *testing.T) {
 		t.Fatalf("a large write once writes are taken: %d bytes read, %d requests", read, node.requests.Load())
 	}
 }
+
+// blockingNode holds every request until release is closed.
+type blockingNode struct {
+	fakeNode
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (n *blockingNode) Request(context.Context, actors.ObjectID, any) (any, error) {
+	n.entered <- struct{}{}
+	<-n.release
+	return &actors.WriteResult{LogID: 1}, nil
+}
+
+// TestServer_WriteBodiesInFlightAreBounded: while writes whose bodies add up
+// to MaxBodyBytesInFlight are being served, the next write with a body gets
+// 503 with retryAfterMs before its body is read; a request without a body
+// still goes through, and writes are taken again once the others finished.
+func TestServer_WriteBodiesInFlightAreBounded(t *testing.T) {
+	node := &blockingNode{entered: make(chan struct{}, 4), release: make(chan struct{})}
+	node.ready.Store(true)
+	h := New(Config{Node: node, Apps: NewApps([]App{testApp}), MaxBodyBytesInFlight: 1 << 20}).Handler()
+	body := `{"value":"` + strings.Repeat("x", 600<<10) + `"}` // two pass 1 MiB
+	put := func() (*httptest.ResponseRecorder, *atomic.Int64) {
+		var read atomic.Int64
+		req := httptest.NewRequest(http.MethodPut, "/api/v1/objects/"+testApp.ID+"/t/k/slot", countingBody{strings.NewReader(body), &read})
+		req.ContentLength = int64(len(body))
+		req.Header.Set("X-App-Key", testApp.Key)
+		req.Header.Set("X-App-Secret", testApp.Secret)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec, &read
+	}
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { rec, _ := put(); done <- rec }()
+	<-node.entered // the first write holds its body
+	rec, read := put()
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "retryAfterMs") || read.Load() != 0 {
+		t.Fatalf("a second write past the bound: %d %s (%d body bytes read)", rec.Code, rec.Body, read.Load())
+	}
+	close(node.release)
+	if first := <-done; first.Code != http.StatusOK {
+		t.Fatalf("the first write: %d %s", first.Code, first.Body)
+	}
+	if rec, _ := put(); rec.Code != http.StatusOK {
+		t.Fatalf("a write once the first finished: %d %s", rec.Code, rec.Body)
+	}
+}

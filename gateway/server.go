@@ -59,6 +59,14 @@ type Config struct {
 	// read deadline, so long polls and slow objects are not cut off, and
 	// websockets (hijacked) have none either.
 	BodyTimeout time.Duration
+	// MaxBodyBytesInFlight bounds the bytes of the write bodies of the
+	// requests being served at once (by Content-Length; a body of unknown
+	// length counts as MaxBodyBytes). A write that would pass it gets 503 with
+	// retryAfterMs before its body is read; one request is always taken.
+	// Zero means 256 MiB. Each body lives in several copies while its write is
+	// decoded, applied and committed: the node's memory budget does not see
+	// it until it is there (serve sets an eighth of the budget).
+	MaxBodyBytesInFlight int64
 }
 
 // Metrics is what the gateway reports to the node's metrics.
@@ -76,6 +84,8 @@ type Server struct {
 	mux   *http.ServeMux
 	clock atomic.Pointer[func() time.Time] // of token expiry; a test may replace it
 	hub   *hub                             // the open websockets
+	// bodies is the bytes of write bodies being served (MaxBodyBytesInFlight).
+	bodies atomic.Int64
 	// owned owns the websockets' goroutines (socket.go): readers, writers,
 	// closes and unsubscribes. Close stops and waits for them.
 	owned *owner.Group
@@ -94,6 +104,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.SocketIdleTimeout <= 0 {
 		cfg.SocketIdleTimeout = 60 * time.Second
+	}
+	if cfg.MaxBodyBytesInFlight <= 0 {
+		cfg.MaxBodyBytesInFlight = 256 << 20
 	}
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = 60 * time.Second
@@ -187,6 +200,14 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		// connection when the unread rest is large.
 		s.fail(w, r, errWritesRefused, newRoute)
 		return
+	}
+	if n := bodySize(r); n > 0 {
+		if in := s.bodies.Add(n); in > s.cfg.MaxBodyBytesInFlight && in != n {
+			s.bodies.Add(-n)
+			s.fail(w, r, errBodiesInFlight, newRoute)
+			return
+		}
+		defer s.bodies.Add(-n)
 	}
 	if s.cfg.ServedHeader && r.URL.Path != "/socket/websocket" {
 		ctx, served := actors.WithServedRecord(r.Context())
@@ -282,6 +303,29 @@ const refuseBodyFrom = 64 << 10
 // errWritesRefused is the refusal of a write the gateway did not read.
 var errWritesRefused = &actors.Error{Kind: actors.KindUnavailable,
 	Msg: "the node is over its memory budget or short of storage and refuses writes for now; retry", RetryAfter: time.Second}
+
+// errBodiesInFlight refuses a write whose body would pass
+// MaxBodyBytesInFlight.
+var errBodiesInFlight = &actors.Error{Kind: actors.KindUnavailable,
+	Msg: "the node is serving as many write bodies as it holds at once; retry", RetryAfter: 500 * time.Millisecond}
+
+// bodySize is the bytes r's body counts against MaxBodyBytesInFlight: its
+// length for a write (POST, PUT, PATCH) with a body, MaxBodyBytes when the
+// length is unknown, else 0.
+func bodySize(r *http.Request) int64 {
+	switch r.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+	default:
+		return 0
+	}
+	switch {
+	case r.Body == nil || r.Body == http.NoBody:
+		return 0
+	case r.ContentLength < 0:
+		return MaxBodyBytes
+	}
+	return min(r.ContentLength, MaxBodyBytes)
+}
 
 // refusesBody reports whether r is a write with a large body that the node
 // refuses now, so that it is answered before its body is read.

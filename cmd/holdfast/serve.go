@@ -163,7 +163,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		return err
 	}
 	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps(apps), Logger: log,
-		Metrics: mt, MetricsHandler: mt.Handler(),
+		Metrics: mt, MetricsHandler: mt.Handler(), MaxBodyBytesInFlight: bodiesInFlight(cfg.MemoryBudget),
 		ServedHeader: os.Getenv("HOLDFAST_TEST_SERVED_HEADER") == "1"})
 	mt.GaugeFunc("holdfast_websocket_sockets", "Open websockets.", func() float64 { return float64(gw.Sockets()) })
 	mt.GaugeFunc("holdfast_websocket_subscriptions", "Channels joined on the open websockets.", func() float64 { return float64(gw.Subscriptions()) })
@@ -371,4 +371,14 @@ func refusePlantedBug() error {
 		return errors.New("this binary was built with the plantedbug tag: it acknowledges writes before they are durable, for the torture tool's own test, and never serves otherwise (set HOLDFAST_ALLOW_PLANTED_BUG=1 in that test)")
 	}
 	return nil
+}
+
+// bodiesInFlight is the gateway's bound on the write bodies it serves at once:
+// an eighth of the node's memory budget (each body lives in several copies
+// until its write is durable), within [16 MiB, 1 GiB].
+func bodiesInFlight(budget int64) int64 {
+	if budget <= 0 {
+		budget = actors.DefaultMemoryBudget()
+	}
+	return min(max(budget/8, 16<<20), 1<<30)
 }
