@@ -33,5 +33,8 @@ func (p *Pipeline) updateDiscardLocked() {
 			v = *h
 		}
 	}
+	if testOnSetDiscard != nil {
+		testOnSetDiscard(v)
+	}
 	p.db.bdb.SetDiscardTs(v)
 }

@@ -12,3 +12,7 @@ var testReleaseUnflushed bool
 // testApplyFault, if set, is called before each attempt of the applier to
 // write a batch into Badger; an error fails the attempt as Badger's would.
 var testApplyFault func() error
+
+// testOnSetDiscard, if set, is called with every discard version set in
+// Badger, just before it is set.
+var testOnSetDiscard func(v uint64)
