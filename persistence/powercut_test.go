@@ -591,6 +591,12 @@ func TestDB_PowerCutCatchesAReleaseOfUnflushedRecords(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a writer process")
 	}
+	if raceEnabled {
+		// The race detector slows the writer several times over: far fewer
+		// writes, fewer releases of unflushed records per cut, and once no
+		// catch in 12 cuts. The check of the check runs in the plain test run.
+		t.Skip("the planted-bug check runs without the race detector")
+	}
 	res := runPowerCuts(t, powerCutPlantedCuts, true)
 	if res.err == nil {
 		t.Fatalf("a release of unflushed records went unnoticed over %d cuts (%d acknowledged writes checked)", res.cuts, res.checked)
