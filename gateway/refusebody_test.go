@@ -14,6 +14,18 @@ import (
 	"github.com/holdfast/holdfast/actors"
 )
 
+// putSlot sends body as a PUT of a slot through h, counting into read the
+// body bytes the server reads.
+func putSlot(h http.Handler, body string, read *atomic.Int64) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPut, "/api/v1/objects/"+testApp.ID+"/t/k/slot", countingBody{strings.NewReader(body), read})
+	req.ContentLength = int64(len(body))
+	req.Header.Set("X-App-Key", testApp.Key)
+	req.Header.Set("X-App-Secret", testApp.Secret)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
 // refusingNode is a fakeNode that refuses writes while refusing is set, and
 // counts the requests that reached it.
 type refusingNode struct {
@@ -53,13 +65,7 @@ func TestServer_ALargeWriteIsRefusedBeforeItsBodyIsRead(t *testing.T) {
 	big := `{"value":"` + strings.Repeat("x", 1<<20) + `"}`
 	put := func(body string) (*httptest.ResponseRecorder, int64) {
 		var read atomic.Int64
-		req := httptest.NewRequest(http.MethodPut, "/api/v1/objects/"+testApp.ID+"/t/k/slot", countingBody{strings.NewReader(body), &read})
-		req.ContentLength = int64(len(body))
-		req.Header.Set("X-App-Key", testApp.Key)
-		req.Header.Set("X-App-Secret", testApp.Secret)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec, read.Load()
+		return putSlot(h, body, &read), read.Load()
 	}
 	node.refusing.Store(true)
 	rec, read := put(big)
@@ -104,13 +110,7 @@ func TestServer_WriteBodiesInFlightAreBounded(t *testing.T) {
 	body := `{"value":"` + strings.Repeat("x", 600<<10) + `"}` // two pass 1 MiB
 	put := func() (*httptest.ResponseRecorder, *atomic.Int64) {
 		var read atomic.Int64
-		req := httptest.NewRequest(http.MethodPut, "/api/v1/objects/"+testApp.ID+"/t/k/slot", countingBody{strings.NewReader(body), &read})
-		req.ContentLength = int64(len(body))
-		req.Header.Set("X-App-Key", testApp.Key)
-		req.Header.Set("X-App-Secret", testApp.Secret)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec, &read
+		return putSlot(h, body, &read), &read
 	}
 	done := make(chan *httptest.ResponseRecorder, 1)
 	go func() { rec, _ := put(); done <- rec }()
