@@ -238,7 +238,7 @@ var applyMergeBytes = 4 << 20
 func (j applyJob) estimate() int {
 	n := 0
 	for _, w := range j.writes {
-		n += w.estimate()
+		n += w.size
 	}
 	return n
 }

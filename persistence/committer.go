@@ -50,7 +50,7 @@ func (p *Pipeline) commitBatch(batch []*Write) {
 	start := 0
 	size := 0
 	for i, w := range batch {
-		s := w.estimate()
+		s := w.size
 		if i > start && size+s > p.cfg.MaxCommitBytes {
 			p.commitRun(batch[start:i])
 			start, size = i, 0

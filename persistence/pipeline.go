@@ -243,6 +243,7 @@ func (p *Pipeline) Submit(w *Write) *Ticket { return p.submit(w, true) }
 func (p *Pipeline) Queue(w *Write) *Ticket { return p.submit(w, false) }
 
 func (p *Pipeline) submit(w *Write, wake bool) *Ticket {
+	w.size = w.estimate() // once, outside the lock: the bounds, the batching and the applier use it
 	p.mu.Lock()
 	if p.closing || p.failErr != nil {
 		err := ErrClosed
@@ -257,7 +258,7 @@ func (p *Pipeline) submit(w *Write, wake bool) *Ticket {
 	// Past a bound, the write is refused, but still queued: it completes in
 	// order with the writes around it, and the committer fails the rest of
 	// its chain (commitRun), so that no later write of its writer lands.
-	size := w.estimate()
+	size := w.size
 	switch backlog := p.applies.bytes.Load(); {
 	case w.barrier():
 	case backlog > int64(p.cfg.MaxApplyBacklog):

@@ -35,6 +35,7 @@ type Write struct {
 	Chain *Chain
 
 	err    error // set by the goroutine committing it, before completion
+	size   int   // estimate(), set by submit
 	ticket Ticket
 }
 
