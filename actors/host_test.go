@@ -30,6 +30,7 @@ type nodeOpts struct {
 	pipe  persistence.PipelineConfig
 	types []TypeSpec
 	now   func() time.Time // the host's clock; nil: real time
+	setup func(h *Host)    // run on the host before Start; nil: none
 }
 
 func startNode(t testing.TB, dir string, o nodeOpts) *testNode {
@@ -54,6 +55,9 @@ func startNode(t testing.TB, dir string, o nodeOpts) *testNode {
 		if err := h.RegisterType(ty); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if o.setup != nil {
+		o.setup(h)
 	}
 	h.Start()
 	n := &testNode{t: t, dir: dir, db: db, pipe: pipe, host: h}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -42,23 +41,8 @@ func (f *fakeHeap) install(h *Host) {
 // startMemNode is startNode with setup run on the host before Start.
 func startMemNode(t *testing.T, o nodeOpts, setup func(h *Host)) *testNode {
 	t.Helper()
-	dir := t.TempDir()
-	o.db.Dir = dir
-	db, err := persistence.Open(o.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pipe := persistence.NewPipeline(db, o.pipe)
-	pipe.Start()
-	if o.cfg.Logger == nil {
-		o.cfg.Logger = slog.New(&backstopAlarm{t: t, next: slog.Default().Handler()})
-	}
-	h := NewHost(db, pipe, o.cfg)
-	setup(h)
-	h.Start()
-	n := &testNode{t: t, dir: dir, db: db, pipe: pipe, host: h}
-	t.Cleanup(n.stop)
-	return n
+	o.setup = setup
+	return startNode(t, t.TempDir(), o)
 }
 
 func (n *testNode) active(typ, key string) bool {
