@@ -375,9 +375,13 @@ func TestQueue_SurvivesARestartAndReplays(t *testing.T) {
 	n.stop()
 	n = startQueueNode(t, dir, QueueOptions{})
 	n.clock.Store(clock)
-	sum := waitReplay(t, n.testNode)
+	sum := waitReplay(t, n.testNode, "app_t")
 	if sum.Recovered != 2 || sum.Delayed != 1 || len(sum.Errors) != 0 {
 		t.Fatalf("replay summary %+v: want b (put back) and c due, later delayed", sum)
+	}
+	// Another app's credentials see only its own queues (issue 26).
+	if other := waitReplay(t, n.testNode, "app_other"); other.Recovered != 0 || other.Delayed != 0 || len(other.Errors) != 0 {
+		t.Fatalf("another app's replay summary %+v: want nothing of app_t's", other)
 	}
 	if got := queueIndexEntries(t, n.testNode); got != 0 {
 		t.Fatalf("%d objects in the index after the replay", got)
@@ -412,7 +416,7 @@ func TestQueue_ReplayExhausts(t *testing.T) {
 	n.receive(t, QueueReceive{})
 	n.stop()
 	n = startQueueNode(t, dir, QueueOptions{MaxAttempts: 1})
-	waitReplay(t, n.testNode)
+	waitReplay(t, n.testNode, "app_t")
 	m, _ := n.q.Message(context.Background(), "a")
 	if p := m.Targets["default"]; p.State != StateFailed || p.Reason != "exhausted" {
 		t.Fatalf("after replay %+v", p)
@@ -424,7 +428,7 @@ func TestQueue_ReplayExhausts(t *testing.T) {
 // activated again.
 func TestQueue_ReplayKeepsThisRunsDeliveries(t *testing.T) {
 	n := startNode(t, t.TempDir(), nodeOpts{cfg: Config{IdleTimeout: 50 * time.Millisecond}})
-	if sum := waitReplay(t, n); sum.Recovered != 0 || sum.Delayed != 0 {
+	if sum := waitReplay(t, n, "app_t"); sum.Recovered != 0 || sum.Delayed != 0 {
 		t.Fatalf("replay of an empty node %+v", sum)
 	}
 	q := NewQueue(n.host, ObjectID{App: "app_t", Type: "jobs", Key: "q"})
@@ -472,12 +476,12 @@ func queueIndexEntries(t *testing.T, n *testNode) int {
 	return count
 }
 
-func waitReplay(t *testing.T, n *testNode) ReplaySummary {
+func waitReplay(t *testing.T, n *testNode, app string) ReplaySummary {
 	t.Helper()
 	var sum ReplaySummary
 	waitFor(t, "the start replay", func() bool {
 		var done bool
-		sum, done = n.host.ReplaySummary()
+		sum, done = n.host.ReplaySummary(app)
 		return done
 	})
 	return sum

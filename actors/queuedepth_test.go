@@ -59,7 +59,7 @@ func TestQueueDepth_AddsUpEveryQueue(t *testing.T) {
 	}
 	// The delivery in flight before the restart is replayed to pending.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, done := n.host.ReplaySummary(); done {
+		if _, done := n.host.ReplaySummary("app_t"); done {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -74,13 +74,13 @@ func (o *object) queueReplayLoad(q *queueState) *ReplaySummary {
 			return true, nil
 		})
 		if err != nil {
-			sum.Errors = append(sum.Errors, fmt.Sprintf("target %s: %v", target, err))
+			sum.Errors = append(sum.Errors, o.replayError(fmt.Sprintf("target %s: its deliveries in flight could not be read", target), err))
 			continue
 		}
 		for _, id := range found {
 			p, _, err := o.queueRead(q, target, id)
 			if err != nil {
-				sum.Errors = append(sum.Errors, fmt.Sprintf("%s/%s: %v", target, id, err))
+				sum.Errors = append(sum.Errors, o.replayError(fmt.Sprintf("target %s, message %s: could not be read", target, id), err))
 				continue
 			}
 			if p.State != StateProcessing || receiptBoot(p.Receipt) == o.h.boot {
@@ -99,10 +99,17 @@ func (o *object) queueReplayLoad(q *queueState) *ReplaySummary {
 	}
 	due, delayed, err := o.queueCountPending(q, now, nil)
 	if err != nil {
-		sum.Errors = append(sum.Errors, err.Error())
+		sum.Errors = append(sum.Errors, o.replayError("the pending messages could not be counted", err))
 	}
 	sum.Recovered, sum.Delayed = due, delayed
 	return sum
+}
+
+// replayError logs err in full and returns what a summary tells the app: what
+// failed, never the Go error chain (which names files and internals).
+func (o *object) replayError(what string, err error) string {
+	o.h.log.Warn("queue replay error", "object", o.act.id.String(), "what", what, "err", err)
+	return what + "; see the node's log"
 }
 
 // queueCountPending counts the pending pairs due at now and those due later,
@@ -166,7 +173,7 @@ func (o *object) queueReplay(m QueueReplay) (any, error) {
 		for _, e := range backing {
 			p, _, err := o.queueRead(q, target, e.id)
 			if err != nil {
-				sum.Errors = append(sum.Errors, fmt.Sprintf("%s/%s: %v", target, e.id, err))
+				sum.Errors = append(sum.Errors, o.replayError(fmt.Sprintf("target %s, message %s: could not be read", target, e.id), err))
 				continue
 			}
 			t.del(e.key)
@@ -184,20 +191,29 @@ func (o *object) queueReplay(m QueueReplay) (any, error) {
 	return sum, nil
 }
 
-// replayState is the node's summary of the replay it ran at start.
+// replayState is the node's summary of the replay it ran at start, one per
+// app: an app's credentials see only what the replay did to its own queues
+// (issue 26). Failures that belong to no app (a partition whose index could
+// not be read) are counted in every app's summary as one generic line, since
+// any app may have had queues there.
 type replayState struct {
-	mu   sync.Mutex
-	done bool
-	sum  ReplaySummary
+	mu       sync.Mutex
+	done     bool
+	apps     map[string]*ReplaySummary
+	unscoped []string
 }
 
 // ReplaySummary returns the summary of the queue replay the node ran when it
-// started, and whether it has finished.
-func (h *Host) ReplaySummary() (ReplaySummary, bool) {
+// started for the queues of app, and whether it has finished. Its errors are
+// descriptions for a user; the underlying errors are in the node's log.
+func (h *Host) ReplaySummary(app string) (ReplaySummary, bool) {
 	h.replay.mu.Lock()
 	defer h.replay.mu.Unlock()
-	s := h.replay.sum
-	s.Errors = append([]string{}, s.Errors...)
+	s := ReplaySummary{Errors: []string{}}
+	if a := h.replay.apps[app]; a != nil {
+		s.add(a)
+	}
+	s.Errors = append(s.Errors, h.replay.unscoped...)
 	return s, h.replay.done
 }
 
@@ -205,14 +221,14 @@ func (h *Host) ReplaySummary() (ReplaySummary, bool) {
 // deliveries in flight when the node stopped, and logs one summary.
 func (h *Host) replayQueues() {
 	defer h.swept.Done()
-	total, objects, start := h.replayPartitions(h.partitions())
-	h.log.Info("queue replay", "objects", objects, "recovered", total.Recovered, "delayed", total.Delayed, "errors", len(total.Errors),
-		"took", time.Since(start).Round(time.Millisecond))
-	for _, e := range total.Errors {
+	r := h.replayPartitions(h.partitions())
+	h.log.Info("queue replay", "objects", r.objects, "recovered", r.total.Recovered, "delayed", r.total.Delayed, "errors", len(r.total.Errors),
+		"took", time.Since(r.start).Round(time.Millisecond))
+	for _, e := range r.total.Errors {
 		h.log.Warn("queue replay error", "error", e)
 	}
 	h.replay.mu.Lock()
-	h.replay.sum, h.replay.done = total, true
+	h.replay.apps, h.replay.unscoped, h.replay.done = r.apps, r.unscoped, true
 	h.replay.mu.Unlock()
 }
 
@@ -228,10 +244,13 @@ func (h *Host) TakeUp(p uint32) {
 	}
 	// On a goroutine of h.bg (owners.go): h.swept may be waited on already.
 	h.bg.Go(func(context.Context) {
-		total, objects, start := h.replayPartitions([]uint32{p})
-		if objects > 0 || len(total.Errors) > 0 {
-			h.log.Info("queue replay of a partition taken up", "partition", p, "objects", objects, "recovered", total.Recovered,
-				"errors", len(total.Errors), "took", time.Since(start).Round(time.Millisecond))
+		r := h.replayPartitions([]uint32{p})
+		if r.objects > 0 || len(r.total.Errors) > 0 {
+			h.log.Info("queue replay of a partition taken up", "partition", p, "objects", r.objects, "recovered", r.total.Recovered,
+				"errors", len(r.total.Errors), "took", time.Since(r.start).Round(time.Millisecond))
+			for _, e := range r.total.Errors {
+				h.log.Warn("queue replay error", "partition", p, "error", e)
+			}
 		}
 	})
 }
@@ -264,32 +283,59 @@ func (h *Host) indexedObjects(ctx context.Context, p uint32, kind byte) ([]Objec
 	return ids, err
 }
 
+// replayRun is what a replay of some partitions did: total has every error in
+// full (for the log); apps and unscoped are what apps are shown.
+type replayRun struct {
+	total    ReplaySummary
+	apps     map[string]*ReplaySummary
+	unscoped []string
+	objects  int
+	start    time.Time
+}
+
 // replayPartitions replays the queues of the objects of parts that had
 // deliveries in flight.
-func (h *Host) replayPartitions(parts []uint32) (total ReplaySummary, objects int, start time.Time) {
-	start = time.Now()
-	total = ReplaySummary{Errors: []string{}}
+func (h *Host) replayPartitions(parts []uint32) replayRun {
+	r := replayRun{total: ReplaySummary{Errors: []string{}}, apps: map[string]*ReplaySummary{}, start: time.Now()}
+	app := func(id ObjectID) *ReplaySummary {
+		a := r.apps[id.App]
+		if a == nil {
+			a = &ReplaySummary{Errors: []string{}}
+			r.apps[id.App] = a
+		}
+		return a
+	}
 	for _, p := range parts {
 		ids, err := h.indexedObjects(context.Background(), p, indexQueues)
 		if err != nil {
-			total.Errors = append(total.Errors, fmt.Sprintf("partition %d: %v", p, err))
+			r.total.Errors = append(r.total.Errors, fmt.Sprintf("partition %d: %v", p, err))
+			r.unscoped = append(r.unscoped, fmt.Sprintf("partition %d: its queues could not be listed; see the node's log", p))
 		}
 		for _, id := range ids {
 			select {
 			case <-h.stop:
-				return total, objects, start
+				return r
 			default:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			r, err := h.Request(ctx, id, queueStartReplay{})
+			reply, err := h.Request(ctx, id, queueStartReplay{})
 			cancel()
-			objects++
+			r.objects++
 			if err != nil {
-				total.Errors = append(total.Errors, fmt.Sprintf("%s: %v", id, err))
+				r.total.Errors = append(r.total.Errors, fmt.Sprintf("%s: %v", id, err))
+				a := app(id)
+				a.Errors = append(a.Errors, fmt.Sprintf("%s/%s: the queue could not be replayed; see the node's log", id.Type, id.Key))
 				continue
 			}
-			total.add(r.(*ReplaySummary))
+			sum := reply.(*ReplaySummary)
+			r.total.add(sum)
+			a := app(id)
+			a.Recovered += sum.Recovered
+			a.Delayed += sum.Delayed
+			for _, e := range sum.Errors {
+				a.Errors = append(a.Errors, fmt.Sprintf("%s/%s: %s", id.Type, id.Key, e))
+			}
 		}
 	}
-	return total, objects, start
+	return r
 }

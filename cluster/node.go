@@ -299,8 +299,8 @@ func (n *Node) Stats() Stats {
 func (n *Node) AlarmsReady() <-chan struct{} { return n.host.Scheduler().Ready() }
 
 // ReplaySummary returns the summary of the queue replay the node ran when it
-// started, and whether it has finished.
-func (n *Node) ReplaySummary() (actors.ReplaySummary, bool) { return n.host.ReplaySummary() }
+// started, for app's queues only, and whether it has finished.
+func (n *Node) ReplaySummary(app string) (actors.ReplaySummary, bool) { return n.host.ReplaySummary(app) }
 
 // Partitions returns the partition count of the node's data directory.
 func (n *Node) Partitions() int { return n.db.Partitions() }

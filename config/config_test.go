@@ -20,7 +20,7 @@ partitions: 256                   # fixed when the data directory is created
 apps:
   - id: app_demo
     key: pk_demo
-    secret: sk_demo_change_me     # or secretEnv: NAME
+    secret: sk_demo_change_me_0123456789     # or secretEnv: NAME
 
 cold:
   store: fs                       # fs | s3 | none
@@ -92,7 +92,7 @@ func TestLoad_SpecExample(t *testing.T) {
 	if c.DataDir != "./holdfast-data" || c.Listen != "127.0.0.1:7070" || c.Partitions != 256 || c.IdleTimeout != time.Minute {
 		t.Errorf("top level: %+v", c)
 	}
-	if want := []App{{ID: "app_demo", Key: "pk_demo", Secret: "sk_demo_change_me"}}; !reflect.DeepEqual(c.Apps, want) {
+	if want := []App{{ID: "app_demo", Key: "pk_demo", Secret: "sk_demo_change_me_0123456789"}}; !reflect.DeepEqual(c.Apps, want) {
 		t.Errorf("apps = %+v, want %+v", c.Apps, want)
 	}
 	wantS3 := S3{Endpoint: "127.0.0.1:9000", Bucket: "holdfast", AccessKeyEnv: "HOLDFAST_S3_ACCESS_KEY",
@@ -210,7 +210,7 @@ func TestValidate_AfterFlags(t *testing.T) {
 		{"cold.store", func(c *Config) { c.Cold.Store = "tape" }},
 		{"cold.s3.endpoint", func(c *Config) { c.Cold.Store = "s3" }},
 		{"apps[1].id", func(c *Config) {
-			c.Apps = []App{{ID: "app_a", Key: "pk_a", Secret: "sk_a"}, {ID: "app_a", Key: "pk_b", Secret: "sk_b"}}
+			c.Apps = []App{{ID: "app_a", Key: "pk_a", Secret: "sk_a_0123456789abcdef"}, {ID: "app_a", Key: "pk_b", Secret: "sk_b_0123456789abcdef"}}
 		}},
 		{"apps[0].secretEnv", func(c *Config) { c.Apps = []App{{ID: "app_a", Key: "pk_a", SecretEnv: "X"}} }},
 		{"cluster.name", func(c *Config) { c.Cluster = &Cluster{} }},
@@ -238,7 +238,7 @@ func checkErr(t *testing.T, name string, err error, key, want string) *Error {
 }
 
 func TestLoad_Refusals(t *testing.T) {
-	vars := map[string]string{"APP_SECRET": "sk_from_env", "BAD_SECRET": "nope", "S3_KEY": "k"}
+	vars := map[string]string{"APP_SECRET": "sk_from_env_0123456789abcdef", "BAD_SECRET": "nope", "SHORT_SECRET": "sk_short", "S3_KEY": "k"}
 	for _, tc := range []struct {
 		name, yaml string
 		env        map[string]string
@@ -246,7 +246,7 @@ func TestLoad_Refusals(t *testing.T) {
 	}{
 		// unknown keys at several depths
 		{"unknown top", "dataDri: x\n", nil, "dataDri", "unknown key"},
-		{"unknown app key", "apps: [{id: app_a, key: pk_a, secret: sk_a, role: admin}]\n", nil, "apps[0].role", "unknown key"},
+		{"unknown app key", "apps: [{id: app_a, key: pk_a, secret: sk_a_0123456789abcdef, role: admin}]\n", nil, "apps[0].role", "unknown key"},
 		{"unknown cold", "cold: {store: fs, disk: x}\n", nil, "cold.disk", "unknown key"},
 		{"unknown s3", "cold: {s3: {bucket: b, tls: true}}\n", nil, "cold.s3.tls", "unknown key"},
 		{"unknown type section", "types: {order: {logs: {}}}\n", nil, "types.order.logs", "unknown key"},
@@ -304,16 +304,20 @@ func TestLoad_Refusals(t *testing.T) {
 		{"cluster lease short", "cluster: {name: c, nodeId: n1, advertise: 'h:1', etcd: {endpoints: [e:2379]}, leaseTtl: 1s}\n", nil, "cluster.leaseTtl", "whole seconds"},
 		{"cluster lease fraction", "cluster: {name: c, nodeId: n1, advertise: 'h:1', etcd: {endpoints: [e:2379]}, leaseTtl: 2500ms}\n", nil, "cluster.leaseTtl", "whole seconds"},
 		// apps
-		{"app id prefix", "apps: [{id: demo, key: pk_a, secret: sk_a}]\n", nil, "apps[0].id", "must be app_"},
-		{"app key prefix", "apps: [{id: app_a, key: demo, secret: sk_a}]\n", nil, "apps[0].key", "must be pk_"},
+		{"app id prefix", "apps: [{id: demo, key: pk_a, secret: sk_a_0123456789abcdef}]\n", nil, "apps[0].id", "must be app_"},
+		{"app key prefix", "apps: [{id: app_a, key: demo, secret: sk_a_0123456789abcdef}]\n", nil, "apps[0].key", "must be pk_"},
 		{"app secret prefix", "apps: [{id: app_a, key: pk_a, secret: hunter2}]\n", nil, "apps[0].secret", "sk_"},
 		{"app no secret", "apps: [{id: app_a, key: pk_a}]\n", nil, "apps[0].secret", "required"},
-		{"app no id", "apps: [{key: pk_a, secret: sk_a}]\n", nil, "apps[0].id", "required"},
-		{"app both secrets", "apps: [{id: app_a, key: pk_a, secret: sk_a, secretEnv: APP_SECRET}]\n", vars, "apps[0]", "not both"},
+		{"app secret short", "apps: [{id: app_a, key: pk_a, secret: sk_a}]\n", nil, "apps[0].secret", "at least 16 characters after sk_, this one has 1"},
+		{"app secret 15", "apps: [{id: app_a, key: pk_a, secret: sk_0123456789abcde}]\n", nil, "apps[0].secret", "this one has 15"},
+		{"app secret empty after prefix", "apps: [{id: app_a, key: pk_a, secret: sk_}]\n", nil, "apps[0].secret", "this one has 0"},
+		{"secretEnv short", "apps: [{id: app_a, key: pk_a, secretEnv: SHORT_SECRET}]\n", vars, "apps[0].secretEnv", "at least 16"},
+		{"app no id", "apps: [{key: pk_a, secret: sk_a_0123456789abcdef}]\n", nil, "apps[0].id", "required"},
+		{"app both secrets", "apps: [{id: app_a, key: pk_a, secret: sk_a_0123456789abcdef, secretEnv: APP_SECRET}]\n", vars, "apps[0]", "not both"},
 		{"secretEnv missing", "apps: [{id: app_a, key: pk_a, secretEnv: NOT_SET}]\n", vars, "apps[0].secretEnv", "NOT_SET is not set"},
 		{"secretEnv bad value", "apps: [{id: app_a, key: pk_a, secretEnv: BAD_SECRET}]\n", vars, "apps[0].secretEnv", "the value of BAD_SECRET"},
-		{"duplicate app id", "apps:\n  - {id: app_a, key: pk_a, secret: sk_a}\n  - {id: app_a, key: pk_b, secret: sk_b}\n", nil, "apps[1].id", "already the id of apps[0]"},
-		{"duplicate app key", "apps:\n  - {id: app_a, key: pk_a, secret: sk_a}\n  - {id: app_b, key: pk_a, secret: sk_b}\n", nil, "apps[1].key", "already the key of apps[0]"},
+		{"duplicate app id", "apps:\n  - {id: app_a, key: pk_a, secret: sk_a_0123456789abcdef}\n  - {id: app_a, key: pk_b, secret: sk_b_0123456789abcdef}\n", nil, "apps[1].id", "already the id of apps[0]"},
+		{"duplicate app key", "apps:\n  - {id: app_a, key: pk_a, secret: sk_a_0123456789abcdef}\n  - {id: app_b, key: pk_a, secret: sk_b_0123456789abcdef}\n", nil, "apps[1].key", "already the key of apps[0]"},
 		// environment
 		{"env partitions", "", map[string]string{"HOLDFAST_PARTITIONS": "x"}, "HOLDFAST_PARTITIONS", `expected an integer, got "x"`},
 		{"env partitions range", "", map[string]string{"HOLDFAST_PARTITIONS": "70000"}, "HOLDFAST_PARTITIONS", "out of range"},
@@ -374,8 +378,8 @@ func TestLoad_FileErrors(t *testing.T) {
 }
 
 func TestLoad_Secrets(t *testing.T) {
-	c := mustLoad(t, "apps: [{id: app_a, key: pk_a, secretEnv: APP_SECRET}]\n", map[string]string{"APP_SECRET": "sk_env"})
-	if want := (App{ID: "app_a", Key: "pk_a", Secret: "sk_env", SecretEnv: "APP_SECRET"}); c.Apps[0] != want {
+	c := mustLoad(t, "apps: [{id: app_a, key: pk_a, secretEnv: APP_SECRET}]\n", map[string]string{"APP_SECRET": "sk_env_0123456789abcdef"})
+	if want := (App{ID: "app_a", Key: "pk_a", Secret: "sk_env_0123456789abcdef", SecretEnv: "APP_SECRET"}); c.Apps[0] != want {
 		t.Errorf("app = %+v, want %+v", c.Apps[0], want)
 	}
 }
@@ -481,7 +485,7 @@ func TestLoad_Cluster(t *testing.T) {
 	if _, err := Load(writeConfig(t, body), func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "apps") {
 		t.Fatalf("a cluster without apps: %v", err)
 	}
-	path := writeConfig(t, body+"apps: [{id: app_a, key: pk_a, secret: sk_a}]\n")
+	path := writeConfig(t, body+"apps: [{id: app_a, key: pk_a, secret: sk_a_0123456789abcdef}]\n")
 	c, err := Load(path, func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)

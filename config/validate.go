@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Validate checks every value, naming the key of the first wrong one; the serve command calls
@@ -240,14 +241,24 @@ func checkPrefixed(s, prefix string) error {
 	}), fmt.Sprintf("must be %s followed by letters, digits, '_' or '-', got %q", prefix, s))
 }
 
+// minSecretChars is the least number of characters after "sk_" in a configured
+// secret (issue 26: "sk_a" was accepted). 16 random characters of the 64 of
+// base64url are 96 bits; the secrets Holdfast generates have 48 hex digits.
+const minSecretChars = 16
+
 // checkSecret never quotes the secret.
 func checkSecret(s string) error {
 	if s == "" {
 		return errors.New("required (or secretEnv)")
 	}
 	rest, ok := strings.CutPrefix(s, "sk_")
-	return when(!ok || rest == "" || strings.ContainsFunc(rest, isSpaceOrControl),
-		"a secret must be sk_ followed by at least one character, without spaces")
+	if !ok || strings.ContainsFunc(rest, isSpaceOrControl) {
+		return errors.New("a secret must be sk_ followed by at least 16 characters, without spaces")
+	}
+	if n := utf8.RuneCountInString(rest); n < minSecretChars {
+		return fmt.Errorf("a secret must have at least %d characters after sk_, this one has %d: generate one with `openssl rand -hex 24` and put sk_ before it", minSecretChars, n)
+	}
+	return nil
 }
 
 func required(s string) error {

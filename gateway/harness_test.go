@@ -27,6 +27,8 @@ type testServer struct {
 	gw   *Server
 	srv  *httptest.Server
 	url  string
+	// closed is set by closeNow: the cleanup has nothing left to stop.
+	closed bool
 }
 
 func newTestServer(t *testing.T, cfg cluster.Config) *testServer {
@@ -52,6 +54,9 @@ func newTestServerWith(t *testing.T, cfg cluster.Config, gwcfg func(*Config)) *t
 	srv := httptest.NewServer(s.Handler())
 	ts := &testServer{t: t, node: node, gw: s, srv: srv, url: srv.URL}
 	t.Cleanup(func() {
+		if ts.closed {
+			return
+		}
 		s.Close()
 		srv.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -38,13 +38,15 @@ func (s *Server) queueRoutes() {
 
 // replayer is a node that replays queues when it starts (cluster.Node).
 type replayer interface {
-	ReplaySummary() (actors.ReplaySummary, bool)
+	ReplaySummary(app string) (actors.ReplaySummary, bool)
 }
 
 // adminReplay serves GET /api/v1/admin/replay: the summary of the queue replay
-// the node ran at start, to any app's credentials; 503 until it has finished.
+// the node ran at start, of the caller's app's queues only (issue 26: an app
+// never learns another's counts); 503 until it has finished.
 func (s *Server) adminReplay(w http.ResponseWriter, r *http.Request) {
-	if _, ok := s.cfg.Apps.Authenticate(r.Header.Get("X-App-Key"), r.Header.Get("X-App-Secret")); !ok {
+	app, ok := s.cfg.Apps.Authenticate(r.Header.Get("X-App-Key"), r.Header.Get("X-App-Secret"))
+	if !ok {
 		writeUnauthorized(w)
 		return
 	}
@@ -53,7 +55,7 @@ func (s *Server) adminReplay(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, actors.ReplaySummary{Errors: []string{}})
 		return
 	}
-	sum, done := rp.ReplaySummary()
+	sum, done := rp.ReplaySummary(app.ID)
 	if !done {
 		retryable(http.StatusServiceUnavailable, "the replay after start is still running", "unavailable", time.Second).write(w)
 		return

@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 
 const (
 	crashAppKey    = "pk_crash"
-	crashAppSecret = "sk_crash_secret"
+	crashAppSecret = "sk_crash_secret_0123456789"
 )
 
 // server is a holdfast process started by a test.

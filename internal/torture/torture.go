@@ -106,7 +106,7 @@ func (v *Verdict) String() string {
 
 const (
 	appKey    = "pk_torture"
-	appSecret = "sk_torture_secret"
+	appSecret = "sk_torture_secret_0123456789"
 	app       = "app_torture"
 )
 
