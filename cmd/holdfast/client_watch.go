@@ -96,6 +96,10 @@ type watcher struct {
 	printNextSnap bool   // print the next snapshot (the first, or after log_truncated)
 	everJoined    bool
 	refSeq        int // the last frame ref sent
+	// resuming is set when the feed was lost after a join (a dropped
+	// connection or a phx_error): one line said so, and the next successful
+	// join prints one line saying it is back. Nothing in between (issue 26).
+	resuming bool
 }
 
 // fatalWatchError ends watch without reconnecting.
@@ -118,7 +122,7 @@ func (w *watcher) run(ctx context.Context) error {
 		if !w.everJoined {
 			return err
 		}
-		fmt.Fprintf(w.errOut, "holdfast: watch: %v; reconnecting\n", err)
+		w.lost("the connection was lost; reconnecting")
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -169,12 +173,19 @@ func (w *watcher) session(ctx context.Context) error {
 		if json.Unmarshal(data, &f) != nil || len(f) != 5 {
 			continue
 		}
-		var topic, event, ref string
+		var topic, event, ref, frameJoin string
+		_ = json.Unmarshal(f[0], &frameJoin)
 		_ = json.Unmarshal(f[2], &topic)
 		_ = json.Unmarshal(f[3], &event)
 		_ = json.Unmarshal(f[1], &ref)
 		if topic != w.topic {
 			continue // heartbeat replies
+		}
+		if frameJoin != "" && frameJoin != joinRef {
+			// A frame of an earlier join of this topic: after a phx_error the
+			// rejoin replaces it, and the server closes it (phx_close on the
+			// old join_ref). phoenix.js ignores such frames; so does watch.
+			continue
 		}
 		switch event {
 		case "phx_reply":
@@ -192,7 +203,12 @@ func (w *watcher) session(ctx context.Context) error {
 				return &fatalWatchError{fmt.Errorf("join %s/%s refused: %s", w.ref.typ, w.ref.key, r.Response.Reason)}
 			}
 			w.everJoined = true
-		case "phx_error": // the object dropped the subscription: join again
+			if w.resuming {
+				w.resuming = false
+				fmt.Fprintf(w.errOut, "holdfast: watch: reconnected; resuming after log_id %d\n", w.lastLogID)
+			}
+		case "phx_error": // the object dropped the subscription (it moved or restarted): join again
+			w.lost("the object's channel was interrupted (it moved or restarted); rejoining")
 			if joinRef, err = w.join(ctx, conn); err != nil {
 				return err
 			}
@@ -206,6 +222,16 @@ func (w *watcher) session(ctx context.Context) error {
 				return err
 			}
 		}
+	}
+}
+
+// lost says once that the feed was lost and is being resumed; later failures
+// before the feed is back print nothing (their causes change nothing for the
+// user, and a server down for a minute would fill the screen).
+func (w *watcher) lost(what string) {
+	if !w.resuming {
+		w.resuming = true
+		fmt.Fprintf(w.errOut, "holdfast: watch: %s\n", what)
 	}
 }
 
