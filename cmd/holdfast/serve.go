@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -38,6 +39,7 @@ func serveCommand() *cobra.Command {
 		idleTimeout time.Duration
 		maxConns    int
 		devCluster  bool
+		devEtcdPort int
 		logFormat   string
 		logLevel    string
 	)
@@ -50,7 +52,9 @@ environment variables, then flags; with none of them it serves ./holdfast-data o
 
 With a cluster section in the configuration the node joins that cluster through
 etcd. --dev-cluster instead starts an embedded single-member etcd in the data
-directory and runs this node as a cluster of one, for trials and tests.`,
+directory and runs this node as a cluster of one, for trials and tests; it
+prints the etcd endpoint, on --dev-etcd-port if given, so that other nodes can
+join it (docs/cluster.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := config.Load(configFile, os.Getenv)
@@ -80,11 +84,17 @@ directory and runs this node as a cluster of one, for trials and tests.`,
 			if err != nil {
 				return err
 			}
+			if f.Changed("dev-etcd-port") && !devCluster {
+				return errors.New("--dev-etcd-port is the port of --dev-cluster's embedded etcd: add --dev-cluster, or name a real etcd in the configuration's cluster section")
+			}
+			if devEtcdPort < 0 || devEtcdPort > 65535 {
+				return fmt.Errorf("--dev-etcd-port: want a port from 1 to 65535 (0: any free port), got %d", devEtcdPort)
+			}
 			if devCluster {
 				if cfg.Cluster != nil {
 					return errors.New("--dev-cluster runs its own etcd; remove the configuration's cluster section")
 				}
-				stop, err := startDevCluster(cfg, log)
+				stop, err := startDevCluster(cfg, devEtcdPort, cmd.ErrOrStderr(), log)
 				if err != nil {
 					return err
 				}
@@ -101,6 +111,7 @@ directory and runs this node as a cluster of one, for trials and tests.`,
 	f.DurationVar(&idleTimeout, "idle-timeout", 0, "passivate objects idle this long (default 60s)")
 	f.IntVar(&maxConns, "max-connections", 0, "HTTP connections open at once (default half the descriptor limit)")
 	f.BoolVar(&devCluster, "dev-cluster", false, "run as a one-node cluster with an embedded etcd (trials and tests)")
+	f.IntVar(&devEtcdPort, "dev-etcd-port", 0, "the embedded etcd's client port on 127.0.0.1, with --dev-cluster (default: any free port)")
 	f.StringVar(&logFormat, "log-format", envOr("HOLDFAST_LOG_FORMAT", "text"), "log format: text or json (env HOLDFAST_LOG_FORMAT)")
 	f.StringVar(&logLevel, "log-level", envOr("HOLDFAST_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env HOLDFAST_LOG_LEVEL)")
 	return cmd
@@ -286,16 +297,25 @@ func envOr(name, def string) string {
 	return def
 }
 
-// startDevCluster starts an embedded etcd under the data directory and points
-// cfg at it as a one-node cluster.
-func startDevCluster(cfg *config.Config, log *slog.Logger) (stop func(), err error) {
-	e, err := devetcd.Start(devetcd.Config{Dir: filepath.Join(cfg.DataDir, "etcd")})
+// startDevCluster starts an embedded etcd under the data directory, its client
+// port on 127.0.0.1:port (0: any free port), and points cfg at it as a
+// cluster named "dev" whose first node is "dev-1". It prints the endpoint on
+// out, since other nodes need it to join (issue 26: it was only in the log).
+func startDevCluster(cfg *config.Config, port int, out io.Writer, log *slog.Logger) (stop func(), err error) {
+	dc := devetcd.Config{Dir: filepath.Join(cfg.DataDir, "etcd")}
+	if port != 0 {
+		dc.ClientAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	}
+	e, err := devetcd.Start(dc)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--dev-cluster: %w", err)
 	}
 	cfg.Cluster = &config.Cluster{Name: "dev", NodeID: "dev-1", Advertise: "127.0.0.1:0"}
 	cfg.Cluster.Etcd.Endpoints = []string{e.Endpoint()}
 	log.Info("dev cluster: embedded etcd", "endpoint", e.Endpoint())
+	fmt.Fprintf(out, "Dev cluster %q, node %q: embedded etcd at %s\n"+
+		"  other nodes join with  cluster: {name: dev, nodeId: ..., advertise: ..., etcd: {endpoints: ['%s']}}\n",
+		cfg.Cluster.Name, cfg.Cluster.NodeID, e.Endpoint(), e.Endpoint())
 	return e.Close, nil
 }
 
