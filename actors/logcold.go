@@ -2,7 +2,6 @@ package actors
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -120,11 +119,11 @@ func decodeSegment(first uint64, b []byte) ([]LogRecord, error) {
 }
 
 // segmentKey is the store key of the object's segment that starts at first:
-// log/<app>/<type>/<key>/<first, 20 digits>, names in unpadded base64url so that
-// any name makes a valid key.
+// log/<app>/<type>/<key>/<first, 20 digits>, names in unpadded base64url, long
+// ones cut into path segments (cold.LogSegmentKey). The index records the key
+// a segment was written under, and reads use that.
 func segmentKey(id ObjectID, first uint64) string {
-	enc := base64.RawURLEncoding
-	return fmt.Sprintf("log/%s/%s/%s/%020d", enc.EncodeToString([]byte(id.App)), enc.EncodeToString([]byte(id.Type)), enc.EncodeToString([]byte(id.Key)), first)
+	return cold.LogSegmentKey(id.App, id.Type, id.Key, first)
 }
 
 // segEntry is one segment index entry.

@@ -422,9 +422,17 @@ func (o *object) queueReceive(m QueueReceive) (any, error) {
 	}
 	now := o.h.now().UnixMilli()
 	t := newQueueTxn(q)
-	if err := o.queueExpire(t, target, now); err != nil {
+	dueNow, err := o.queueExpire(t, target, now)
+	if err != nil {
 		t.rollback()
 		return nil, err
+	}
+	if dueNow {
+		// The take scans the store, which shows t's writes only once they
+		// are submitted: commit the expiries first, so that a pair whose
+		// deadline and backoff both passed goes out in this receive.
+		o.queueCommit(t)
+		t = newQueueTxn(q)
 	}
 	ds, err := o.queueTake(t, target, m.Topic, limit, vis, now)
 	if err != nil {
@@ -496,18 +504,20 @@ func (o *object) queueTake(t *queueTxn, target, topic string, limit int, vis tim
 	return out, nil
 }
 
-// queueExpire fails the deliveries of target whose visibility deadline passed.
-func (o *object) queueExpire(t *queueTxn, target string, now int64) error {
+// queueExpire fails the deliveries of target whose visibility deadline passed;
+// each is due again at its deadline plus the backoff. dueNow reports that one
+// of them is due already (a take must see t's writes to hand it out).
+func (o *object) queueExpire(t *queueTxn, target string, now int64) (dueNow bool, err error) {
 	q := t.q
 	prefix := targetKey(q.ks, queueVisible, target)
 	end := append(bytes.Clone(prefix), u64(now+1)...)
 	var ids []string
-	err := o.st.scan(o.bg(), prefix, q.scanFrom(prefix, now), end, func(key, value []byte) (bool, error) {
+	err = o.st.scan(o.bg(), prefix, q.scanFrom(prefix, now), end, func(key, value []byte) (bool, error) {
 		ids = append(ids, string(value))
 		return len(ids) < expireBatch, nil
 	})
 	if err != nil {
-		return unavailable("cannot read the queue", err)
+		return false, unavailable("cannot read the queue", err)
 	}
 	if len(ids) < expireBatch {
 		q.skipTo(prefix, end) // every deadline up to now is expired below
@@ -515,13 +525,22 @@ func (o *object) queueExpire(t *queueTxn, target string, now int64) error {
 	for _, id := range ids {
 		p, _, err := o.queueRead(q, target, id)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if p.State == StateProcessing && p.Deadline <= now {
-			o.queueFail(t, target, id, p, 0, "visibility timeout passed", now)
+			// The attempt failed at its deadline, so its backoff counts from
+			// there (as SQS makes a message visible when its timeout ends), not
+			// from whenever a receive, a push or the stats noticed it. Never
+			// before now: every index entry is written at or after now, which
+			// the scans' low-water marks rely on (queueState.from); a due time
+			// already passed is due at once.
+			due := max(now, p.Deadline+q.opts.backoff(p.Attempts, o.h.jitter()).Milliseconds())
+			if t.endDelivery(target, id, p, "visibility timeout passed", now, due) && due <= now {
+				dueNow = true
+			}
 		}
 	}
-	return nil
+	return dueNow, nil
 }
 
 // queueFail settles a failed delivery of a processing pair: back to pending
@@ -754,7 +773,7 @@ func (o *object) queueStats() (any, error) {
 	// where they now are (pending, delayed or failed), not as processing.
 	t := newQueueTxn(q)
 	for _, target := range q.opts.Targets {
-		if err := o.queueExpire(t, target, now); err != nil {
+		if _, err := o.queueExpire(t, target, now); err != nil {
 			t.rollback()
 			return nil, err
 		}

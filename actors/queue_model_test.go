@@ -55,6 +55,16 @@ func (m *queueModel) fail(p *modelPair, delay time.Duration, lastErr string, now
 	m.pending++
 }
 
+// expire fails a delivery whose visibility deadline passed: due at the
+// deadline plus the backoff, or now if that has passed too.
+func (m *queueModel) expire(p *modelPair, now int64) {
+	due := max(now, p.deadline+m.backoff(p.attempts))
+	m.fail(p, 0, "visibility timeout passed", now)
+	if p.state == StatePending {
+		p.due = due
+	}
+}
+
 // held returns the pair the receipt holds now, or nil.
 func (m *queueModel) held(receipt string, now int64) *modelPair {
 	for _, ps := range m.pairs {
@@ -138,7 +148,7 @@ func TestQueue_RandomModel(t *testing.T) {
 			}
 			for _, p := range m.pairs[target] {
 				if p.state == StateProcessing && p.deadline <= now {
-					m.fail(p, 0, "visibility timeout passed", now)
+					m.expire(p, now)
 					seen["expired"]++
 				}
 			}
@@ -317,7 +327,7 @@ func TestQueue_RandomModel(t *testing.T) {
 			for _, ps := range m.pairs {
 				for _, p := range ps {
 					if p.state == StateProcessing && p.deadline <= now {
-						m.fail(p, 0, "visibility timeout passed", now)
+						m.expire(p, now)
 						seen["expired"]++
 					}
 				}

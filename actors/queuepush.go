@@ -149,15 +149,28 @@ func (o *object) queuePump() {
 		d      QueueDelivery
 	}
 	var starts []start
+	dueNow := false
+	for _, target := range q.opts.Targets {
+		if _, _, ok := o.pushTopics(target); !ok {
+			continue
+		}
+		d, err := o.queueExpire(t, target, now)
+		if err != nil {
+			t.rollback()
+			o.h.log.Warn("queue push: cannot expire deliveries", "object", o.act.id.String(), "err", err)
+			return
+		}
+		dueNow = dueNow || d
+	}
+	if dueNow {
+		// As in queueReceive: the takes see the expiries once submitted.
+		o.queueCommit(t)
+		t = newQueueTxn(q)
+	}
 	for _, target := range q.opts.Targets {
 		all, topics, ok := o.pushTopics(target)
 		if !ok {
 			continue
-		}
-		if err := o.queueExpire(t, target, now); err != nil {
-			t.rollback()
-			o.h.log.Warn("queue push: cannot expire deliveries", "object", o.act.id.String(), "err", err)
-			return
 		}
 		filters := topics
 		if all {

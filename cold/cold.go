@@ -28,8 +28,10 @@ type Info struct {
 	Size int64
 }
 
-// Store is a cold store. Keys are 1 to 512 bytes of slash-separated segments, none
-// empty, "." or ".."; they never end with "/". Every method takes ctx first and
+// Store is a cold store. Keys are 1 to MaxKeyLen bytes of slash-separated
+// segments of at most MaxSegmentLen bytes, none empty, "." or ".."; they never end
+// with "/". Every store takes every such key (a store with a prefix of its own
+// refuses the keys that do not fit with it). Every method takes ctx first and
 // honours its deadline.
 type Store interface {
 	// Create stores data under key only if key does not exist; otherwise it
@@ -47,8 +49,14 @@ type Store interface {
 	Delete(ctx context.Context, key string) error
 }
 
-// MaxKeyLen bounds a key.
-const MaxKeyLen = 512
+const (
+	// MaxKeyLen bounds a key: S3's limit on an object key (a store's own
+	// prefix included).
+	MaxKeyLen = 1024
+	// MaxSegmentLen bounds a key's segment: the file systems' limit on a path
+	// component.
+	MaxSegmentLen = 255
+)
 
 // CheckKey reports whether key follows the key rules.
 func CheckKey(key string) error {
@@ -58,6 +66,9 @@ func CheckKey(key string) error {
 	for _, seg := range strings.Split(key, "/") {
 		if seg == "" || seg == "." || seg == ".." {
 			return fmt.Errorf("%w: %q has an empty or dot segment", ErrInvalidKey, key)
+		}
+		if len(seg) > MaxSegmentLen {
+			return fmt.Errorf("%w: a segment of %d bytes, at most %d", ErrInvalidKey, len(seg), MaxSegmentLen)
 		}
 		if strings.ContainsAny(seg, "\x00\\") {
 			return fmt.Errorf("%w: %q holds a NUL or a backslash", ErrInvalidKey, key)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -188,9 +189,79 @@ func Run(t *testing.T, s cold.Store, prefix string) {
 		}
 	})
 
+	t.Run("LongestNames", func(t *testing.T) {
+		// Segments of a log whose type and key are the longest names the spec
+		// allows (256 bytes; two- and three-byte UTF-8 letters), laid out as
+		// the log lays them out (cold.LogSegmentKey): each name cut into two
+		// path segments, about 800 bytes in all.
+		c := ctx(t)
+		app, typ, key := "app_"+strings.Repeat("a", 60), strings.Repeat("é", 128), strings.Repeat("界", 85)+"x"
+		seg := func(typ, key string, first uint64) string { return k(cold.LogSegmentKey(app, typ, key, first)) }
+		firsts := []uint64{0, 10, 100, 1 << 40}
+		for _, first := range firsts {
+			if err := s.Create(c, seg(typ, key, first), []byte(fmt.Sprint("segment ", first))); err != nil {
+				t.Fatalf("create a segment of 256-byte names (%d bytes): %v", len(seg(typ, key, first)), err)
+			}
+		}
+		// Neighbours: the same type with a key of 191 bytes (the longest in one
+		// path segment), of 192 (the shortest in two), and keys whose forms
+		// are key's first piece and that piece and a bit more.
+		neighbours := []string{strings.Repeat("k", 191), strings.Repeat("k", 192), key[:150], key[:150] + "z"}
+		for _, other := range neighbours {
+			if err := s.Create(c, seg(typ, other, 0), []byte(other)); err != nil {
+				t.Fatalf("create a segment of a %d-byte key: %v", len(other), err)
+			}
+		}
+		got, err := s.Get(c, seg(typ, key, 10))
+		if err != nil || string(got) != "segment 10" {
+			t.Fatalf("get: %q %v", got, err)
+		}
+		if info, err := s.Stat(c, seg(typ, key, 100)); err != nil || info.Key != seg(typ, key, 100) || info.Size != int64(len("segment 100")) {
+			t.Fatalf("stat: %+v %v", info, err)
+		}
+		if err := s.Create(c, seg(typ, key, 0), []byte("other")); !errors.Is(err, cold.ErrExists) {
+			t.Fatalf("second create: %v, want ErrExists", err)
+		}
+		// The object's segments, and only those, under its prefix, in order.
+		list, err := s.List(c, k(cold.LogObjectPrefix(app, typ, key)))
+		if err != nil || len(list) != len(firsts) {
+			t.Fatalf("list the object's prefix: %v %v", list, err)
+		}
+		for i, info := range list {
+			if info.Key != seg(typ, key, firsts[i]) {
+				t.Fatalf("list item %d: %s, want %s", i, info.Key, seg(typ, key, firsts[i]))
+			}
+		}
+		// The type's segments, across its keys: the prefix of a one-segment
+		// key without that segment.
+		typePrefix := strings.TrimSuffix(cold.LogObjectPrefix(app, typ, "k"), "/")
+		typePrefix = typePrefix[:strings.LastIndex(typePrefix, "/")+1]
+		if list, err := s.List(c, k(typePrefix)); err != nil || len(list) != len(firsts)+len(neighbours) {
+			t.Fatalf("list the type's prefix: %d keys %v", len(list), err)
+		}
+		for _, other := range neighbours {
+			if got, err := s.Get(c, seg(typ, other, 0)); err != nil || string(got) != other {
+				t.Fatalf("get the segment of a %d-byte key: %v", len(other), err)
+			}
+		}
+		if err := s.Delete(c, seg(typ, key, 0)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Get(c, seg(typ, key, 0)); !errors.Is(err, cold.ErrNotFound) {
+			t.Fatalf("get after delete: %v", err)
+		}
+		// A key past MaxKeyLen (a 256-byte app with those names) is refused
+		// whole, by every store alike.
+		long := cold.LogSegmentKey(strings.Repeat("a", 256), typ, key, 0)
+		if err := s.Create(c, long, []byte("x")); !errors.Is(err, cold.ErrInvalidKey) {
+			t.Fatalf("create a %d-byte key: %v, want ErrInvalidKey", len(long), err)
+		}
+	})
+
 	t.Run("InvalidKeys", func(t *testing.T) {
 		c := ctx(t)
-		for _, bad := range []string{"", "/a", "a/", "a//b", "a/./b", "a/../b", "..", string(bytes.Repeat([]byte("k"), cold.MaxKeyLen+1))} {
+		for _, bad := range []string{"", "/a", "a/", "a//b", "a/./b", "a/../b", "..", string(bytes.Repeat([]byte("k"), cold.MaxKeyLen+1)),
+			"a/" + strings.Repeat("s", cold.MaxSegmentLen+1) + "/b"} {
 			if err := s.Create(c, bad, []byte("x")); !errors.Is(err, cold.ErrInvalidKey) {
 				t.Errorf("create %q: %v, want ErrInvalidKey", bad, err)
 			}

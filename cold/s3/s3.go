@@ -107,8 +107,20 @@ func (s *Store) deadline(ctx context.Context) (context.Context, context.CancelFu
 
 func status(err error) int { return minio.ToErrorResponse(err).StatusCode }
 
-func (s *Store) Create(ctx context.Context, key string, data []byte) error {
+// check applies the key rules to key, and S3's limit to the object key it
+// becomes with the store's prefix.
+func (s *Store) check(key string) error {
 	if err := cold.CheckKey(key); err != nil {
+		return err
+	}
+	if n := len(s.prefix) + len(key); n > cold.MaxKeyLen {
+		return fmt.Errorf("%w: %d bytes with the prefix %q, S3 allows %d", cold.ErrInvalidKey, n, s.prefix, cold.MaxKeyLen)
+	}
+	return nil
+}
+
+func (s *Store) Create(ctx context.Context, key string, data []byte) error {
+	if err := s.check(key); err != nil {
 		return err
 	}
 	ctx, cancel := s.deadline(ctx)
@@ -138,7 +150,7 @@ func (s *Store) Create(ctx context.Context, key string, data []byte) error {
 }
 
 func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
-	if err := cold.CheckKey(key); err != nil {
+	if err := s.check(key); err != nil {
 		return nil, err
 	}
 	ctx, cancel := s.deadline(ctx)
@@ -159,7 +171,7 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 }
 
 func (s *Store) Stat(ctx context.Context, key string) (cold.Info, error) {
-	if err := cold.CheckKey(key); err != nil {
+	if err := s.check(key); err != nil {
 		return cold.Info{}, err
 	}
 	ctx, cancel := s.deadline(ctx)
@@ -192,7 +204,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]cold.Info, error) {
 }
 
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := cold.CheckKey(key); err != nil {
+	if err := s.check(key); err != nil {
 		return err
 	}
 	ctx, cancel := s.deadline(ctx)

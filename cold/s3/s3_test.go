@@ -3,6 +3,7 @@ package s3
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,5 +56,33 @@ func TestMinIO_HungServerFailsWithinTheDeadline(t *testing.T) {
 	srv.Cont()
 	if got, err := s.Get(context.Background(), "a/1"); err != nil || string(got) != "x" {
 		t.Fatalf("after the server resumed: %q %v", got, err)
+	}
+}
+
+// TestMinIO_KeyPastTheLimitWithThePrefix: a key that fits cold.MaxKeyLen alone
+// but not with the store's prefix is refused as ErrInvalidKey, before any
+// request (S3 would answer KeyTooLongError); one that fits with it is stored.
+func TestMinIO_KeyPastTheLimitWithThePrefix(t *testing.T) {
+	srv := s3test.MinIO(t)
+	prefix := strings.Repeat(strings.Repeat("p", 99)+"/", 3) // 300 bytes
+	s := open(t, srv, "holdfast", prefix)
+	ctx := context.Background()
+	fits := strings.Repeat("k/", 361) + "k" // 723 bytes: 1023 with the prefix
+	if err := s.Create(ctx, fits, []byte("x")); err != nil {
+		t.Fatalf("create a key of %d bytes with the prefix: %v", len(prefix)+len(fits), err)
+	}
+	if got, err := s.Get(ctx, fits); err != nil || string(got) != "x" {
+		t.Fatalf("get: %q %v", got, err)
+	}
+	long := fits + "/k"
+	for what, call := range map[string]func() error{
+		"create": func() error { return s.Create(ctx, long, []byte("x")) },
+		"get":    func() error { _, err := s.Get(ctx, long); return err },
+		"stat":   func() error { _, err := s.Stat(ctx, long); return err },
+		"delete": func() error { return s.Delete(ctx, long) },
+	} {
+		if err := call(); !errors.Is(err, cold.ErrInvalidKey) {
+			t.Errorf("%s a key of %d bytes with the prefix: %v, want ErrInvalidKey", what, len(prefix)+len(long), err)
+		}
 	}
 }
