@@ -305,6 +305,7 @@ func TestLoad_Refusals(t *testing.T) {
 		{"cluster lease fraction", "cluster: {name: c, nodeId: n1, advertise: 'h:1', etcd: {endpoints: [e:2379]}, leaseTtl: 2500ms}\n", nil, "cluster.leaseTtl", "whole seconds"},
 		// apps
 		{"app id prefix", "apps: [{id: demo, key: pk_a, secret: sk_a_0123456789abcdef}]\n", nil, "apps[0].id", "must be app_"},
+		{"app id too long", "apps: [{id: app_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx, key: pk_a, secret: sk_a_0123456789abcdef}]\n", nil, "apps[0].id", "at most 64 bytes, got 65"},
 		{"app key prefix", "apps: [{id: app_a, key: demo, secret: sk_a_0123456789abcdef}]\n", nil, "apps[0].key", "must be pk_"},
 		{"app secret prefix", "apps: [{id: app_a, key: pk_a, secret: hunter2}]\n", nil, "apps[0].secret", "sk_"},
 		{"app no secret", "apps: [{id: app_a, key: pk_a}]\n", nil, "apps[0].secret", "required"},

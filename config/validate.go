@@ -88,7 +88,11 @@ func (c *Config) validateApps(k checker) error {
 		} else if j, ok := keys[a.Key]; ok {
 			dup = k.check(at+".key", fmt.Errorf("%s is already the key of apps[%d]", a.Key, j))
 		}
-		if err := first(k.check(at+".id", checkPrefixed(a.ID, "app_")), k.check(at+".key", checkPrefixed(a.Key, "pk_")),
+		idErr := checkPrefixed(a.ID, "app_")
+		if idErr == nil && len(a.ID) > maxAppIDBytes {
+			idErr = fmt.Errorf("must be at most %d bytes, got %d", maxAppIDBytes, len(a.ID))
+		}
+		if err := first(k.check(at+".id", idErr), k.check(at+".key", checkPrefixed(a.Key, "pk_")),
 			k.check(secretKey, secretErr), dup); err != nil {
 			return err
 		}
@@ -228,6 +232,12 @@ func checkMemoryBudget(n int64) error {
 func checkPositive(d time.Duration) error {
 	return when(d <= 0, fmt.Sprintf("must be greater than 0, got %v", d))
 }
+
+// maxAppIDBytes bounds a configured app id: it is a component of every cold
+// segment's key, and with it at most 64 bytes a log of the longest type and key
+// (256 bytes each) still has a key under S3's 1,024 bytes with room for a
+// prefix (docs/decisions.md, "Cold paths of long names").
+const maxAppIDBytes = 64
 
 // checkPrefixed checks an app id or key: the prefix, then at least one of [A-Za-z0-9_-]
 // (ids appear in URL paths, keys in channel topics split on ':').
