@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/persistence"
@@ -151,15 +150,10 @@ func (o *object) alarmNotify(ds []alarms.Due) {
 
 // checkAlarm validates a schedule request. internal allows the reserved names.
 func (o *object) checkAlarm(name string, at int64, action json.RawMessage, internal bool) error {
+	if err := checkAlarmName(name); err != nil {
+		return err
+	}
 	switch {
-	case name == "":
-		return badRequestf("alarm name must not be empty")
-	case len(name) > MaxAlarmName:
-		return badRequestf("alarm name is %d bytes, at most %d", len(name), MaxAlarmName)
-	case !utf8.ValidString(name):
-		return badRequestf("alarm name is not valid UTF-8")
-	case strings.Contains(name, "/"):
-		return badRequestf("alarm name must not contain '/'")
 	case !internal && strings.HasPrefix(name, ReservedAlarmPrefix):
 		return invalidf("alarm names starting with %q are reserved for the runtime", ReservedAlarmPrefix)
 	case at < 0 || at > maxAlarmTime:
@@ -197,7 +191,7 @@ func parseAlarmAction(action json.RawMessage) (string, error) {
 		}
 		return *a.Kind, nil
 	}
-	return "", badRequestf("unknown alarm action kind %q (want \"trim\" or \"enqueue\")", *a.Kind)
+	return "", invalidf("unknown alarm action kind %q (want \"trim\" or \"enqueue\")", *a.Kind)
 }
 
 // compactAction returns a checked action without insignificant whitespace.
@@ -240,8 +234,19 @@ func (o *object) info(name string, r *alarmRec) AlarmInfo {
 		LastError: r.LastError, IdempotencyKey: alarms.IdempotencyKey(o.act.id, name, r.Gen), Generation: r.Gen}
 }
 
+// checkAlarmName checks a name by the rule of every name (checkUserName).
+func checkAlarmName(name string) error {
+	if err := checkUserName("alarm name", name, MaxAlarmName, "/"); err != nil {
+		return err
+	}
+	return nil
+}
+
 // alarmNamed returns the object's alarms and name's occurrence, or not found.
 func (o *object) alarmNamed(name string) (*alarmState, *alarmRec, error) {
+	if err := checkAlarmName(name); err != nil {
+		return nil, nil, err
+	}
 	a, err := o.alarmLoad()
 	if err != nil {
 		return nil, nil, err

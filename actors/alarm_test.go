@@ -237,20 +237,21 @@ func TestAlarm_BadInputs(t *testing.T) {
 		action json.RawMessage
 		want   error
 	}{
-		{name: "", at: at, action: trim, want: ErrBadRequest},
-		{name: "a/b", at: at, action: trim, want: ErrBadRequest},
-		{name: strings.Repeat("n", MaxAlarmName+1), at: at, action: trim, want: ErrBadRequest},
+		// The rule of every name (checkUserName): not UTF-8 is malformed, the rest refused.
+		{name: "", at: at, action: trim, want: ErrInvalid},
+		{name: "a/b", at: at, action: trim, want: ErrInvalid},
+		{name: strings.Repeat("n", MaxAlarmName+1), at: at, action: trim, want: ErrInvalid},
 		{name: "bad\xff", at: at, action: trim, want: ErrBadRequest},
 		{name: TrimAlarm, at: at, action: trim, want: ErrInvalid},
 		{name: "x", at: time.UnixMilli(-1), action: trim, want: ErrBadRequest},
 		{name: "x", at: time.UnixMilli(maxAlarmTime + 1), action: trim, want: ErrBadRequest},
-		{name: "x", at: at, action: json.RawMessage(`{"kind":"explode"}`), want: ErrBadRequest},
+		{name: "x", at: at, action: json.RawMessage(`{"kind":"explode"}`), want: ErrInvalid},
 		{name: "x", at: at, action: json.RawMessage(`{"nokind":1}`), want: ErrBadRequest},
 		{name: "x", at: at, action: json.RawMessage(`["trim"]`), want: ErrBadRequest},
 		{name: "x", at: at, action: json.RawMessage(`{"kind":`), want: ErrBadRequest},
 		{name: "x", at: at, action: json.RawMessage(`{"kind":"trim","pad":"` + strings.Repeat("p", MaxAlarmAction) + `"}`), want: ErrTooLarge},
 		{name: "x", at: at, action: json.RawMessage(`{"kind":"enqueue","topic":"t"}`), want: ErrBadRequest},
-		{name: "x", at: at, action: json.RawMessage(`{"kind":"enqueue","topic":"","payload":1}`), want: ErrBadRequest},
+		{name: "x", at: at, action: json.RawMessage(`{"kind":"enqueue","topic":"","payload":1}`), want: ErrInvalid},
 		{name: "x", at: at, action: json.RawMessage(`{"kind":"enqueue","payload":1,"extra":2}`), want: ErrBadRequest},
 		{name: "nohandler", at: at, action: nil, want: ErrInvalid}, // no action and no Go handler
 		{id: ObjectID{App: "app_t", Type: "kvtype", Key: "k"}, name: "tick", at: at, action: nil, want: ErrInvalid},

@@ -88,6 +88,10 @@ func (o *object) kvGet() (any, error) {
 }
 
 func (o *object) kvGetSlot(slot string) (any, error) {
+	// A name no write takes is refused as the writes refuse it, not "not found".
+	if err := validateSlot(slot); err != nil {
+		return nil, err
+	}
 	k, err := o.kvLoad()
 	if err != nil {
 		return nil, err

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/internal/jsonvalid"
@@ -541,14 +540,11 @@ func (o *object) logBounds() (any, error) {
 	return &LogBounds{OldestOffset: l.oldest, HotOffset: l.hot, NextOffset: l.next}, nil
 }
 
+// checkConsumer checks a consumer name by the rule of every name
+// (checkUserName): 1 to MaxConsumerName bytes without '/'.
 func checkConsumer(name string) error {
-	switch {
-	case name == "" || len(name) > MaxConsumerName:
-		return badRequestf("consumer names are 1 to %d bytes", MaxConsumerName)
-	case strings.Contains(name, "/"):
-		return badRequestf("consumer names must not contain '/'")
-	case !utf8.ValidString(name):
-		return badRequestf("consumer names must be UTF-8")
+	if err := checkUserName("consumer name", name, MaxConsumerName, "/"); err != nil {
+		return err
 	}
 	return nil
 }

@@ -47,22 +47,35 @@ func quoteChars(s string) string {
 	return strings.Join(parts, " or ")
 }
 
+// checkUserName is the one rule of the names a client gives inside an object:
+// slot names, alarm names, log consumer names and queue message ids, in a path
+// or in a body. Bytes that are not UTF-8 are malformed input (400), as they are
+// in a JSON body; an empty name, one over max bytes, or one holding a byte of
+// forbidden is a well-formed request that is refused (422).
+func checkUserName(what, s string, max int, forbidden string) *Error {
+	switch {
+	case !utf8.ValidString(s):
+		return badRequestf("%s is not valid UTF-8", what)
+	case s == "":
+		return invalidf("%s must not be empty", what)
+	case len(s) > max:
+		return invalidf("%s is %d bytes, at most %d", what, len(s), max)
+	case strings.ContainsAny(s, forbidden):
+		return invalidf("%s must not contain %s", what, quoteChars(forbidden))
+	}
+	return nil
+}
+
 // reservedSlots are route names under an object and cannot be slots.
 var reservedSlots = map[string]bool{"log": true, "transaction": true}
 
-// validateSlot checks a slot name (spec/objects.md): non-empty, at most 256 bytes,
-// no '/', valid UTF-8, not reserved. Refusals are 422 like every refused write.
+// validateSlot checks a slot name (spec/objects.md) on every route that names
+// one: checkUserName's rule (at most 256 bytes, no '/'), and not reserved (422).
 func validateSlot(s string) error {
-	switch {
-	case s == "":
-		return invalidf("slot name must not be empty")
-	case len(s) > MaxNameBytes:
-		return invalidf("slot name is %d bytes, at most %d", len(s), MaxNameBytes)
-	case !utf8.ValidString(s):
-		return invalidf("slot name is not valid UTF-8")
-	case strings.Contains(s, "/"):
-		return invalidf("slot name must not contain '/'")
-	case reservedSlots[s]:
+	if err := checkUserName("slot name", s, MaxNameBytes, "/"); err != nil {
+		return err
+	}
+	if reservedSlots[s] {
 		return invalidf("slot name %q is reserved", s)
 	}
 	return nil

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/holdfast/holdfast/alarms"
 	"github.com/holdfast/holdfast/internal/jsonvalid"
@@ -275,12 +274,14 @@ func visibleKey(q *queueState, target string, p *queuePairRec) []byte {
 	return targetKey(q.ks, queueVisible, target, u64(p.Deadline), binary.BigEndian.AppendUint64(nil, p.Seq))
 }
 
+// checkQueueID checks a message id by the rule of every name (checkUserName):
+// 1 to 128 bytes, and no control characters (422).
 func checkQueueID(id string) *Error {
-	switch {
-	case len(id) < 1 || len(id) > maxQueueIDBytes:
-		return badRequestf("a message id is 1 to %d bytes", maxQueueIDBytes)
-	case !utf8.ValidString(id) || strings.ContainsFunc(id, func(r rune) bool { return r < 0x20 || r == 0x7f }):
-		return badRequestf("a message id is UTF-8 without control characters")
+	if e := checkUserName("message id", id, maxQueueIDBytes, ""); e != nil {
+		return e
+	}
+	if strings.ContainsFunc(id, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return invalidf("a message id must not contain control characters")
 	}
 	return nil
 }
@@ -289,7 +290,7 @@ func (q *queueState) hasTarget(t string) bool { return slices.Contains(q.opts.Ta
 
 func (o *object) queueEnqueue(m QueueEnqueue) (any, error) {
 	if len(m.Messages) == 0 {
-		return nil, badRequestf("no messages to enqueue")
+		return nil, invalidf("no messages to enqueue: a batch holds at least one")
 	}
 	q, err := o.queueLoad()
 	if err != nil {

@@ -327,15 +327,23 @@ func TestQueue_BadInputs(t *testing.T) {
 	n := startQueueNode(t, t.TempDir(), QueueOptions{})
 	ctx := context.Background()
 	for name, msgs := range map[string][]QueueMessageIn{
-		"no messages":      nil,
 		"no payload":       {{ID: "a"}},
 		"invalid JSON":     {{ID: "a", Payload: json.RawMessage(`{`)}},
-		"long id":          {{ID: string(make([]byte, 129)), Payload: json.RawMessage(`1`)}},
-		"control in id":    {{ID: "a\nb", Payload: json.RawMessage(`1`)}},
+		"id not UTF-8":     {{ID: "a\xff", Payload: json.RawMessage(`1`)}},
 		"negative delay":   {{ID: "a", Payload: json.RawMessage(`1`), Delay: -time.Second}},
 		"one bad in batch": {{ID: "ok", Payload: json.RawMessage(`1`)}, {ID: "a", Payload: json.RawMessage(`{`)}},
 	} {
 		if _, err := n.q.Enqueue(ctx, msgs...); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	// Well-formed, refused (spec/errors.md).
+	for name, msgs := range map[string][]QueueMessageIn{
+		"no messages":   nil,
+		"long id":       {{ID: string(make([]byte, 129)), Payload: json.RawMessage(`1`)}},
+		"control in id": {{ID: "a\nb", Payload: json.RawMessage(`1`)}},
+	} {
+		if _, err := n.q.Enqueue(ctx, msgs...); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

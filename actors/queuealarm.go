@@ -28,7 +28,7 @@ func parseEnqueueAction(action json.RawMessage) (*enqueueAction, error) {
 		return nil, badRequestf("the enqueue action needs a payload")
 	}
 	if e.Topic != nil && *e.Topic == "" {
-		return nil, badRequestf("the enqueue action's topic cannot be empty")
+		return nil, invalidf("the enqueue action's topic must not be empty: leave it out for the default one")
 	}
 	return &e, nil
 }

@@ -16,7 +16,7 @@ func (s *Server) alarmRoutes() {
 		s.logSimple(actors.AlarmGet{Name: r.PathValue("name")})(w, r, id)
 	}))
 	s.mux.HandleFunc("DELETE "+alarmBase+"/{name}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-		if _, ok := s.call(w, r, id, actors.AlarmDelete{Name: r.PathValue("name")}, newRoute); ok {
+		if _, ok := s.call(w, r, id, actors.AlarmDelete{Name: r.PathValue("name")}); ok {
 			w.WriteHeader(http.StatusNoContent)
 		}
 	}))
@@ -41,7 +41,7 @@ func (s *Server) alarmList(w http.ResponseWriter, r *http.Request, id actors.Obj
 		badRequest(`after must be the "next" cursor of an earlier page of this list`).write(w)
 		return
 	}
-	if reply, ok := s.call(w, r, id, m, newRoute); ok {
+	if reply, ok := s.call(w, r, id, m); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }
@@ -70,7 +70,7 @@ func (s *Server) alarmPut(w http.ResponseWriter, r *http.Request, id actors.Obje
 	if string(req.Action) == "null" {
 		req.Action = nil
 	}
-	reply, ok := s.call(w, r, id, actors.AlarmSet{Name: r.PathValue("name"), At: at, Action: req.Action}, newRoute)
+	reply, ok := s.call(w, r, id, actors.AlarmSet{Name: r.PathValue("name"), At: at, Action: req.Action})
 	if ok {
 		writeJSON(w, http.StatusOK, reply)
 	}

@@ -68,7 +68,7 @@ func TestAlarms_Refusals(t *testing.T) {
 		{"a", fmt.Sprintf(`{"at":%d.5,"action":{"kind":"trim"}}`, at), 400, "bad_request"},
 		{"a", `{"at":-1,"action":{"kind":"trim"}}`, 400, "bad_request"},
 		{"a", fmt.Sprintf(`{"at":%d,"action":{"kind":"trim"},"extra":1}`, at), 400, "bad_request"},
-		{"a", fmt.Sprintf(`{"at":%d,"action":{"kind":"nope"}}`, at), 400, "bad_request"},
+		{"a", fmt.Sprintf(`{"at":%d,"action":{"kind":"nope"}}`, at), 422, "invalid"}, // well-formed, refused
 		{"a", fmt.Sprintf(`{"at":%d,"action":"trim"}`, at), 400, "bad_request"},
 		{"a", `not json`, 400, "bad_request"},
 		{"a", fmt.Sprintf(`{"at":%d,"action":{"kind":"enqueue","topic":"t"}}`, at), 400, "bad_request"},

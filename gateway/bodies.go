@@ -5,9 +5,81 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"unicode/utf8"
 
 	"github.com/holdfast/holdfast/actors"
 )
+
+// checkText refuses a JSON body that is not Unicode text (RFC 8259 section
+// 8.1): bytes that are not UTF-8, or a \u escape of half a UTF-16 surrogate
+// pair. encoding/json keeps the first byte for byte in a raw value (stored,
+// then relayed in a text frame that websocket clients refuse: issue 26) and
+// turns both into U+FFFD in a decoded string (a slot name, a message id
+// silently renamed). Every body the gateway reads is JSON, so this runs once
+// per body, before any decoding.
+func checkText(body []byte) *apiError {
+	if !utf8.Valid(body) {
+		return badRequest("the request body is not valid UTF-8")
+	}
+	if esc, ok := loneSurrogate(body); ok {
+		return badRequest("the request body holds the escape " + esc + ", half a UTF-16 surrogate pair: not Unicode text")
+	}
+	return nil
+}
+
+// loneSurrogate returns the first \uD800-\uDFFF escape in b that is not a high
+// surrogate followed at once by an escaped low one. Backslashes occur only in
+// strings of valid JSON, and each escape is skipped whole, so an escaped
+// backslash followed by "ud800" is not taken for an escape.
+func loneSurrogate(b []byte) (string, bool) {
+	for i := 0; ; {
+		j := bytes.IndexByte(b[i:], '\\')
+		if j < 0 || i+j+1 >= len(b) {
+			return "", false
+		}
+		i += j
+		if b[i+1] != 'u' {
+			i += 2 // a one-character escape, \\ included
+			continue
+		}
+		r, ok := hex4(b, i+2)
+		switch {
+		case !ok:
+			return "", false // not JSON: the decoder says so
+		case r < 0xD800 || r > 0xDFFF:
+			i += 6
+			continue
+		case r <= 0xDBFF && i+12 <= len(b) && b[i+6] == '\\' && b[i+7] == 'u':
+			if lo, ok := hex4(b, i+8); ok && lo >= 0xDC00 && lo <= 0xDFFF {
+				i += 12
+				continue
+			}
+		}
+		return string(b[i : i+6]), true
+	}
+}
+
+// hex4 decodes the four hex digits at b[i:].
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i : i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
 
 func bodyError(k actors.Kind, format string, a ...any) *actors.Error {
 	return &actors.Error{Kind: k, Msg: fmt.Sprintf(format, a...)}

@@ -21,14 +21,6 @@ type apiError struct {
 
 var unauthorizedBody = []byte(`{"errors":[{"status":"401","title":"Unauthorized"}]}`)
 
-// route styles: the seed's routes answer 422 with {"error"} only.
-type routeStyle int
-
-const (
-	seedRoute routeStyle = iota
-	newRoute
-)
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -56,7 +48,7 @@ func notFound(msg string) *apiError {
 	return &apiError{status: http.StatusNotFound, body: errBody(msg, "not_found")}
 }
 
-// invalid is a 422 of a route beyond the seed.
+// invalid is a 422: a well-formed request that is refused.
 func invalid(msg string) *apiError {
 	return &apiError{status: http.StatusUnprocessableEntity, body: errBody(msg, "invalid")}
 }
@@ -75,8 +67,10 @@ func tooLarge(msg string) *apiError {
 }
 
 // toAPIError maps an error from the actors to its reply. Errors of unknown kind
-// are internal: logged with the request id, which the body repeats.
-func toAPIError(err error, style routeStyle, requestID string) *apiError {
+// are internal: logged with the request id, which the body repeats. Every body
+// carries a code, the seed's routes' included (issue 26: a client switches on
+// the code, and a member more does not break a client of the seed's shape).
+func toAPIError(err error, requestID string) *apiError {
 	var trunc *actors.LogTruncatedError
 	if errors.As(err, &trunc) {
 		return &apiError{status: http.StatusGone, body: map[string]any{
@@ -101,10 +95,7 @@ func toAPIError(err error, style routeStyle, requestID string) *apiError {
 	case actors.KindNotFound:
 		return notFound(e.Msg)
 	case actors.KindInvalid:
-		if style == seedRoute {
-			return &apiError{status: http.StatusUnprocessableEntity, body: map[string]any{"error": e.Msg}}
-		}
-		return &apiError{status: http.StatusUnprocessableEntity, body: errBody(e.Msg, "invalid")}
+		return invalid(e.Msg)
 	case actors.KindTooLarge:
 		return tooLarge(e.Msg)
 	case actors.KindOverloaded:
@@ -112,7 +103,11 @@ func toAPIError(err error, style routeStyle, requestID string) *apiError {
 	case actors.KindUnavailable:
 		return retryable(http.StatusServiceUnavailable, e.Msg, "unavailable", e.RetryAfter)
 	case actors.KindConflict:
-		return &apiError{status: http.StatusConflict, body: errBody(e.Msg, e.Code)}
+		code := e.Code
+		if code == "" {
+			code = "conflict" // every conflict the actors raise names its code; never an empty one
+		}
+		return &apiError{status: http.StatusConflict, body: errBody(e.Msg, code)}
 	}
 	return internalError(requestID)
 }

@@ -54,7 +54,7 @@ func (s *Server) logLease(w http.ResponseWriter, r *http.Request, id actors.Obje
 	if req.Limit != nil {
 		limit = int(min(*req.Limit, 1<<30))
 	}
-	reply, ok := s.call(w, r, id, actors.LogLease{Consumer: r.PathValue("consumer"), Limit: limit}, newRoute)
+	reply, ok := s.call(w, r, id, actors.LogLease{Consumer: r.PathValue("consumer"), Limit: limit})
 	if !ok {
 		return
 	}
@@ -100,7 +100,7 @@ func (s *Server) logSettle(ack bool) objectHandler {
 		if ack {
 			msg = actors.LogAck{Consumer: r.PathValue("consumer"), BatchID: *req.BatchID}
 		}
-		if reply, ok := s.call(w, r, id, msg, newRoute); ok {
+		if reply, ok := s.call(w, r, id, msg); ok {
 			writeJSON(w, http.StatusOK, reply)
 		}
 	}
@@ -119,7 +119,7 @@ func (s *Server) logForgetCold(w http.ResponseWriter, r *http.Request, id actors
 		badRequest(`the body must be {"before": N} with N a non-negative integer`).write(w)
 		return
 	}
-	if reply, ok := s.call(w, r, id, actors.LogForgetCold{Before: *req.Before}, newRoute); ok {
+	if reply, ok := s.call(w, r, id, actors.LogForgetCold{Before: *req.Before}); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }
@@ -127,7 +127,7 @@ func (s *Server) logForgetCold(w http.ResponseWriter, r *http.Request, id actors
 // logSimple serves a route whose reply is msg's reply as JSON.
 func (s *Server) logSimple(msg any) objectHandler {
 	return func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-		if reply, ok := s.call(w, r, id, msg, newRoute); ok {
+		if reply, ok := s.call(w, r, id, msg); ok {
 			writeJSON(w, http.StatusOK, reply)
 		}
 	}
@@ -169,7 +169,7 @@ func (s *Server) logAppend(w http.ResponseWriter, r *http.Request, id actors.Obj
 			in[i].DeduplicationKey = &k
 		}
 	}
-	if reply, ok := s.call(w, r, id, actors.LogAppend{Records: in, Validated: true}, newRoute); ok {
+	if reply, ok := s.call(w, r, id, actors.LogAppend{Records: in, Validated: true}); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }
@@ -203,7 +203,7 @@ func (s *Server) logRecords(w http.ResponseWriter, r *http.Request, id actors.Ob
 		return
 	}
 	limit = min(limit, 1<<30) // capped at the type's maxBatchSize by the object
-	if reply, ok := s.call(w, r, id, actors.LogRead{From: from, Limit: int(limit)}, newRoute); ok {
+	if reply, ok := s.call(w, r, id, actors.LogRead{From: from, Limit: int(limit)}); ok {
 		writePage(w, reply.(*actors.RecordPage))
 	}
 }
@@ -249,7 +249,7 @@ func appendRecords(b []byte, records []actors.LogRecord) []byte {
 }
 
 func (s *Server) logCursor(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	if reply, ok := s.call(w, r, id, actors.LogCursorGet{Consumer: r.PathValue("consumer")}, newRoute); ok {
+	if reply, ok := s.call(w, r, id, actors.LogCursorGet{Consumer: r.PathValue("consumer")}); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }
@@ -268,7 +268,7 @@ func (s *Server) logCommit(w http.ResponseWriter, r *http.Request, id actors.Obj
 		return
 	}
 	msg := actors.LogCommit{Consumer: r.PathValue("consumer"), Offset: *req.Offset}
-	if reply, ok := s.call(w, r, id, msg, newRoute); ok {
+	if reply, ok := s.call(w, r, id, msg); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }

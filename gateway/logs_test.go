@@ -323,12 +323,17 @@ func TestLog_CursorsCommitForwardOnlyAndLoad(t *testing.T) {
 	if s, b := get(logPath + "/load"); b != `{"backlog":2}` {
 		t.Fatalf("load: %d %s", s, b)
 	}
-	for _, c := range []struct{ consumer, body string }{
-		{"search", `{"offset":-1}`}, {"search", `{"offset":"3"}`}, {"search", `{}`}, {"search", `{"offset":1.5}`},
-		{strings.Repeat("c", 257), `{"offset":1}`}, {"a%2Fb", `{"offset":1}`},
+	for _, c := range []struct {
+		consumer, body string
+		status         int
+	}{
+		{"search", `{"offset":-1}`, 400}, {"search", `{"offset":"3"}`, 400}, {"search", `{}`, 400}, {"search", `{"offset":1.5}`, 400},
+		{"%FF", `{"offset":1}`, 400},
+		// A name against the rule of names is refused (422).
+		{strings.Repeat("c", 257), `{"offset":1}`, 422}, {"a%2Fb", `{"offset":1}`, 422},
 	} {
-		if s, b := commit(c.consumer, c.body); s != 400 {
-			t.Errorf("commit %s %s: %d %s, want 400", c.consumer[:min(len(c.consumer), 10)], c.body, s, b)
+		if s, b := commit(c.consumer, c.body); s != c.status {
+			t.Errorf("commit %s %s: %d %s, want %d", c.consumer[:min(len(c.consumer), 10)], c.body, s, b, c.status)
 		}
 	}
 	// Cursors survive a reactivation (state reloaded from disk).

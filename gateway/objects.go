@@ -47,7 +47,7 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request, id actors.Objec
 		badRequest(`the body must be {"event": "run:...", "payload": {...}}`).write(w)
 		return
 	}
-	if reply, ok := s.call(w, r, id, actors.Publish{Name: *req.Event, Payload: req.Payload}, newRoute); ok {
+	if reply, ok := s.call(w, r, id, actors.Publish{Name: *req.Event, Payload: req.Payload}); ok {
 		writeJSON(w, http.StatusAccepted, reply)
 	}
 }
@@ -67,14 +67,14 @@ func (s *Server) object(h objectHandler) http.HandlerFunc {
 }
 
 func (s *Server) getState(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	if reply, ok := s.call(w, r, id, actors.KVGet{}, seedRoute); ok {
+	if reply, ok := s.call(w, r, id, actors.KVGet{}); ok {
 		st := reply.(*actors.KVState)
 		writeJSON(w, http.StatusOK, st)
 	}
 }
 
 func (s *Server) getSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-	if reply, ok := s.call(w, r, id, actors.KVGetSlot{Slot: r.PathValue("slot")}, seedRoute); ok {
+	if reply, ok := s.call(w, r, id, actors.KVGetSlot{Slot: r.PathValue("slot")}); ok {
 		writeJSON(w, http.StatusOK, map[string]json.RawMessage{"value": reply.(json.RawMessage)})
 	}
 }
@@ -94,7 +94,7 @@ func (s *Server) readLog(w http.ResponseWriter, r *http.Request, id actors.Objec
 	if limit > actors.MaxLogLimit {
 		limit = actors.MaxLogLimit
 	}
-	if reply, ok := s.call(w, r, id, actors.KVReadLog{After: after, Limit: int(limit)}, seedRoute); ok {
+	if reply, ok := s.call(w, r, id, actors.KVReadLog{After: after, Limit: int(limit)}); ok {
 		writeJSON(w, http.StatusOK, reply.(*actors.LogPage))
 	}
 }
@@ -122,7 +122,7 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, id actors.ObjectI
 		}
 		m.IdempotencyKey = k
 	}
-	reply, ok := s.call(w, r, id, m, seedRoute)
+	reply, ok := s.call(w, r, id, m)
 	if !ok {
 		return
 	}
@@ -223,7 +223,7 @@ func (s *Server) opsWrite(w http.ResponseWriter, r *http.Request, id actors.Obje
 	}
 	ops, err := parse(body)
 	if err != nil {
-		s.fail(w, r, err, seedRoute)
+		s.fail(w, r, err)
 		return
 	}
 	m.Ops = ops

@@ -145,23 +145,23 @@ func TestObjects_IdempotencyKeyReused(t *testing.T) {
 
 	h := idemHdr
 	runRefusals(t, ts, "order", "o1", []refusal{
-		{name: "put other value", method: "PUT", path: o + "/a", body: `{"value":3}`, hdr: h("k-put"), status: 422, code: noCode},
-		{name: "put other slot", method: "PUT", path: o + "/b", body: `{"value":2}`, hdr: h("k-put"), status: 422, code: noCode},
-		{name: "increment other by", method: "POST", path: o + "/n/increment", body: `{"by":2}`, hdr: h("k-inc"), status: 422, code: noCode},
-		{name: "increment other slot", method: "POST", path: o + "/m/increment", body: `{"by":1}`, hdr: h("k-inc"), status: 422, code: noCode},
-		{name: "append other value", method: "POST", path: o + "/l/append", body: `{"value":[2]}`, hdr: h("k-append"), status: 422, code: noCode},
-		{name: "delete other slot", method: "DELETE", path: o + "/a", hdr: h("k-delete"), status: 422, code: noCode},
-		{name: "patch other body", method: "PATCH", path: o, body: `{"p":2}`, hdr: h("k-patch"), status: 422, code: noCode},
-		{name: "transaction other ops", method: "POST", path: o + "/transaction", body: `[{"op":"increment","key":"n","by":2}]`, hdr: h("k-tx"), status: 422, code: noCode},
+		{name: "put other value", method: "PUT", path: o + "/a", body: `{"value":3}`, hdr: h("k-put"), status: 422, code: "invalid"},
+		{name: "put other slot", method: "PUT", path: o + "/b", body: `{"value":2}`, hdr: h("k-put"), status: 422, code: "invalid"},
+		{name: "increment other by", method: "POST", path: o + "/n/increment", body: `{"by":2}`, hdr: h("k-inc"), status: 422, code: "invalid"},
+		{name: "increment other slot", method: "POST", path: o + "/m/increment", body: `{"by":1}`, hdr: h("k-inc"), status: 422, code: "invalid"},
+		{name: "append other value", method: "POST", path: o + "/l/append", body: `{"value":[2]}`, hdr: h("k-append"), status: 422, code: "invalid"},
+		{name: "delete other slot", method: "DELETE", path: o + "/a", hdr: h("k-delete"), status: 422, code: "invalid"},
+		{name: "patch other body", method: "PATCH", path: o, body: `{"p":2}`, hdr: h("k-patch"), status: 422, code: "invalid"},
+		{name: "transaction other ops", method: "POST", path: o + "/transaction", body: `[{"op":"increment","key":"n","by":2}]`, hdr: h("k-tx"), status: 422, code: "invalid"},
 		// Same key, other route.
-		{name: "put key on append", method: "POST", path: o + "/x/append", body: `{"value":[1]}`, hdr: h("k-put-x"), status: 422, code: noCode},
-		{name: "append key on put", method: "PUT", path: o + "/l", body: `{"value":[1]}`, hdr: h("k-append"), status: 422, code: noCode},
-		{name: "increment key on transaction", method: "POST", path: o + "/transaction", body: `[{"op":"increment","key":"n","by":1}]`, hdr: h("k-inc"), status: 422, code: noCode},
-		{name: "transaction key on increment", method: "POST", path: o + "/n/increment", body: ``, hdr: h("k-tx"), status: 422, code: noCode},
-		{name: "patch key on purge", method: "DELETE", path: o, hdr: h("k-patch"), status: 422, code: noCode},
-		{name: "put key on patch of the same slot", method: "PATCH", path: o, body: `{"a":2}`, hdr: h("k-put"), status: 422, code: noCode},
-		{name: "delete key on patch of the same slot", method: "PATCH", path: o, body: `{"s":null}`, hdr: h("k-delete"), status: 422, code: noCode},
-		{name: "patch key on put of the same slot", method: "PUT", path: o + "/p", body: `{"value":1}`, hdr: h("k-patch"), status: 422, code: noCode},
+		{name: "put key on append", method: "POST", path: o + "/x/append", body: `{"value":[1]}`, hdr: h("k-put-x"), status: 422, code: "invalid"},
+		{name: "append key on put", method: "PUT", path: o + "/l", body: `{"value":[1]}`, hdr: h("k-append"), status: 422, code: "invalid"},
+		{name: "increment key on transaction", method: "POST", path: o + "/transaction", body: `[{"op":"increment","key":"n","by":1}]`, hdr: h("k-inc"), status: 422, code: "invalid"},
+		{name: "transaction key on increment", method: "POST", path: o + "/n/increment", body: ``, hdr: h("k-tx"), status: 422, code: "invalid"},
+		{name: "patch key on purge", method: "DELETE", path: o, hdr: h("k-patch"), status: 422, code: "invalid"},
+		{name: "put key on patch of the same slot", method: "PATCH", path: o, body: `{"a":2}`, hdr: h("k-put"), status: 422, code: "invalid"},
+		{name: "delete key on patch of the same slot", method: "PATCH", path: o, body: `{"s":null}`, hdr: h("k-delete"), status: 422, code: "invalid"},
+		{name: "patch key on put of the same slot", method: "PUT", path: o + "/p", body: `{"value":1}`, hdr: h("k-patch"), status: 422, code: "invalid"},
 	})
 	wantSnap(t, ts, "order", "o1", 8, want)
 }
@@ -236,7 +236,7 @@ func TestObjects_IdempotencyRefusedFirstTry(t *testing.T) {
 	ts := newTestServer(t, cluster.Config{})
 	o := objPath("order", "o1")
 	mustDo(t, ts, "PUT", o+"/s", `{"value":"text"}`, http.StatusOK) // 1
-	wantError(t, ts.do("POST", o+"/s/increment", ``, idemHdr("k")), http.StatusUnprocessableEntity, noCode, nil)
+	wantError(t, ts.do("POST", o+"/s/increment", ``, idemHdr("k")), http.StatusUnprocessableEntity, "invalid", nil)
 	wantSnap(t, ts, "order", "o1", 1, map[string]string{"s": `"text"`})
 	wantJSON(t, ts.do("POST", o+"/n/increment", ``, idemHdr("k")), http.StatusOK, `{"log_id":2,"value":1}`)
 	wantJSON(t, ts.do("POST", o+"/n/increment", ``, idemHdr("k")), http.StatusOK, `{"log_id":2,"value":1}`)

@@ -111,7 +111,7 @@ func TestObjects_TransactionMaxOps(t *testing.T) {
 	wantJSON(t, ts.do("GET", o+"/log", nil, nil), http.StatusOK, `{"items":[{"key":"n","value":1000,"log_id":1}]}`)
 
 	before := snapOf(t, ts, "order", "o1")
-	wantError(t, ts.do("POST", o+"/transaction", ops(1001), nil), http.StatusUnprocessableEntity, noCode, nil)
+	wantError(t, ts.do("POST", o+"/transaction", ops(1001), nil), http.StatusUnprocessableEntity, "invalid", nil)
 	wantUnchanged(t, ts, "order", "o1", before)
 }
 
@@ -123,7 +123,7 @@ func TestObjects_TransactionRefused(t *testing.T) {
 	// first is a valid op that must not be written when a later op fails.
 	const first = `{"op":"set","key":"written","value":1},{"op":"increment","key":"n"},`
 	bad := func(name, ops string) refusal {
-		return refusal{name: name, method: "POST", path: tx, body: "[" + first + ops + "]", status: 422, code: noCode}
+		return refusal{name: name, method: "POST", path: tx, body: "[" + first + ops + "]", status: 422, code: "invalid"}
 	}
 	cases := []refusal{
 		{name: "empty body", method: "POST", path: tx, body: "", status: 400, code: "bad_request"},
@@ -134,8 +134,8 @@ func TestObjects_TransactionRefused(t *testing.T) {
 		{name: "unterminated", method: "POST", path: tx, body: `[{"op":"set","key":"a","value":1}`, status: 400, code: "bad_request"},
 		{name: "trailing garbage", method: "POST", path: tx, body: `[{"op":"set","key":"a","value":1}] x`, status: 400, code: "bad_request"},
 		{name: "two arrays", method: "POST", path: tx, body: `[][]`, status: 400, code: "bad_request"},
-		{name: "empty list", method: "POST", path: tx, body: `[]`, status: 422, code: noCode},
-		{name: "empty list with spaces", method: "POST", path: tx, body: ` [ ] `, status: 422, code: noCode},
+		{name: "empty list", method: "POST", path: tx, body: `[]`, status: 422, code: "invalid"},
+		{name: "empty list with spaces", method: "POST", path: tx, body: ` [ ] `, status: 422, code: "invalid"},
 		bad("element number", `1`),
 		bad("element null", `null`),
 		bad("element string", `"set"`),

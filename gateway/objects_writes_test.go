@@ -63,13 +63,13 @@ func TestObjects_PutRefused(t *testing.T) {
 		{name: "two values", method: "PUT", path: p("a"), body: `{"value":1}{"value":2}`, status: 400, code: "bad_request"},
 		{name: "no value", method: "PUT", path: p("a"), body: `{}`, status: 400, code: "bad_request"},
 		{name: "other member only", method: "PUT", path: p("a"), body: `{"val":1}`, status: 400, code: "bad_request"},
-		{name: "null value", method: "PUT", path: p("a"), body: `{"value":null}`, status: 422, code: noCode},
-		{name: "null value new slot", method: "PUT", path: p("b"), body: `{"value":null}`, status: 422, code: noCode},
-		{name: "slot log", method: "PUT", path: p("log"), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "slot transaction", method: "PUT", path: p("transaction"), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "slot with slash", method: "PUT", path: p("a%2Fb"), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "slot over 256 bytes", method: "PUT", path: p(strings.Repeat("s", 257)), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "slot over 256 bytes in UTF-8", method: "PUT", path: p(strings.Repeat("%C3%A9", 129)), body: `{"value":1}`, status: 422, code: noCode},
+		{name: "null value", method: "PUT", path: p("a"), body: `{"value":null}`, status: 422, code: "invalid"},
+		{name: "null value new slot", method: "PUT", path: p("b"), body: `{"value":null}`, status: 422, code: "invalid"},
+		{name: "slot log", method: "PUT", path: p("log"), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "slot transaction", method: "PUT", path: p("transaction"), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "slot with slash", method: "PUT", path: p("a%2Fb"), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "slot over 256 bytes", method: "PUT", path: p(strings.Repeat("s", 257)), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "slot over 256 bytes in UTF-8", method: "PUT", path: p(strings.Repeat("%C3%A9", 129)), body: `{"value":1}`, status: 422, code: "invalid"},
 	})
 	wantSnap(t, ts, "doc", "d1", 1, map[string]string{"a": `"keep"`})
 }
@@ -141,19 +141,19 @@ func TestObjects_IncrementRefused(t *testing.T) {
 		{name: "body array", method: "POST", path: p("n"), body: `[1]`, status: 400, code: "bad_request"},
 		{name: "body number", method: "POST", path: p("n"), body: `1`, status: 400, code: "bad_request"},
 		{name: "body invalid", method: "POST", path: p("n"), body: `{"by":`, status: 400, code: "bad_request"},
-		{name: "string slot", method: "POST", path: p("str"), body: "", status: 422, code: noCode},
-		{name: "list slot", method: "POST", path: p("list"), body: `{"by":1}`, status: 422, code: noCode},
-		{name: "object slot", method: "POST", path: p("obj"), body: `{"by":1}`, status: 422, code: noCode},
-		{name: "bool slot", method: "POST", path: p("bool"), body: `{"by":1}`, status: 422, code: noCode},
-		{name: "int64 overflow", method: "POST", path: p("max"), body: `{"by":1}`, status: 422, code: noCode},
-		{name: "int64 overflow by default", method: "POST", path: p("max"), body: ``, status: 422, code: noCode},
-		{name: "int64 underflow", method: "POST", path: p("min"), body: `{"by":-1}`, status: 422, code: noCode},
-		{name: "float overflow", method: "POST", path: p("big"), body: `{"by":1e308}`, status: 422, code: noCode},
-		{name: "float overflow negative", method: "POST", path: p("neg"), body: `{"by":-1e308}`, status: 422, code: noCode},
-		{name: "reserved log", method: "POST", path: p("log"), body: "", status: 422, code: noCode},
-		{name: "reserved transaction", method: "POST", path: p("transaction"), body: "", status: 422, code: noCode},
-		{name: "slot with slash", method: "POST", path: p("a%2Fb"), body: "", status: 422, code: noCode},
-		{name: "slot over 256 bytes", method: "POST", path: p(strings.Repeat("s", 257)), body: "", status: 422, code: noCode},
+		{name: "string slot", method: "POST", path: p("str"), body: "", status: 422, code: "invalid"},
+		{name: "list slot", method: "POST", path: p("list"), body: `{"by":1}`, status: 422, code: "invalid"},
+		{name: "object slot", method: "POST", path: p("obj"), body: `{"by":1}`, status: 422, code: "invalid"},
+		{name: "bool slot", method: "POST", path: p("bool"), body: `{"by":1}`, status: 422, code: "invalid"},
+		{name: "int64 overflow", method: "POST", path: p("max"), body: `{"by":1}`, status: 422, code: "invalid"},
+		{name: "int64 overflow by default", method: "POST", path: p("max"), body: ``, status: 422, code: "invalid"},
+		{name: "int64 underflow", method: "POST", path: p("min"), body: `{"by":-1}`, status: 422, code: "invalid"},
+		{name: "float overflow", method: "POST", path: p("big"), body: `{"by":1e308}`, status: 422, code: "invalid"},
+		{name: "float overflow negative", method: "POST", path: p("neg"), body: `{"by":-1e308}`, status: 422, code: "invalid"},
+		{name: "reserved log", method: "POST", path: p("log"), body: "", status: 422, code: "invalid"},
+		{name: "reserved transaction", method: "POST", path: p("transaction"), body: "", status: 422, code: "invalid"},
+		{name: "slot with slash", method: "POST", path: p("a%2Fb"), body: "", status: 422, code: "invalid"},
+		{name: "slot over 256 bytes", method: "POST", path: p(strings.Repeat("s", 257)), body: "", status: 422, code: "invalid"},
 	})
 	wantSnap(t, ts, "counter", "c1", 1, map[string]string{
 		"n": "1", "str": `"5"`, "list": "[1]", "obj": `{"a":1}`, "bool": "true",
@@ -195,14 +195,14 @@ func TestObjects_AppendRefused(t *testing.T) {
 		{name: "body null", method: "POST", path: p("l"), body: `null`, status: 400, code: "bad_request"},
 		{name: "body array", method: "POST", path: p("l"), body: `[1]`, status: 400, code: "bad_request"},
 		{name: "body invalid", method: "POST", path: p("l"), body: `{"value":[}`, status: 400, code: "bad_request"},
-		{name: "number slot", method: "POST", path: p("n"), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "string slot", method: "POST", path: p("s"), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "object slot", method: "POST", path: p("o"), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "bool slot", method: "POST", path: p("b"), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "reserved log", method: "POST", path: p("log"), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "reserved transaction", method: "POST", path: p("transaction"), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "slot with slash", method: "POST", path: p("a%2Fb"), body: `{"value":1}`, status: 422, code: noCode},
-		{name: "slot over 256 bytes", method: "POST", path: p(strings.Repeat("s", 257)), body: `{"value":1}`, status: 422, code: noCode},
+		{name: "number slot", method: "POST", path: p("n"), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "string slot", method: "POST", path: p("s"), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "object slot", method: "POST", path: p("o"), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "bool slot", method: "POST", path: p("b"), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "reserved log", method: "POST", path: p("log"), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "reserved transaction", method: "POST", path: p("transaction"), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "slot with slash", method: "POST", path: p("a%2Fb"), body: `{"value":1}`, status: 422, code: "invalid"},
+		{name: "slot over 256 bytes", method: "POST", path: p(strings.Repeat("s", 257)), body: `{"value":1}`, status: 422, code: "invalid"},
 	})
 	wantSnap(t, ts, "list", "l1", 1, map[string]string{"l": "[1]", "n": "1", "s": `"[1]"`, "o": `{"a":[1]}`, "b": "false"})
 }
@@ -229,10 +229,10 @@ func TestObjects_DeleteSlot(t *testing.T) {
 
 	p := func(slot string) string { return objPath("doc", "d1", slot) }
 	runRefusals(t, ts, "doc", "d1", []refusal{
-		{name: "reserved log", method: "DELETE", path: p("log"), status: 422, code: noCode},
-		{name: "reserved transaction", method: "DELETE", path: p("transaction"), status: 422, code: noCode},
-		{name: "slot with slash", method: "DELETE", path: p("a%2Fb"), status: 422, code: noCode},
-		{name: "slot over 256 bytes", method: "DELETE", path: p(strings.Repeat("s", 257)), status: 422, code: noCode},
+		{name: "reserved log", method: "DELETE", path: p("log"), status: 422, code: "invalid"},
+		{name: "reserved transaction", method: "DELETE", path: p("transaction"), status: 422, code: "invalid"},
+		{name: "slot with slash", method: "DELETE", path: p("a%2Fb"), status: 422, code: "invalid"},
+		{name: "slot over 256 bytes", method: "DELETE", path: p(strings.Repeat("s", 257)), status: 422, code: "invalid"},
 	})
 }
 
@@ -280,12 +280,12 @@ func TestObjects_PatchRefused(t *testing.T) {
 		{name: "two objects", method: "PATCH", path: o, body: `{"a":2}{"b":3}`, status: 400, code: "bad_request"},
 		{name: "trailing garbage", method: "PATCH", path: o, body: `{"a":2} x`, status: 400, code: "bad_request"},
 		{name: "trailing bracket", method: "PATCH", path: o, body: `{"a":2}]`, status: 400, code: "bad_request"},
-		{name: "reserved log", method: "PATCH", path: o, body: `{"log":1}`, status: 422, code: noCode},
-		{name: "reserved after a valid member", method: "PATCH", path: o, body: `{"a":2,"b":3,"transaction":1}`, status: 422, code: noCode},
-		{name: "reserved delete", method: "PATCH", path: o, body: `{"log":null}`, status: 422, code: noCode},
-		{name: "slot with slash", method: "PATCH", path: o, body: `{"a":2,"x/y":1}`, status: 422, code: noCode},
-		{name: "slot over 256 bytes", method: "PATCH", path: o, body: `{"a":2,"` + strings.Repeat("s", 257) + `":1}`, status: 422, code: noCode},
-		{name: "empty slot name", method: "PATCH", path: o, body: `{"a":2,"":1}`, status: 422, code: noCode},
+		{name: "reserved log", method: "PATCH", path: o, body: `{"log":1}`, status: 422, code: "invalid"},
+		{name: "reserved after a valid member", method: "PATCH", path: o, body: `{"a":2,"b":3,"transaction":1}`, status: 422, code: "invalid"},
+		{name: "reserved delete", method: "PATCH", path: o, body: `{"log":null}`, status: 422, code: "invalid"},
+		{name: "slot with slash", method: "PATCH", path: o, body: `{"a":2,"x/y":1}`, status: 422, code: "invalid"},
+		{name: "slot over 256 bytes", method: "PATCH", path: o, body: `{"a":2,"` + strings.Repeat("s", 257) + `":1}`, status: 422, code: "invalid"},
+		{name: "empty slot name", method: "PATCH", path: o, body: `{"a":2,"":1}`, status: 422, code: "invalid"},
 	})
 	wantSnap(t, ts, "doc", "d1", 1, map[string]string{"a": "1"})
 }

@@ -3,7 +3,11 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
@@ -29,7 +33,7 @@ func (s *Server) queueRoutes() {
 	s.mux.HandleFunc("GET "+queueBase+"/dead-letters", s.object(s.queueDeadLetters))
 	s.mux.HandleFunc("POST "+queueBase+"/dead-letters/redrive", s.object(s.queueRedrive))
 	s.mux.HandleFunc("DELETE "+queueBase+"/dead-letters/{id}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
-		if _, ok := s.call(w, r, id, actors.QueueDeadLetterDelete{ID: r.PathValue("id")}, newRoute); ok {
+		if _, ok := s.call(w, r, id, actors.QueueDeadLetterDelete{ID: r.PathValue("id")}); ok {
 			w.WriteHeader(http.StatusNoContent)
 		}
 	}))
@@ -74,7 +78,7 @@ func (s *Server) queueReplay(w http.ResponseWriter, r *http.Request, id actors.O
 	if req.Topics != nil {
 		m.Topics = *req.Topics
 	}
-	if reply, ok := s.call(w, r, id, m, newRoute); ok {
+	if reply, ok := s.call(w, r, id, m); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }
@@ -103,7 +107,32 @@ type enqueueMessage struct {
 	Topic     *string         `json:"topic"`
 	Payload   json.RawMessage `json:"payload"`
 	DeliverAt *int64          `json:"deliverAt"`
-	DelayMs   *int64          `json:"delayMs"`
+	DelayMs   json.RawMessage `json:"delayMs"`
+}
+
+// maxDelayMs is the longest delay a message or a nack may ask for: the
+// longest time.Duration, in whole milliseconds (about 292 years).
+const maxDelayMs = math.MaxInt64 / int64(time.Millisecond)
+
+// parseDelayMs reads a "delayMs" member (absent or null: zero, false). A value
+// that is not a non-negative integer is a bad request; an integer past
+// maxDelayMs, however many digits it has, is refused (422) with the maximum:
+// taken as it was, it would overflow the duration and be delivered at once.
+func parseDelayMs(raw json.RawMessage) (time.Duration, bool, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, false, nil
+	}
+	// Out of int64's range, ParseInt returns its bound with the sign of the digits.
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange):
+		return 0, false, badRequest("delayMs must be an integer number of milliseconds")
+	case n < 0:
+		return 0, false, badRequest("delayMs cannot be negative")
+	case err != nil || n > maxDelayMs:
+		return 0, false, invalid(fmt.Sprintf("delayMs is over its maximum, %d (the longest duration, about 292 years)", maxDelayMs))
+	}
+	return time.Duration(n) * time.Millisecond, true, nil
 }
 
 func (s *Server) queueEnqueue(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
@@ -115,21 +144,28 @@ func (s *Server) queueEnqueue(w http.ResponseWriter, r *http.Request, id actors.
 	}
 	in := make([]actors.QueueMessageIn, len(*req.Messages))
 	for i, m := range *req.Messages {
-		if m.DeliverAt != nil && m.DelayMs != nil {
+		delay, hasDelay, aerr := parseDelayMs(m.DelayMs)
+		if aerr != nil {
+			aerr.write(w)
+			return
+		}
+		if m.DeliverAt != nil && hasDelay {
 			badRequest("a message has deliverAt or delayMs, not both").write(w)
 			return
 		}
 		if m.ID != nil {
+			// The object checks the id (1 to 128 bytes, ...), as every name;
+			// an empty one must not pass for an absent one.
 			in[i].ID = *m.ID
 			if *m.ID == "" {
-				badRequest("a message id is 1 to 128 bytes").write(w)
+				invalid("a message id must not be empty: leave it out for a generated one").write(w)
 				return
 			}
 		}
 		if m.Topic != nil {
 			in[i].Topic = *m.Topic
 			if *m.Topic == "" {
-				badRequest("a topic cannot be empty").write(w)
+				invalid("a topic must not be empty: leave it out for the default one").write(w)
 				return
 			}
 		}
@@ -145,15 +181,9 @@ func (s *Server) queueEnqueue(w http.ResponseWriter, r *http.Request, id actors.
 				return
 			}
 		}
-		if m.DelayMs != nil {
-			if *m.DelayMs < 0 {
-				badRequest("delayMs cannot be negative").write(w)
-				return
-			}
-			in[i].Delay = time.Duration(*m.DelayMs) * time.Millisecond
-		}
+		in[i].Delay = delay
 	}
-	if reply, ok := s.call(w, r, id, actors.QueueEnqueue{Messages: in}, newRoute); ok {
+	if reply, ok := s.call(w, r, id, actors.QueueEnqueue{Messages: in}); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }
@@ -203,7 +233,7 @@ func (s *Server) queueReceive(w http.ResponseWriter, r *http.Request, id actors.
 	deadline := time.Now().Add(wait)
 	pause := 10 * time.Millisecond
 	for {
-		reply, ok := s.call(w, r, id, m, newRoute)
+		reply, ok := s.call(w, r, id, m)
 		if !ok {
 			return
 		}
@@ -226,10 +256,14 @@ func (s *Server) queueAck(w http.ResponseWriter, r *http.Request, id actors.Obje
 	var req struct {
 		Receipts *[]string `json:"receipts"`
 	}
-	if !readJSON(w, r, &req, false, `{"receipts": ["...", ...]} with at least one receipt`, func() bool { return req.Receipts != nil && len(*req.Receipts) > 0 }) {
+	if !readJSON(w, r, &req, false, `{"receipts": ["...", ...]}`, func() bool { return req.Receipts != nil }) {
 		return
 	}
-	reply, ok := s.call(w, r, id, actors.QueueAck{Receipts: *req.Receipts}, newRoute)
+	if len(*req.Receipts) == 0 {
+		invalid("no receipts to ack: a batch holds at least one").write(w)
+		return
+	}
+	reply, ok := s.call(w, r, id, actors.QueueAck{Receipts: *req.Receipts})
 	if !ok {
 		return
 	}
@@ -246,25 +280,24 @@ func (s *Server) queueAck(w http.ResponseWriter, r *http.Request, id actors.Obje
 
 func (s *Server) queueNack(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
 	var req struct {
-		Receipt *string `json:"receipt"`
-		DelayMs *int64  `json:"delayMs"`
-		Error   *string `json:"error"`
+		Receipt *string         `json:"receipt"`
+		DelayMs json.RawMessage `json:"delayMs"`
+		Error   *string         `json:"error"`
 	}
 	if !readJSON(w, r, &req, false, `{"receipt": "...", "delayMs"?, "error"?}`, func() bool { return req.Receipt != nil }) {
 		return
 	}
 	m := actors.QueueNack{Receipt: *req.Receipt}
-	if req.DelayMs != nil {
-		if *req.DelayMs < 0 {
-			badRequest("delayMs cannot be negative").write(w)
-			return
-		}
-		m.Delay = time.Duration(*req.DelayMs) * time.Millisecond
+	delay, _, aerr := parseDelayMs(req.DelayMs)
+	if aerr != nil {
+		aerr.write(w)
+		return
 	}
+	m.Delay = delay
 	if req.Error != nil {
 		m.Error = *req.Error
 	}
-	if reply, ok := s.call(w, r, id, m, newRoute); ok {
+	if reply, ok := s.call(w, r, id, m); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }
@@ -281,7 +314,7 @@ func (s *Server) queueDead(w http.ResponseWriter, r *http.Request, id actors.Obj
 	if req.Reason != nil {
 		m.Reason = *req.Reason
 	}
-	if _, ok := s.call(w, r, id, m, newRoute); ok {
+	if _, ok := s.call(w, r, id, m); ok {
 		writeJSON(w, http.StatusOK, map[string]any{})
 	}
 }
@@ -294,7 +327,7 @@ func (s *Server) queueDeadLetters(w http.ResponseWriter, r *http.Request, id act
 		return
 	}
 	m := actors.QueueDeadLettersGet{Target: q.Get("target"), Topic: q.Get("topic"), Limit: int(min(limit, 1000))}
-	if reply, ok := s.call(w, r, id, m, newRoute); ok {
+	if reply, ok := s.call(w, r, id, m); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }
@@ -314,7 +347,7 @@ func (s *Server) queueRedrive(w http.ResponseWriter, r *http.Request, id actors.
 		}
 		m.IDs = *req.IDs
 	}
-	if reply, ok := s.call(w, r, id, m, newRoute); ok {
+	if reply, ok := s.call(w, r, id, m); ok {
 		writeJSON(w, http.StatusOK, reply)
 	}
 }

@@ -101,11 +101,14 @@ func TestQueues_NackDeadAndLongPoll(t *testing.T) {
 func TestQueues_Refusals(t *testing.T) {
 	ts := queueServer(t, actors.QueueOptions{MaxPending: 1})
 	for _, body := range []string{
-		`{}`, `{"messages":[{"payload":1}],"extra":1}`, `{"messages":[{"id":"","payload":1}]}`, `{"messages":[{"id":"a"}]}`,
+		`{}`, `{"messages":[{"payload":1}],"extra":1}`, `{"messages":[{"id":"a"}]}`,
 		`{"messages":[{"payload":{]}`, `{"messages":[{"payload":1,"delayMs":-1}]}`, `{"messages":[{"payload":1,"delayMs":1,"deliverAt":5}]}`,
-		`{"messages":[]}`,
 	} {
 		wantError(t, ts.do("POST", queuePath+"/messages", body, nil), 400, "bad_request", nil)
+	}
+	// Well-formed, refused (spec/errors.md).
+	for _, body := range []string{`{"messages":[]}`, `{"messages":[{"id":"","payload":1}]}`, `{"messages":[{"topic":"","payload":1}]}`} {
+		wantError(t, ts.do("POST", queuePath+"/messages", body, nil), 422, "invalid", nil)
 	}
 	for _, body := range []string{`{"max":0}`, `{"waitMs":20001}`, `{"visibilityMs":0}`, `{"max":"x"}`} {
 		wantError(t, ts.do("POST", queuePath+"/receive", body, nil), 400, "bad_request", nil)
@@ -117,7 +120,8 @@ func TestQueues_Refusals(t *testing.T) {
 	wantJSON(t, ts.do("POST", queuePath+"/receive", ``, nil), 200, `{"messages":[]}`)      // every field is optional
 	wantError(t, ts.do("POST", queuePath+"/dead-letters/redrive", `{"ids":"a"}`, nil), 400, "bad_request", nil)
 	wantError(t, ts.do("POST", queuePath+"/dead", `{"receipt":"r","why":1}`, nil), 400, "bad_request", nil)
-	wantError(t, ts.do("POST", queuePath+"/ack", `{"receipts":[]}`, nil), 400, "bad_request", nil)
+	wantError(t, ts.do("POST", queuePath+"/ack", `{"receipts":[]}`, nil), 422, "invalid", nil)
+	wantError(t, ts.do("POST", queuePath+"/ack", `{"receipts":"r"}`, nil), 400, "bad_request", nil)
 	wantError(t, ts.do("POST", queuePath+"/nack", `{}`, nil), 400, "bad_request", nil)
 	ts.do("POST", queuePath+"/messages", `{"messages":[{"id":"a","payload":1}]}`, nil)
 	r := ts.do("POST", queuePath+"/messages", `{"messages":[{"id":"b","payload":1}]}`, nil)

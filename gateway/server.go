@@ -198,13 +198,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		// to the memory the node is short of (bench/overload: 240 writers of
 		// 1 MiB bodies held 240 MiB of a 384 MiB budget). net/http closes the
 		// connection when the unread rest is large.
-		s.fail(w, r, errWritesRefused, newRoute)
+		s.fail(w, r, errWritesRefused)
 		return
 	}
 	if n := bodySize(r); n > 0 {
 		if in := s.bodies.Add(n); in > s.cfg.MaxBodyBytesInFlight && in != n {
 			s.bodies.Add(-n)
-			s.fail(w, r, errBodiesInFlight, newRoute)
+			s.fail(w, r, errBodiesInFlight)
 			return
 		}
 		defer s.bodies.Add(-n)
@@ -345,7 +345,8 @@ func (s *Server) refusesBody(r *http.Request) bool {
 // readBody reads the whole body, at most MaxBodyBytes, then lifts the read
 // deadline serveHTTP set (BodyTimeout): what the handler does next (a long
 // poll, a slow object) is bounded by its own timeouts. (net/http lifts it at
-// the body's end already; this does not depend on that.)
+// the body's end already; this does not depend on that.) Every body is JSON:
+// one that is not Unicode text is refused here (checkText), for every route.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
@@ -359,23 +360,26 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 		return nil, badRequest("cannot read the request body")
 	}
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	if e := checkText(b); e != nil {
+		return nil, e
+	}
 	return b, nil
 }
 
 // call sends msg to the object and writes an error reply if it fails.
-func (s *Server) call(w http.ResponseWriter, r *http.Request, id actors.ObjectID, msg any, style routeStyle) (any, bool) {
+func (s *Server) call(w http.ResponseWriter, r *http.Request, id actors.ObjectID, msg any) (any, bool) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
 	reply, err := s.cfg.Node.Request(ctx, id, msg)
 	if err != nil {
-		s.fail(w, r, err, style)
+		s.fail(w, r, err)
 		return nil, false
 	}
 	return reply, true
 }
 
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, style routeStyle) {
-	e := toAPIError(err, style, requestID(r))
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	e := toAPIError(err, requestID(r))
 	switch {
 	case e.status >= 500 && e.body["retryAfterMs"] != nil:
 		// A refusal the client is told to retry (overload, a resource short

@@ -128,7 +128,7 @@ func (s *Server) mintToken(w http.ResponseWriter, r *http.Request) {
 	}
 	token, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString([]byte(app.Secret))
 	if err != nil {
-		s.fail(w, r, err, newRoute)
+		s.fail(w, r, err)
 		return
 	}
 	// jwt's NumericDate has second precision: report the expiry the token holds.

@@ -80,7 +80,7 @@ func TestClient_Queue(t *testing.T) {
 		{[]string{"queue", "nack", "mq/q1", "bogus"}, []string{"HTTP 409"}},
 		{[]string{"queue", "nack", "mq/q1", "bogus", "--dead"}, []string{"HTTP 409"}},
 		{[]string{"queue", "send", "mq/q1", "oops"}, []string{"PAYLOAD", "not valid JSON"}},
-		{[]string{"queue", "send", "mq/q1", "1", "--id", ""}, []string{"HTTP 400"}},
+		{[]string{"queue", "send", "mq/q1", "1", "--id", ""}, []string{"HTTP 422", "invalid"}},
 		{[]string{"queue", "send", "mq/q1"}, []string{"usage: holdfast queue send TYPE/KEY PAYLOAD..."}},
 		{[]string{"queue", "ack", "mq/q1"}, []string{"usage: holdfast queue ack TYPE/KEY RECEIPT..."}},
 		{[]string{"queue", "stats", "mq/q1", "--app-secret", "x"}, []string{"HTTP 401"}},
@@ -132,7 +132,7 @@ func TestClient_Alarm(t *testing.T) {
 	}{
 		{[]string{"alarm", "get", "jobs/j1", "compact"}, []string{`no alarm "compact"`, "HTTP 404", "not_found"}},
 		{[]string{"alarm", "delete", "jobs/j1", "compact"}, []string{"HTTP 404"}},
-		{[]string{"alarm", "set", "jobs/j1", "x", "--in", "1h", "--action", `{"kind":"nope"}`}, []string{"nope", "HTTP 400"}},
+		{[]string{"alarm", "set", "jobs/j1", "x", "--in", "1h", "--action", `{"kind":"nope"}`}, []string{"nope", "HTTP 422", "invalid"}},
 		{[]string{"alarm", "set", "jobs/j1", "x", "--in", "1h", "--action", `{kind`}, []string{"--action", "not valid JSON"}},
 		{[]string{"alarm", "set", "jobs/j1", "x", "--action", `{"kind":"trim"}`}, []string{"give --at or --in"}},
 		{[]string{"alarm", "set", "jobs/j1", "x", "--in", "1h", "--at", "1", "--action", `{"kind":"trim"}`}, []string{"give --at or --in"}},

@@ -145,6 +145,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
+	// net/http's own 431 (a header over its limit) goes out as JSON.
+	ln = gateway.Listener(ln)
 	// Past the cap a connection waits in the kernel's backlog, holding no
 	// descriptor of ours, until one closes.
 	ln = netutil.LimitListener(ln, maxConns)
