@@ -194,6 +194,7 @@ type socket struct {
 type socketStats struct {
 	peakQueued  atomic.Int64 // the most bytes any socket owed behind its head frame
 	replayPages atomic.Int64 // replay pages fetched from objects
+	stashed     atomic.Int64 // live events held while their channel caught up
 }
 
 // fits reports whether n more bytes may be owed: nothing is owed, or what is
@@ -814,6 +815,7 @@ func (ch *channel) Deliver(ev actors.Event) {
 		if sk.charge(f.size()) {
 			ch.stash = append(ch.stash, stashed{f: f, logID: ev.LogID})
 			ch.stashed += f.size()
+			sk.srv.sockStats.stashed.Add(1)
 		}
 	case actors.EventSnapshot:
 		if !ch.catching || ch.after != nil {
