@@ -97,12 +97,18 @@ func unavailable(msg string, cause error) *Error {
 type LogTruncatedError struct {
 	After  uint64
 	Oldest uint64
+	// Newest is the object's newest log_id; After above it is a log_id the
+	// object never issued (ResumeAfter).
+	Newest uint64
 }
 
 // Is makes errors.Is(err, ErrLogTruncated) hold.
 func (e *LogTruncatedError) Is(target error) bool { return target == ErrLogTruncated }
 
 func (e *LogTruncatedError) Error() string {
+	if e.After > e.Newest {
+		return fmt.Sprintf("actors: change log truncated: log_id %d was never issued (the newest is %d; the object may have lost its state), the oldest held is %d", e.After, e.Newest, e.Oldest)
+	}
 	return fmt.Sprintf("actors: change log truncated: entries after %d were compacted, the oldest held is %d", e.After, e.Oldest)
 }
 

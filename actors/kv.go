@@ -172,7 +172,7 @@ func (o *object) kvWrite(m *KVWrite) (any, error) {
 	res := &WriteResult{LogID: k.logID}
 	w := &persistence.Write{}
 	if len(changes) > 0 || m.Purge {
-		res.LogID = k.logID + 1
+		res.LogID = o.nextLogID(k)
 		res.Changes = changes
 		if !m.Transaction && len(m.Ops) == 1 && m.Ops[0].Op == "increment" {
 			res.Value = incremented
@@ -215,7 +215,7 @@ func purgeChanges(k *kvState) []Change {
 // and the change-log entries that fall out of retention (all of them on a purge).
 // It does not change k.
 func (o *object) kvStage(k *kvState, w *persistence.Write, changes []Change, purge bool) {
-	id := k.logID + 1
+	id := o.nextLogID(k)
 	// The entry first: each slot's value is a part of it, which the
 	// write-ahead log then stores once (persistence.KV.Of).
 	entry, at := encodeLogEntry(changes)
@@ -236,10 +236,20 @@ func (o *object) kvStage(k *kvState, w *persistence.Write, changes []Change, pur
 	}
 }
 
+// nextLogID is the log_id of the object's next change-log entry: the one after
+// its newest, or, for an object with no stored entry, the one after the floor
+// of its partition's epoch (logfloor.go).
+func (o *object) nextLogID(k *kvState) uint64 {
+	if k.logID == 0 {
+		return logFloor(o.epoch) + 1
+	}
+	return k.logID + 1
+}
+
 // newOldest is the oldest log_id held after the next entry is recorded.
 func (o *object) newOldest(k *kvState, purge bool) uint64 {
-	id := k.logID + 1
-	if purge {
+	id := o.nextLogID(k)
+	if purge || k.logID == 0 {
 		return id
 	}
 	keep := uint64(o.opts.ChangeLogEntries)
@@ -253,7 +263,7 @@ func (o *object) newOldest(k *kvState, purge bool) uint64 {
 // kvApply makes the staged entry the in-memory state.
 func (o *object) kvApply(k *kvState, changes []Change, purge bool) {
 	k.oldest = o.newOldest(k, purge)
-	k.logID++
+	k.logID = o.nextLogID(k)
 	for _, c := range changes {
 		k.size -= slotBytes(c.Slot, c.Previous)
 		if c.Value == nil {
@@ -324,20 +334,21 @@ func (o *object) kvReadLog(m KVReadLog) (any, error) {
 	if m.Limit > MaxLogLimit {
 		m.Limit = MaxLogLimit
 	}
-	if m.After < k.oldest-1 { // oldest >= 1
-
-		return nil, &LogTruncatedError{After: m.After, Oldest: k.oldest}
+	after, err := ResumeAfter(m.After, k.oldest, k.logID)
+	if err != nil {
+		return nil, err
 	}
-	page := &LogPage{Items: []LogItem{}, Next: m.After}
-	if m.After >= k.logID {
+	page := &LogPage{Items: []LogItem{}, Next: after}
+	if after >= k.logID {
 		return page, nil
 	}
-	first := m.After + 1
+	first := after + 1
 	last := k.logID
-	if uint64(m.Limit) < last-m.After {
-		last = m.After + uint64(m.Limit)
+	if uint64(m.Limit) < last-after {
+		last = after + uint64(m.Limit)
 	}
 	prefix := k.ks.Key(kvLog, nil)
+	size := 0
 	err = o.st.scan(o.bg(), prefix, k.ks.KeyUint64(kvLog, first), k.ks.KeyUint64(kvLog, last+1), func(key, value []byte) (bool, error) {
 		id := binary.BigEndian.Uint64(key[len(prefix):])
 		var items []logItemJSON
@@ -348,7 +359,8 @@ func (o *object) kvReadLog(m KVReadLog) (any, error) {
 			page.Items = append(page.Items, LogItem{Key: it.Key, Value: it.Value, LogID: id})
 		}
 		page.Next = id
-		return true, nil
+		size += len(value)
+		return m.MaxBytes <= 0 || size < m.MaxBytes, nil
 	})
 	if err != nil {
 		return nil, unavailable("cannot read the change log", err)

@@ -48,6 +48,10 @@ const (
 type KVReadLog struct {
 	After uint64 // entries with log_id > After
 	Limit int    // log entries, 1 to MaxLogLimit
+	// MaxBytes, if above zero, ends the page after the entry that takes its
+	// stored bytes to MaxBytes or more (a page holds at least one entry). A
+	// websocket's replay reads in such pages (gateway/socket.go).
+	MaxBytes int
 }
 
 // KVState is an object's state at LogID.

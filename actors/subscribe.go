@@ -42,6 +42,8 @@ type Event struct {
 	Kind    EventKind
 	Name    string
 	Payload json.RawMessage
+	// LogID is the log_id of a live "change" or "batch"; 0 for every other event.
+	LogID uint64
 }
 
 // Subscriber receives an object's events. Deliver is called on the object's turn
@@ -64,7 +66,11 @@ type KVSubscribe struct {
 
 // Subscribed is the reply to KVSubscribe.
 type Subscribed struct {
-	LogID uint64 // the snapshot's log_id
+	LogID uint64 // the snapshot's log_id: live events carry later ones
+	// Oldest is the oldest log_id the change log held then (LogID+1 if none):
+	// with LogID, what a subscriber that pages its replay itself checks a
+	// resume point against (ResumeAfter).
+	Oldest uint64
 }
 
 // KVUnsubscribe removes Sub from the object's feed. Reply: nil. Removing a
@@ -149,20 +155,24 @@ func (o *object) kvSubscribe(m KVSubscribe) (any, error) {
 			sub.Deliver(ev)
 		}
 	}, sub.Lost)
-	return &Subscribed{LogID: k.logID}, nil
+	return &Subscribed{LogID: k.logID, Oldest: k.oldest}, nil
 }
 
 // kvReplay returns the change log after `after` as replay events, or one
 // log_truncated event if part of it was compacted away.
 func (o *object) kvReplay(k *kvState, after uint64) ([]Event, error) {
 	var events []Event
+	if _, err := ResumeAfter(after, k.oldest, k.logID); err != nil {
+		// A log_id above the newest was never issued by this object (it lost
+		// its state): kvReadLog would not see it once a write went past it.
+		return []Event{TruncatedEvent(err.(*LogTruncatedError))}, nil
+	}
 	for after < k.logID {
 		page, err := o.kvReadLog(KVReadLog{After: after, Limit: MaxLogLimit})
 		if err != nil {
 			var lt *LogTruncatedError
 			if errors.As(err, &lt) {
-				b := []byte(`{"after_log_id":` + strconv.FormatUint(lt.After, 10) + `,"oldest_log_id":` + strconv.FormatUint(lt.Oldest, 10) + `}`)
-				return []Event{{Kind: EventTruncated, Name: "log_truncated", Payload: b}}, nil
+				return []Event{TruncatedEvent(lt)}, nil
 			}
 			return nil, err
 		}
@@ -180,6 +190,13 @@ func (o *object) kvReplay(k *kvState, after uint64) ([]Event, error) {
 		after = p.Next
 	}
 	return events, nil
+}
+
+// TruncatedEvent is the log_truncated event that replaces a replay which
+// cannot go on from its resume point: {"after_log_id","oldest_log_id"}.
+func TruncatedEvent(lt *LogTruncatedError) Event {
+	b := []byte(`{"after_log_id":` + strconv.FormatUint(lt.After, 10) + `,"oldest_log_id":` + strconv.FormatUint(lt.Oldest, 10) + `}`)
+	return Event{Kind: EventTruncated, Name: "log_truncated", Payload: b}
 }
 
 func (o *object) kvUnsubscribe(m KVUnsubscribe) (any, error) {
@@ -238,7 +255,7 @@ func (o *object) kvBroadcast(id uint64, changes []Change, batch bool) {
 	if len(subs) == 0 || (len(changes) == 0 && !batch) {
 		return
 	}
-	ev := Event{Kind: EventLive, Name: "change", Payload: encodeLiveEvent(id, changes, batch)}
+	ev := Event{Kind: EventLive, Name: "change", Payload: encodeLiveEvent(id, changes, batch), LogID: id}
 	if batch {
 		ev.Name = "batch"
 	}

@@ -94,9 +94,16 @@ func TestCluster_LiveFeedAcrossNodesFollowsTheObject(t *testing.T) {
 		}
 	}
 	id := actors.ObjectID{App: "app_t", Type: "kv", Key: key}
+	// base is the log_id before the object's first: a floor of its
+	// partition's epoch (issue 26, actors/logfloor.go), 0 at epoch 1.
+	var base uint64
 	for i := range 3 {
-		if _, err := tc.set(ctx, c, key, "v", i); err != nil {
+		r, err := tc.set(ctx, c, key, "v", i)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if i == 0 {
+			base = r.LogID - 1
 		}
 	}
 	sub := newCollector()
@@ -104,8 +111,8 @@ func TestCluster_LiveFeedAcrossNodesFollowsTheObject(t *testing.T) {
 	if err != nil {
 		t.Fatalf("subscribe across nodes: %v", err)
 	}
-	if s := v.(*actors.Subscribed); s.LogID != 3 {
-		t.Fatalf("subscribed at %d, want 3", s.LogID)
+	if s := v.(*actors.Subscribed); s.LogID != base+3 {
+		t.Fatalf("subscribed at %d, want %d", s.LogID, base+3)
 	}
 	for i := range 20 {
 		if _, err := tc.set(ctx, c, key, "v", 100+i); err != nil {
@@ -114,7 +121,7 @@ func TestCluster_LiveFeedAcrossNodesFollowsTheObject(t *testing.T) {
 	}
 	waitFor(t, func() bool { _, live := sub.logIDs(t); return len(live) == 20 })
 	snap, live := sub.logIDs(t)
-	if snap != 3 || live[0] != 4 || live[19] != 23 {
+	if snap != base+3 || live[0] != base+4 || live[19] != base+23 {
 		t.Fatalf("snapshot %d, live %v", snap, live)
 	}
 	for i := 1; i < len(live); i++ {
@@ -138,7 +145,7 @@ func TestCluster_LiveFeedAcrossNodesFollowsTheObject(t *testing.T) {
 		t.Fatal(err)
 	}
 	again := newCollector()
-	after := uint64(23)
+	after := base + 23
 	if _, err := a.Request(ctx, id, actors.KVSubscribe{Sub: again, After: &after}); err != nil {
 		t.Fatalf("subscribe again: %v", err)
 	}
@@ -204,13 +211,16 @@ func TestCluster_LostFeedEventsEndTheSubscription(t *testing.T) {
 	}
 	b.member.tr.dropSend.Store(&drop)
 	setDrop := func(n int) { dropping.Lock(); dropNext = n; dropping.Unlock() }
+	// n is the object's newest log_id: it starts after a floor of its
+	// partition's epoch (issue 26, actors/logfloor.go), 0 at epoch 1.
 	n := 0
 	write := func() {
 		t.Helper()
-		n++
-		if _, err := tc.set(ctx, a, key, "v", n); err != nil {
+		r, err := tc.set(ctx, a, key, "v", n+1)
+		if err != nil {
 			t.Fatal(err)
 		}
+		n = int(r.LogID)
 	}
 
 	for _, tail := range []bool{false, true} {

@@ -38,8 +38,10 @@ type Config struct {
 	Apps *Apps
 	// RequestTimeout bounds how long a request waits for its object; zero means 30s.
 	RequestTimeout time.Duration
-	// SocketBuffer bounds the live events queued for one websocket, in bytes; a
-	// socket that falls this far behind is closed. Zero means 8 MiB.
+	// SocketBuffer bounds the bytes of frames owed to one websocket (replies,
+	// replay pages, snapshots, live events) behind the one being written; a
+	// socket whose live events or replies would go over it is closed. Zero means
+	// 8 MiB.
 	SocketBuffer int
 	// SocketIdleTimeout closes a websocket that sent nothing (not even a
 	// heartbeat) for this long. Zero means 60s.
@@ -89,6 +91,8 @@ type Server struct {
 	// owned owns the websockets' goroutines (socket.go): readers, writers,
 	// closes and unsubscribes. Close stops and waits for them.
 	owned *owner.Group
+	// sockStats are the websockets' counters that tests read (socket.go).
+	sockStats socketStats
 }
 
 // New returns a server; serve it with Handler.

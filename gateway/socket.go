@@ -23,9 +23,17 @@ import (
 // leaves, heartbeats, refused pushes) one at a time, and one writer goroutine,
 // which sends the socket's outgoing queue in order. Everything the socket sends
 // goes through that queue: replies from the reader, and the objects' events,
-// which the objects deliver without blocking (actors.Subscriber). The live events
-// queued on a socket are bounded by Config.SocketBuffer; a socket that falls
-// behind that far is closed, and its client resumes with after_log_id.
+// which the objects deliver without blocking (actors.Subscriber).
+//
+// Every frame owed to a socket counts against Config.SocketBuffer: replies, the
+// join's replay and snapshot, live events, and the live events a channel holds
+// while it catches up. What is owed behind the frame being written stays within
+// the buffer, so that one frame larger than the whole buffer (a snapshot of a
+// big object) still goes out, alone. A live event or a reply that would go over
+// closes the socket (slow consumer, counted), and its client resumes with
+// after_log_id. The replay and the snapshot never do: a channel produces them
+// itself (pump), fetching each replay page from the object only once the queue
+// has drained below half the buffer and queueing it once it fits.
 
 const (
 	maxChannelsPerSocket = 100
@@ -150,7 +158,6 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request) {
 type frame struct {
 	head []byte
 	body []byte
-	live bool // a live event: counts against the socket's buffer
 }
 
 func (f *frame) size() int { return len(f.head) + len(f.body) + 1 }
@@ -164,11 +171,17 @@ type socket struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the reader and writer are gone
 
-	mu       sync.Mutex
-	queue    []frame
-	queued   int  // bytes of live frames queued or being written
-	closed   bool // nothing more is queued
-	writing  bool // a drain goroutine is running
+	mu    sync.Mutex
+	queue []frame
+	// queued is the bytes owed to the client: frames queued or being written,
+	// and live events held by channels that catch up (channel.stash).
+	queued int
+	// head is the size of the frame being written, or next to be: the buffer
+	// bounds what is owed behind it.
+	head     int
+	closed   bool          // nothing more is queued
+	writing  bool          // a drain goroutine is running
+	drained  chan struct{} // if not nil, closed when queued goes down or the socket closes
 	shutOnce sync.Once
 
 	// Only the reader goroutine touches chans.
@@ -177,37 +190,174 @@ type socket struct {
 	nchans atomic.Int32
 }
 
-// enqueue adds f to the queue. A live frame that would take the socket's queued
-// live bytes over the buffer closes the socket instead.
+// socketStats are counters for tests.
+type socketStats struct {
+	peakQueued  atomic.Int64 // the most bytes any socket owed behind its head frame
+	replayPages atomic.Int64 // replay pages fetched from objects
+	stashed     atomic.Int64 // live events held while their channel caught up
+}
+
+// fits reports whether n more bytes may be owed: nothing is owed, or what is
+// owed behind the head frame stays within the buffer. mu is held.
+func (sk *socket) fits(n int) bool {
+	return sk.queued == 0 || sk.queued-sk.head+n <= sk.srv.cfg.SocketBuffer
+}
+
+// notePeak records what is owed behind the head frame, for tests. mu is held.
+func (sk *socket) notePeak() {
+	n := int64(sk.queued - sk.head)
+	for p := &sk.srv.sockStats.peakQueued; ; {
+		old := p.Load()
+		if n <= old || p.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// enqueue adds f to the queue. A frame that does not fit closes the socket
+// instead (slow consumer).
 func (sk *socket) enqueue(f frame) {
 	sk.mu.Lock()
 	if sk.closed {
 		sk.mu.Unlock()
 		return
 	}
-	if f.live {
-		// One frame is always accepted: a change larger than the whole buffer
-		// must not close every subscriber.
-		if sk.queued > 0 && sk.queued+f.size() > sk.srv.cfg.SocketBuffer {
-			sk.mu.Unlock()
-			sk.srv.log.Warn("closing a slow websocket: its outgoing buffer is full", "socket_id", sk.id, "buffer_bytes", sk.srv.cfg.SocketBuffer)
-			if m := sk.srv.cfg.Metrics; m != nil {
-				m.SlowSocketClosed()
-			}
-			sk.shut(closeSlowConsumer, "slow consumer: outgoing buffer full; rejoin with after_log_id")
-			return
-		}
-		sk.queued += f.size()
+	if !sk.fits(f.size()) {
+		sk.mu.Unlock()
+		sk.overflow()
+		return
+	}
+	sk.queued += f.size()
+	start := sk.push(f)
+	sk.mu.Unlock()
+	sk.startWriter(start)
+}
+
+// offer queues frames, all or none: only if they fit now. It reports whether
+// they were queued, and false for closed once the socket is closed.
+func (sk *socket) offer(frames []frame) (ok, closed bool) {
+	n := 0
+	for i := range frames {
+		n += frames[i].size()
+	}
+	sk.mu.Lock()
+	if sk.closed {
+		sk.mu.Unlock()
+		return false, true
+	}
+	if !sk.fits(n) {
+		sk.mu.Unlock()
+		return false, false
+	}
+	sk.queued += n
+	start := false
+	for _, f := range frames {
+		start = sk.push(f) || start
+	}
+	sk.mu.Unlock()
+	sk.startWriter(start)
+	return true, false
+}
+
+// charge counts n bytes held outside the queue (a channel's stash); if they do
+// not fit it closes the socket and returns false.
+func (sk *socket) charge(n int) bool {
+	sk.mu.Lock()
+	if sk.closed {
+		sk.mu.Unlock()
+		return false
+	}
+	if !sk.fits(n) {
+		sk.mu.Unlock()
+		sk.overflow()
+		return false
+	}
+	sk.queued += n
+	sk.notePeak()
+	sk.mu.Unlock()
+	return true
+}
+
+// settle queues frames whose bytes were charged already, and releases drop
+// charged bytes that will not be sent.
+func (sk *socket) settle(frames []frame, drop int) {
+	sk.mu.Lock()
+	if sk.closed {
+		sk.mu.Unlock()
+		return
+	}
+	sk.queued -= drop
+	start := false
+	for _, f := range frames {
+		start = sk.push(f) || start
+	}
+	sk.signal()
+	sk.mu.Unlock()
+	sk.startWriter(start)
+}
+
+// push appends f, counted already, and reports whether a writer must start. mu
+// is held.
+func (sk *socket) push(f frame) bool {
+	if !sk.writing {
+		sk.head = f.size() // the queue was empty: f is written next
 	}
 	sk.queue = append(sk.queue, f)
+	sk.notePeak()
 	start := !sk.writing
 	sk.writing = true
-	sk.mu.Unlock()
+	return start
+}
+
+func (sk *socket) startWriter(start bool) {
 	if start {
 		// A writer runs only while there is something to send: an idle socket
 		// keeps no writer goroutine (and no stack).
 		if !sk.srv.owned.Go(func(context.Context) { sk.drain() }) {
 			sk.shut(websocket.StatusGoingAway, "the server is shutting down")
+		}
+	}
+}
+
+// overflow closes a socket that is owed more than its buffer.
+func (sk *socket) overflow() {
+	sk.srv.log.Warn("closing a slow websocket: its outgoing buffer is full", "socket_id", sk.id, "buffer_bytes", sk.srv.cfg.SocketBuffer)
+	if m := sk.srv.cfg.Metrics; m != nil {
+		m.SlowSocketClosed()
+	}
+	sk.shut(closeSlowConsumer, "slow consumer: outgoing buffer full; rejoin with after_log_id")
+}
+
+// signal wakes the goroutines waiting for the queue to go down. mu is held.
+func (sk *socket) signal() {
+	if sk.drained != nil {
+		close(sk.drained)
+		sk.drained = nil
+	}
+}
+
+// waitUntil waits until cond (called with mu held) holds, and reports false if
+// the socket closed or ctx ended first.
+func (sk *socket) waitUntil(ctx context.Context, cond func() bool) bool {
+	for {
+		sk.mu.Lock()
+		if sk.closed {
+			sk.mu.Unlock()
+			return false
+		}
+		if cond() {
+			sk.mu.Unlock()
+			return true
+		}
+		if sk.drained == nil {
+			sk.drained = make(chan struct{})
+		}
+		c := sk.drained
+		sk.mu.Unlock()
+		select {
+		case <-c:
+		case <-ctx.Done():
+			return false
 		}
 	}
 }
@@ -219,6 +369,7 @@ func (sk *socket) shut(code websocket.StatusCode, reason string) {
 		sk.mu.Lock()
 		sk.closed = true
 		sk.queue = nil
+		sk.signal()
 		sk.mu.Unlock()
 		sk.cancel()
 		// Close waits for the client's close frame (up to 5s): not on the caller's
@@ -249,11 +400,18 @@ func (sk *socket) drain() {
 				sk.shut(websocket.StatusInternalError, "write failed")
 				return
 			}
-			if batch[i].live {
-				sk.mu.Lock()
-				sk.queued -= batch[i].size()
-				sk.mu.Unlock()
+			sk.mu.Lock()
+			sk.queued -= batch[i].size()
+			switch {
+			case i+1 < len(batch):
+				sk.head = batch[i+1].size()
+			case len(sk.queue) > 0:
+				sk.head = sk.queue[0].size()
+			default:
+				sk.head = 0
 			}
+			sk.signal()
+			sk.mu.Unlock()
 			batch[i] = frame{}
 		}
 	}
@@ -480,18 +638,25 @@ func (sk *socket) join(m inMsg) {
 	}
 	// A second join of a topic closes the first. The new channel is in chans
 	// before it subscribes, so that a socket closing meanwhile unsubscribes it.
-	ch := &channel{sk: sk, topic: m.topic, joinRef: m.joinRef, ref: m.ref, id: id}
+	ch := newChannel(sk, m, id, after)
 	sk.replaceChannel(m.topic, ch)
+	// The object is asked for no replay: the channel pages it itself (pump).
 	ctx, cancel := context.WithTimeout(sk.ctx, sk.srv.cfg.RequestTimeout)
-	_, err := sk.srv.cfg.Node.Request(ctx, id, actors.KVSubscribe{Sub: ch, After: after})
+	v, err := sk.srv.cfg.Node.Request(ctx, id, actors.KVSubscribe{Sub: ch})
 	cancel()
 	if err != nil {
 		delete(sk.chans, m.topic)
 		sk.nchans.Store(int32(len(sk.chans)))
 		sk.leave(ch)
 		sk.replyError(m, userMessage(err))
+		return
 	}
-	// On success the object sends the join reply, then the replay and the snapshot.
+	// The object sends the join reply (EventJoined) and the snapshot; with
+	// after_log_id the channel replays first and fetches its own snapshot.
+	if after != nil {
+		sub := v.(*actors.Subscribed)
+		ch.startPump(sub.LogID, sub.Oldest)
+	}
 }
 
 // replaceChannel ends the channel joined on topic, if any (sending phx_close on
@@ -534,9 +699,7 @@ func (sk *socket) authorize(p joinParams, id actors.ObjectID) string {
 
 // leave unsubscribes ch from its object, if it is a durable channel.
 func (sk *socket) leave(ch *channel) {
-	ch.mu.Lock()
-	ch.gone = true
-	ch.mu.Unlock()
+	ch.drop()
 	if ch.id.App == "" {
 		return
 	}
@@ -552,16 +715,71 @@ func (sk *socket) leave(ch *channel) {
 
 // channel is one joined topic of a socket; as an actors.Subscriber it turns the
 // object's events into frames.
+//
+// A durable channel starts catching up: it owes the client the join reply, the
+// replay after after_log_id (if any), then the snapshot, then the live events.
+// It subscribes at the object's log_id M (the Subscribed reply) without a
+// replay, so the object sends only the join reply, a snapshot at M and live
+// events after M. Until the channel has queued its snapshot, live events wait
+// in its stash, charged against the socket's buffer. Without after_log_id the
+// object's snapshot is queued as it arrives if it fits; if not, or with
+// after_log_id, the pump replays (after, M] page by page, then fetches a fresh
+// snapshot at some M2 >= M, queues it, and then the stashed events after M2,
+// dropping those up to M2 (the snapshot holds them). So the client sees every
+// log_id after its resume point once, in order: as a replay item up to M, in
+// the snapshot up to M2, as a live event after M2. (Every write after M lists
+// the channel among its receivers, and the object delivers its event before it
+// answers a later request, so the stash holds every event after M that the
+// snapshot does not.)
 type channel struct {
 	sk      *socket
 	topic   string
 	joinRef json.RawMessage
 	ref     json.RawMessage // the join's ref: the join reply echoes it
 	id      actors.ObjectID // zero for the "socket" topic
+	after   *uint64         // the join's after_log_id
+	// ctx ends when the channel is left or the socket closes: it stops the pump.
+	ctx    context.Context
+	cancel context.CancelFunc
+	joined chan struct{} // closed at EventJoined: the join reply is queued
 
-	mu    sync.Mutex
-	gone  bool      // left, replaced or lost: deliver nothing more
-	heads [2][]byte // frame heads of "change" and "batch", made once
+	mu       sync.Mutex
+	gone     bool      // left, replaced or lost: deliver nothing more
+	heads    [2][]byte // frame heads of "change" and "batch", made once
+	catching bool      // the snapshot is not queued yet: live events wait in stash
+	pumping  bool      // the pump runs (or ran)
+	stash    []stashed
+	stashed  int // bytes of stash, charged to the socket
+}
+
+// stashed is a live event held while its channel catches up.
+type stashed struct {
+	f     frame
+	logID uint64 // 0 for an event without one (run:*)
+}
+
+func newChannel(sk *socket, m inMsg, id actors.ObjectID, after *uint64) *channel {
+	ctx, cancel := context.WithCancel(sk.ctx)
+	return &channel{sk: sk, topic: m.topic, joinRef: m.joinRef, ref: m.ref, id: id, after: after,
+		ctx: ctx, cancel: cancel, joined: make(chan struct{}), catching: true}
+}
+
+// drop ends the channel: nothing more is delivered, the pump stops, and the
+// stash's bytes are released. It reports whether the channel was still live.
+func (ch *channel) drop() bool {
+	ch.mu.Lock()
+	first := !ch.gone
+	ch.gone = true
+	n := ch.stashed
+	ch.stash, ch.stashed = nil, 0
+	ch.mu.Unlock()
+	if ch.cancel != nil {
+		ch.cancel()
+	}
+	if n > 0 {
+		ch.sk.settle(nil, n)
+	}
+	return first
 }
 
 // Deliver implements actors.Subscriber.
@@ -576,17 +794,64 @@ func (ch *channel) Deliver(ev actors.Event) {
 	case actors.EventJoined:
 		body, _ := json.Marshal(map[string]any{"status": "ok", "response": map[string]string{"socket_id": sk.id}})
 		sk.enqueue(frame{head: head(ch.joinRef, ch.ref, ch.topic, "phx_reply"), body: body})
+		if ch.joined != nil {
+			close(ch.joined)
+			ch.joined = nil
+		}
 	case actors.EventLive:
+		var f frame
 		if i := liveHeadIndex(ev.Name); i >= 0 {
 			if ch.heads[i] == nil {
 				ch.heads[i] = head(ch.joinRef, jsonNull, ch.topic, ev.Name)
 			}
-			sk.enqueue(frame{head: ch.heads[i], body: ev.Payload, live: true})
+			f = frame{head: ch.heads[i], body: ev.Payload}
+		} else {
+			f = frame{head: head(ch.joinRef, jsonNull, ch.topic, ev.Name), body: ev.Payload}
+		}
+		if !ch.catching {
+			sk.enqueue(f)
 			return
 		}
-		sk.enqueue(frame{head: head(ch.joinRef, jsonNull, ch.topic, ev.Name), body: ev.Payload, live: true})
-	default: // replay, log_truncated, snapshot
+		if sk.charge(f.size()) {
+			ch.stash = append(ch.stash, stashed{f: f, logID: ev.LogID})
+			ch.stashed += f.size()
+			sk.srv.sockStats.stashed.Add(1)
+		}
+	case actors.EventSnapshot:
+		if !ch.catching || ch.after != nil {
+			return // the pump fetches the snapshot after the replay
+		}
+		f := frame{head: head(ch.joinRef, jsonNull, ch.topic, ev.Name), body: ev.Payload}
+		if ok, _ := sk.offer([]frame{f}); ok {
+			// The snapshot is at the subscription's log_id: live events
+			// come after it, and none came before it.
+			ch.catching = false
+			ch.settleStash(0)
+			return
+		}
+		// Too big to queue now: fetch one later, when it fits.
+		ch.startPumpLocked(0, 0)
+	default: // replay, log_truncated: not asked for, passed on as they come
 		sk.enqueue(frame{head: head(ch.joinRef, jsonNull, ch.topic, ev.Name), body: ev.Payload})
+	}
+}
+
+// settleStash ends the catch-up: it queues the stashed events after snap and
+// releases the others. mu is held.
+func (ch *channel) settleStash(snap uint64) {
+	var keep []frame
+	drop := 0
+	for _, s := range ch.stash {
+		if s.logID != 0 && s.logID <= snap {
+			drop += s.f.size()
+			continue
+		}
+		keep = append(keep, s.f)
+	}
+	ch.stash, ch.stashed = nil, 0
+	ch.catching = false
+	if len(keep) > 0 || drop > 0 {
+		ch.sk.settle(keep, drop)
 	}
 }
 
@@ -594,13 +859,9 @@ func (ch *channel) Deliver(ev actors.Event) {
 // makes the client join again (phoenix.js does so with its params function, so
 // it resumes after the last log_id it saw).
 func (ch *channel) Lost(error) {
-	ch.mu.Lock()
-	if ch.gone {
-		ch.mu.Unlock()
+	if !ch.drop() {
 		return
 	}
-	ch.gone = true
-	ch.mu.Unlock()
 	ch.sk.enqueue(frame{head: head(ch.joinRef, ch.joinRef, ch.topic, "phx_error"), body: []byte("{}")})
 }
 

@@ -199,14 +199,22 @@ func TestSocket_ReplayAfterLogIDThenSnapshot(t *testing.T) {
 	if f := c.read(); f.Event != "snapshot" || !strings.HasSuffix(string(f.Payload), `"log_id":6}`) {
 		t.Fatalf("after the replay: %v, want the snapshot at 6", f)
 	}
-	// Resuming at the head replays nothing; beyond it too.
-	for _, after := range []int{6, 60} {
-		c2 := ts.dial(t)
-		ref := c2.join(topic, map[string]any{"app_secret": testApp.Secret, "after_log_id": after})
-		c2.expectReply(topic, ref, "ok")
-		if f := c2.read(); f.Event != "snapshot" {
-			t.Fatalf("after_log_id %d: %v, want the snapshot at once", after, f)
-		}
+	// Resuming at the head replays nothing.
+	c2 := ts.dial(t)
+	ref = c2.join(topic, map[string]any{"app_secret": testApp.Secret, "after_log_id": 6})
+	c2.expectReply(topic, ref, "ok")
+	if f := c2.read(); f.Event != "snapshot" {
+		t.Fatalf("after_log_id 6: %v, want the snapshot at once", f)
+	}
+	// Beyond it is a log_id the object never issued (issue 26): log_truncated.
+	c4 := ts.dial(t)
+	ref = c4.join(topic, map[string]any{"app_secret": testApp.Secret, "after_log_id": 60})
+	c4.expectReply(topic, ref, "ok")
+	if f := c4.read(); f.Event != "log_truncated" || string(f.Payload) != `{"after_log_id":60,"oldest_log_id":1}` {
+		t.Fatalf("after_log_id 60: %v, want log_truncated", f)
+	}
+	if f := c4.read(); f.Event != "snapshot" {
+		t.Fatalf("after_log_id 60: %v, want the snapshot after log_truncated", f)
 	}
 	// after_log_id 0 replays everything retained.
 	c3 := ts.dial(t)
