@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -109,6 +110,8 @@ type procCluster struct {
 	hook func(node string, partition uint32, epoch uint64, start, end time.Time)
 	// started holds every node process started, in order, for the logs.
 	started []startedNode
+	// leaseTTL, when set, is the nodes' cluster.leaseTtl (else 2s).
+	leaseTTL string
 }
 
 type startedNode struct {
@@ -193,8 +196,8 @@ func (pc *procCluster) start(id string) *server {
 		cfg := fmt.Sprintf("apps:\n  - {id: app_crash, key: %s, secret: %s}\n"+
 			"partitions: 32\n"+
 			"types:\n  \"*\":\n    objects: {changeLogEntries: 1000000}\n%s"+
-			"cluster: {name: %s, nodeId: %s, advertise: '%s', etcd: {endpoints: ['%s']}, leaseTtl: 2s}\n",
-			crashAppKey, crashAppSecret, pc.types, pc.name, id, freeAddr(pc.t), pc.etcdFor(id))
+			"cluster: {name: %s, nodeId: %s, advertise: '%s', etcd: {endpoints: ['%s']}, leaseTtl: %s}\n",
+			crashAppKey, crashAppSecret, pc.types, pc.name, id, freeAddr(pc.t), pc.etcdFor(id), cmp.Or(pc.leaseTTL, "2s"))
 		if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
 			pc.t.Fatal(err)
 		}
