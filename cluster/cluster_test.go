@@ -462,12 +462,13 @@ func TestCluster_OneNode(t *testing.T) {
 		t.Fatalf("get: %+v %v", served, err)
 	}
 	st, err := ReadStatus(ctx, []string{tc.etcd.Endpoint()}, tc.name)
-	if err != nil || len(st.Nodes) != 1 || len(st.Unavailable()) != 0 || st.Controller != "a" {
+	if err != nil || len(st.Nodes) != 1 || len(st.UnavailableParts()) != 0 || st.Served != testPartitions || st.Controller != "a" {
 		t.Fatalf("status %+v %v", st, err)
 	}
 	tc.leave("a") // nobody to hand off to: the partitions stay a's
 	st, err = ReadStatus(ctx, []string{tc.etcd.Endpoint()}, tc.name)
-	if err != nil || len(st.Nodes) != 0 || len(st.Unavailable()) != testPartitions {
+	if err != nil || len(st.Nodes) != 1 || st.Nodes[0].State != NodeDown || st.Nodes[0].Owned != testPartitions ||
+		len(st.UnavailableParts()) != testPartitions || st.Unavailable != testPartitions {
 		t.Fatalf("status after a left alone: %+v %v", st, err)
 	}
 	if _, err := ForgetNode(ctx, []string{tc.etcd.Endpoint()}, tc.name, "zz"); err != nil {

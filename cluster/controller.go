@@ -72,15 +72,28 @@ func (m *member) campaign(s *session) bool {
 // place runs one placement pass.
 func (m *member) place(s *session) error {
 	nodes, parts, _, _ := m.view.snapshot()
-	eligible := []string{}
-	for _, id := range sortedIDs(nodes) {
-		if n := nodes[id]; !n.Client && !n.Leaving {
-			eligible = append(eligible, id)
+	// A partition its live owner refuses to serve (another data directory)
+	// keeps its owner and gets no target: a handoff would copy nothing. Its
+	// owner gets no partition until it refuses none (forget-node).
+	refused := func(e PartEntry) bool {
+		n, live := nodes[e.Owner]
+		return live && refusedBy(e, n.Storage)
+	}
+	blocked := map[string]bool{}
+	for _, e := range parts {
+		if refused(e) {
+			blocked[e.Owner] = true
 		}
 	}
 	isEligible := func(id string) bool {
 		n, ok := nodes[id]
-		return ok && !n.Client && !n.Leaving
+		return ok && !n.Client && !n.Leaving && !blocked[id]
+	}
+	eligible := []string{}
+	for _, id := range sortedIDs(nodes) {
+		if isEligible(id) {
+			eligible = append(eligible, id)
+		}
 	}
 	// load counts what each eligible node owns or is about to receive.
 	load := map[string]int{}
@@ -125,8 +138,9 @@ func (m *member) place(s *session) error {
 				return err
 			}
 			load[to]++
-		case e.Target != "" && (!isEligible(e.Target) || nodes[e.Owner].ID == ""):
-			// The move cannot happen: its target left, or its owner is down.
+		case e.Target != "" && (!isEligible(e.Target) || nodes[e.Owner].ID == "" || refused(e)):
+			// The move cannot happen: its target left, its owner is down, or
+			// its owner does not hold its data.
 			ne := e
 			ne.Target = ""
 			if err := update(p, ne); err != nil {
@@ -142,7 +156,7 @@ func (m *member) place(s *session) error {
 			return nil
 		}
 		owner, live := nodes[e.Owner]
-		if e.Owner == "" || e.Target != "" || e.rev < 0 || !live || !owner.Leaving {
+		if e.Owner == "" || e.Target != "" || e.rev < 0 || !live || !owner.Leaving || refused(e) {
 			continue
 		}
 		to := least(e.Owner)

@@ -8,5 +8,11 @@
 // message to the local actor host. Several nodes (membership, placement through
 // etcd, handoff) plug in behind the same Request without changing the actors.
 //
+// A node of a cluster serves a partition only from the data directory it was
+// served from before: every data directory has a storage ID (storageid.go),
+// the table records the one each partition is served from, and a node whose
+// directory has another ID refuses the partition (it stays unavailable) until
+// its disk returns or an operator gives the partition up (ForgetNode).
+//
 // Node's methods may be called from any goroutine once Start returned.
 package cluster

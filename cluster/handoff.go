@@ -209,7 +209,10 @@ func (m *member) handOff(p uint32, e PartEntry) error {
 			return abortFrozen(fmt.Errorf("switch: %w", err))
 		}
 	}
-	if err := casPart(ctx, m.cli, m.k, p, cur, PartEntry{Owner: e.Target, Epoch: e.Epoch}); err != nil {
+	// The target's storage ID as it was when the handoff began: if the target
+	// restarted on another data directory since, it refuses p (the data went
+	// to the directory named here).
+	if err := casPart(ctx, m.cli, m.k, p, cur, PartEntry{Owner: e.Target, Epoch: e.Epoch, Storage: target.Storage}); err != nil {
 		// On a transport error the switch may have landed, or may still land.
 		return abortFrozen(fmt.Errorf("switch: %w", err))
 	}

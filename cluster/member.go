@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +75,9 @@ type member struct {
 
 	sess atomic.Pointer[session]
 	boot string
+	// storage is the storage ID of this node's data directory; a partition
+	// recorded under another one is refused (refusedBy), never served.
+	storage string
 
 	mu    sync.Mutex
 	state []uint8
@@ -84,6 +89,11 @@ type member struct {
 	retryAt map[uint32]time.Time // no handoff of p before then (after a failure)
 	boots   map[string]string    // the boot last seen of each node (noteBoots)
 	stale   map[uint32]bool      // partitions with data this node does not own
+	// refused holds the partitions this node owns and refuses to serve, each
+	// with the storage ID it was served from; refusedLog is what was last
+	// logged of it.
+	refused    map[uint32]string
+	refusedLog string
 
 	subs    *remoteSubs
 	kick    chan struct{}
@@ -157,7 +167,7 @@ func newMember(n *Node, cli *clientv3.Client, parts int) *member {
 	}
 	m := &member{
 		n: n, cfg: cc, id: cc.NodeID, log: n.log.With("node", cc.NodeID), cli: cli, k: newKeys(cc.Name),
-		view: newView(parts), boot: newBoot(),
+		view: newView(parts), boot: newBoot(), storage: n.storageID, refused: map[uint32]string{},
 		state: make([]uint8, parts), aux: make([]atomic.Uint64, parts),
 		imports: map[uint32]*importState{}, retryAt: map[uint32]time.Time{}, stale: map[uint32]bool{},
 		kick: make(chan struct{}, 1), leaveAsked: make(chan struct{}), subs: newRemoteSubs(),
@@ -203,6 +213,7 @@ func (m *member) start() error {
 	m.goOwned(m.sessionLoop)
 	m.goOwned(m.reconcileLoop)
 	m.goOwned(m.controllerLoop)
+	m.goOwned(m.reachLoop)
 	return nil
 }
 
@@ -213,7 +224,7 @@ func (m *member) newSession() error {
 	for {
 		s, err := newSession(m.ctx, m.cli, m.cfg.LeaseTTL, m.log)
 		if err == nil {
-			info := NodeInfo{ID: m.id, Addr: m.tr.addr, HTTP: m.cfg.HTTP, Boot: m.boot, Lease: int64(s.lease), Leaving: m.leaving.Load()}
+			info := NodeInfo{ID: m.id, Addr: m.tr.addr, HTTP: m.cfg.HTTP, Boot: m.boot, Lease: int64(s.lease), Leaving: m.leaving.Load(), Storage: m.storage}
 			b, _ := json.Marshal(info)
 			key := m.k.node(m.id)
 			ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
@@ -444,10 +455,14 @@ func (m *member) request(ctx context.Context, id actors.ObjectID, msg any) (any,
 			switch {
 			case entry.Owner == "":
 				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d has no owner yet", p), RetryAfter: time.Second}
+			case entry.Owner == m.id && refusedBy(entry, m.storage):
+				return nil, Served{}, refusedErr(p, entry, m.storage)
 			case entry.Owner == m.id:
 				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is being taken up or handed off by this node", p), RetryAfter: 200 * time.Millisecond}
 			case !live:
 				return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is unavailable: its node %s is down", p, entry.Owner), RetryAfter: 2 * time.Second}
+			case refusedBy(entry, info.Storage):
+				return nil, Served{}, refusedErr(p, entry, info.Storage)
 			case m.tr.isDown(info.Addr):
 				return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is unavailable: its node %s does not answer", p, entry.Owner), RetryAfter: time.Second}
 			default:
@@ -477,6 +492,13 @@ func (m *member) request(ctx context.Context, id actors.ObjectID, msg any) (any,
 		}
 		t.Stop()
 	}
+}
+
+// refusedErr is the 503 for partition p, whose owner refuses to serve it from
+// a data directory (storage) that is not the one it was served from.
+func refusedErr(p uint32, e PartEntry, storage string) error {
+	return &actors.Error{Kind: actors.KindUnavailable, RetryAfter: 2 * time.Second,
+		Msg: fmt.Sprintf("partition %d is unavailable: its node %s refuses to serve it from data directory %s, not the one it was served from (%s)", p, e.Owner, storage, e.Storage)}
 }
 
 // retryLater turns the last reason a request could not be served into its 503.
@@ -584,6 +606,13 @@ func (m *member) reconcile() {
 	_, parts, _, _ := m.view.snapshot()
 	var takeUp []uint32
 	m.mu.Lock()
+	clear(m.refused)
+	for i, e := range parts {
+		if e.Owner == m.id && refusedBy(e, m.storage) {
+			m.refused[uint32(i)] = e.Storage
+		}
+	}
+	m.logRefused()
 	for i, e := range parts {
 		p := uint32(i)
 		st := m.state[p]
@@ -608,6 +637,9 @@ func (m *member) reconcile() {
 				m.goOwned(func() { m.handoff(p, e) })
 			}
 		case stIdle:
+			if mine && m.refused[p] != "" {
+				continue // never served from this data directory (logRefused)
+			}
 			if mine {
 				takeUp = append(takeUp, p)
 			} else if m.stale[p] {
@@ -629,6 +661,34 @@ func (m *member) reconcile() {
 	for _, p := range takeUp {
 		m.takeUp(p, s)
 	}
+}
+
+// logRefused logs, once per change, the partitions this node refuses to serve
+// (caller holds m.mu).
+func (m *member) logRefused() {
+	if len(m.refused) == 0 {
+		if m.refusedLog != "" {
+			m.log.Info("no partition of this node is refused any more (given up, or served from this data directory again)")
+			m.refusedLog = ""
+		}
+		return
+	}
+	expected := map[string]bool{}
+	for _, id := range m.refused {
+		expected[id] = true
+	}
+	var exp []string
+	for id := range expected {
+		exp = append(exp, id)
+	}
+	sort.Strings(exp)
+	msg := fmt.Sprintf("%d/%s", len(m.refused), strings.Join(exp, ","))
+	if msg == m.refusedLog {
+		return
+	}
+	m.refusedLog = msg
+	m.log.Error("this node's data directory is not the one its partitions were served from: refusing to serve them; restore the node's data directory and restart it, or give them up (their data is lost) with: holdfast cluster forget-node "+m.id+" --accept-data-loss",
+		"nodeId", m.id, "partitions", len(m.refused), "expectedStorageId", strings.Join(exp, ","), "foundStorageId", m.storage, "dataDir", m.n.cfg.DataDir)
 }
 
 // noteBoots forgets a lost connection to a node's address once the node
@@ -658,9 +718,13 @@ func (m *member) takeUp(p uint32, s *session) {
 	if err != nil || e.Owner != m.id {
 		return
 	}
+	if refusedBy(e, m.storage) {
+		return // served from another data directory: reconcile logs it
+	}
 	next := e
 	next.Epoch = e.Epoch + 1
 	next.Lease = int64(s.lease)
+	next.Storage = m.storage
 	if err := casPart(m.ctx, m.cli, m.k, p, e, next); err != nil {
 		return // the next reconcile looks again
 	}
@@ -772,7 +836,7 @@ func (m *member) leave(ctx context.Context) error {
 	if s == nil {
 		return errors.New("not registered")
 	}
-	info := NodeInfo{ID: m.id, Addr: m.tr.addr, HTTP: m.cfg.HTTP, Boot: m.boot, Lease: int64(s.lease), Leaving: true}
+	info := NodeInfo{ID: m.id, Addr: m.tr.addr, HTTP: m.cfg.HTTP, Boot: m.boot, Lease: int64(s.lease), Leaving: true, Storage: m.storage}
 	b, _ := json.Marshal(info)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	_, err := m.cli.Put(pctx, m.k.node(m.id), string(b), clientv3.WithLease(s.lease))
@@ -785,7 +849,14 @@ func (m *member) leave(ctx context.Context) error {
 	for {
 		changed := m.view.wait()
 		nodes, parts, _, _ := m.view.snapshot()
-		owned := ownedBy(parts, m.id)
+		// A refused partition cannot be handed off (this node does not hold
+		// its data): it stays, waiting for its data directory.
+		var owned []uint32
+		for _, p := range ownedBy(parts, m.id) {
+			if !refusedBy(parts[p], m.storage) {
+				owned = append(owned, p)
+			}
+		}
 		others := 0
 		for _, n := range nodes {
 			if n.ID != m.id && !n.Client && !n.Leaving {

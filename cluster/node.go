@@ -68,6 +68,8 @@ type Node struct {
 	host  *actors.Host
 	table *partitionTable
 	ready atomic.Bool
+	// storageID names the data directory (storageid.go).
+	storageID string
 	// member is the cluster half of a node of several; nil for a single node.
 	member *member
 }
@@ -121,6 +123,13 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.db = db
+	if n.storageID, err = loadStorageID(cfg.DataDir); err != nil {
+		_ = db.Close()
+		if cli != nil {
+			_ = cli.Close()
+		}
+		return nil, err
+	}
 	n.table = &partitionTable{epochs: make([]atomic.Uint64, db.Partitions())}
 	if cfg.Metrics != nil {
 		cfg.Cold = cfg.Metrics.Cold(cfg.Cold)
@@ -301,6 +310,11 @@ func (n *Node) AlarmsReady() <-chan struct{} { return n.host.Scheduler().Ready()
 // ReplaySummary returns the summary of the queue replay the node ran when it
 // started, for app's queues only, and whether it has finished.
 func (n *Node) ReplaySummary(app string) (actors.ReplaySummary, bool) { return n.host.ReplaySummary(app) }
+
+// StorageID returns the storage ID of the node's data directory: made at
+// random when the directory was first opened, it tells the cluster whether a
+// node's partitions are served from the disk they were served from before.
+func (n *Node) StorageID() string { return n.storageID }
 
 // Partitions returns the partition count of the node's data directory.
 func (n *Node) Partitions() int { return n.db.Partitions() }

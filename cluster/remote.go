@@ -45,7 +45,10 @@ type transport struct {
 	addr     string
 
 	downMu sync.Mutex
-	down   map[string]time.Time // addresses whose connection failed, and when
+	// down holds the addresses whose connection failed, and when it last
+	// did; an entry goes when the address connects again or its node
+	// registers again (clearDown).
+	down map[string]time.Time
 
 	// running holds the Calls of other nodes' requests this node runs whose
 	// reply is not sent yet, for the pings of callers still waiting.
@@ -67,15 +70,22 @@ type transport struct {
 // come. By then a crashed node's lease has expired and it shows as down anyway.
 var downFor = 2 * time.Second
 
-// isDown reports whether the connection to addr failed lately.
+// isDown reports whether the connection to addr failed lately: routing then
+// answers 503 "does not answer" at once. Past downFor it tries again, but the
+// address stays unreachable (for cluster status) until it connects again.
 func (t *transport) isDown(addr string) bool {
 	t.downMu.Lock()
 	defer t.downMu.Unlock()
 	at, ok := t.down[addr]
-	if ok && time.Since(at) > downFor {
-		delete(t.down, addr)
-		return false
-	}
+	return ok && time.Since(at) <= downFor
+}
+
+// unreachable reports whether the last connection to addr failed and none
+// succeeded since (nor did the node there register again).
+func (t *transport) unreachable(addr string) bool {
+	t.downMu.Lock()
+	defer t.downMu.Unlock()
+	_, ok := t.down[addr]
 	return ok
 }
 

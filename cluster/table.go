@@ -22,6 +22,7 @@ import (
 //	parts/<p>       PartEntry: owner and epoch of partition p; absent = no owner yet
 //	controller      the node id of the placement controller, attached to its lease
 //	leave/<id>      an operator asked node id to leave (holdfast cluster leave)
+//	reach/<id>      the nodes node id's router finds unreachable, attached to its lease
 //	members/...     protoactor-go's own member list (its etcd provider)
 //
 // Every change of a parts/ entry is a compare-and-swap on its mod revision.
@@ -40,6 +41,8 @@ func (k keys) controller() string     { return k.root + "controller" }
 func (k keys) members() string        { return k.root + "members" }
 func (k keys) leaves() string         { return k.root + "leave/" }
 func (k keys) leave(id string) string { return k.root + "leave/" + id }
+func (k keys) reaches() string        { return k.root + "reach/" }
+func (k keys) reach(id string) string { return k.root + "reach/" + id }
 
 // clusterMeta is what is fixed when the cluster is created.
 type clusterMeta struct {
@@ -55,6 +58,9 @@ type NodeInfo struct {
 	Lease   int64  `json:"lease"`          // the etcd lease the node serves under
 	Leaving bool   `json:"leaving,omitempty"`
 	Client  bool   `json:"client,omitempty"` // a client member: owns no partitions
+	// Storage is the storage ID of the node's data directory (storageid.go);
+	// empty for a client member and for a node of an older version.
+	Storage string `json:"storageId,omitempty"`
 }
 
 // PartEntry is one partition's row of the partition table.
@@ -68,6 +74,14 @@ type PartEntry struct {
 	Lease int64 `json:"lease,omitempty"`
 	// Target is where the controller asked the owner to hand the partition off.
 	Target string `json:"target,omitempty"`
+	// Storage is the storage ID of the data directory the partition is served
+	// from: recorded when the owner takes it up, and set to the target's at a
+	// handoff's switch. A node whose data directory has another ID refuses to
+	// serve the partition (refusedBy). Empty: never served since the cluster
+	// (or the last forget-node) began, or recorded by an older version; the
+	// next take-up records it. With replication this becomes one (node,
+	// storage) pair per replica, and voters are counted by storage ID.
+	Storage string `json:"storageId,omitempty"`
 
 	rev int64 // etcd mod revision; 0 when the key does not exist
 }
@@ -237,7 +251,8 @@ func sleep(ctx context.Context, d time.Duration) {
 var errConflict = errors.New("cluster: the partition table changed meanwhile")
 
 // casPart replaces partition p's entry old (as read, with its revision) by e.
-func casPart(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old PartEntry, e PartEntry) error {
+// Every cond must hold as well.
+func casPart(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old PartEntry, e PartEntry, cond ...clientv3.Cmp) error {
 	b, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -249,7 +264,7 @@ func casPart(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old Pa
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(b))).Commit()
+	resp, err := cli.Txn(ctx).If(append([]clientv3.Cmp{cmp}, cond...)...).Then(clientv3.OpPut(key, string(b))).Commit()
 	if err != nil {
 		return fmt.Errorf("update partition %d: %w", p, err)
 	}

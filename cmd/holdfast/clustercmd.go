@@ -56,10 +56,16 @@ func clusterCommand() *cobra.Command {
 		return strings.Split(endpoints, ","), name, nil
 	}
 
+	var partitions bool
 	status := &cobra.Command{
 		Use:   "status",
-		Short: "Members, partitions, owners, epochs, and which partitions are unavailable",
-		Args:  cobra.NoArgs,
+		Short: "Nodes and their state, and how many partitions are served, unavailable or refused",
+		Long: `status shows every node (live, leaving, unreachable, refused, down) and counts the
+partitions served, unavailable and refused. A node is unreachable as soon as a live
+node's router gets no answer from it (its partitions then get 503 there), before etcd
+drops its registration. --partitions lists every partition; --json prints the same
+as JSON with camelCase keys.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			eps, name, err := target()
 			if err != nil {
@@ -71,6 +77,9 @@ func clusterCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if !partitions {
+				st.Parts = nil
+			}
 			if asJSON {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
@@ -80,26 +89,45 @@ func clusterCommand() *cobra.Command {
 			return nil
 		},
 	}
-	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	status.Flags().BoolVar(&asJSON, "json", false, "print JSON (camelCase keys)")
+	status.Flags().BoolVar(&partitions, "partitions", false, "list every partition: owner, epoch, move, state")
 
+	var (
+		noWait  bool
+		timeout time.Duration
+	)
 	leave := &cobra.Command{
 		Use:   "leave NODE",
-		Short: "Ask a node to hand its partitions off and exit (as on SIGTERM)",
-		Args:  cobra.ExactArgs(1),
+		Short: "Ask a node to hand its partitions off and exit (as on SIGTERM), and wait until it did",
+		Long: `leave asks a node to hand its partitions off to the others and exit, as on SIGTERM.
+It waits, printing progress on stderr, until every partition was handed off and the
+node's process exited (its addresses refuse connections), or --timeout passed;
+--no-wait returns once the request is recorded.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if timeout <= 0 {
+				return errors.New("--timeout must be positive")
+			}
 			eps, name, err := target()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			if err := cluster.RequestLeave(ctx, eps, name, args[0]); err != nil {
+			progress := func(line string) { fmt.Fprintln(cmd.ErrOrStderr(), line) }
+			if err := cluster.RequestLeave(ctx, eps, name, args[0], !noWait, progress); err != nil {
 				return err
+			}
+			if noWait {
+				fmt.Fprintf(cmd.OutOrStdout(), "asked node %s to leave cluster %s\n", args[0], name)
+				return nil
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "node %s left cluster %s\n", args[0], name)
 			return nil
 		},
 	}
+	leave.Flags().BoolVar(&noWait, "no-wait", false, "return once the request is recorded, without waiting for the node to leave")
+	leave.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long to wait for the handoffs and the node's exit")
 
 	var acceptLoss bool
 	forget := &cobra.Command{
@@ -107,7 +135,10 @@ func clusterCommand() *cobra.Command {
 		Short: "Give up a dead node's partitions: other nodes take them up empty",
 		Long: `forget-node gives up the partitions of a node that is down and will not return
 with its data: the controller assigns them to the live nodes, which serve them
-from empty. Everything the node held is lost. It refuses while the node is live.`,
+from empty. Everything the node held is lost. It refuses while the node is live,
+unless the node refuses its partitions (its data directory is not the one they
+were served from, see cluster status): then those are given up, and the node
+stays as a new, empty member that gets its share of partitions.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !acceptLoss {
@@ -133,45 +164,43 @@ from empty. Everything the node held is lost. It refuses while the node is live.
 	return cmd
 }
 
-// printStatus prints a cluster's status for people.
+// printStatus prints a cluster's status for people: a summary, the nodes, and
+// the partitions if st has them (--partitions).
 func printStatus(w io.Writer, st *cluster.Status) {
-	owned := map[string]int{}
-	for _, p := range st.Parts {
-		owned[p.Owner]++
+	fmt.Fprintf(w, "cluster %s: %d partitions: %d served, %d unavailable, %d refused", st.Name, st.Partitions, st.Served, st.Unavailable, st.Refused)
+	if st.Moving > 0 {
+		fmt.Fprintf(w, " (%d moving)", st.Moving)
 	}
-	fmt.Fprintf(w, "cluster %s: %d partitions, controller %s\n\n", st.Name, st.Partitions, orNone(st.Controller))
+	fmt.Fprintf(w, "; controller %s\n\n", orNone(st.Controller))
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tHTTP\tPARTITIONS\tSTATE")
+	fmt.Fprintln(tw, "NODE\tSTATE\tPARTITIONS\tSERVED\tUNAVAILABLE\tREFUSED\tADDRESS\tHTTP")
+	var reasons []string
 	for _, n := range st.Nodes {
-		state := "live"
-		switch {
-		case n.Client:
-			state = "client"
-		case n.Leaving:
-			state = "leaving"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", n.ID, n.Addr, n.HTTP, owned[n.ID], state)
-	}
-	live := map[string]bool{}
-	for _, n := range st.Nodes {
-		live[n.ID] = true
-	}
-	for id, c := range owned {
-		if id != "" && !live[id] {
-			fmt.Fprintf(tw, "%s\t-\t-\t%d\tdown\n", id, c)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", n.ID, n.State, n.Owned, n.Served, n.Unavailable, n.Refused, orNone(n.Addr), orNone(n.HTTP))
+		if n.Reason != "" {
+			reasons = append(reasons, fmt.Sprintf("node %s is %s: %s", n.ID, n.State, n.Reason))
 		}
 	}
 	tw.Flush()
+	if len(reasons) > 0 {
+		fmt.Fprintln(w)
+		for _, r := range reasons {
+			fmt.Fprintln(w, r)
+		}
+	}
+	if len(st.Parts) == 0 {
+		if u := st.Unavailable + st.Refused; u > 0 {
+			fmt.Fprintf(w, "\n%d partitions not served (--partitions lists them)\n", u)
+		}
+		return
+	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARTITION\tOWNER\tEPOCH\tMOVING TO\tAVAILABLE")
+	fmt.Fprintln(tw, "PARTITION\tOWNER\tEPOCH\tMOVING TO\tSTATE\tREASON")
 	for _, p := range st.Parts {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%v\n", p.Partition, orNone(p.Owner), p.Epoch, orNone(p.Target), p.Available)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\n", p.Partition, orNone(p.Owner), p.Epoch, orNone(p.Target), p.State, orNone(p.Reason))
 	}
 	tw.Flush()
-	if u := st.Unavailable(); len(u) > 0 {
-		fmt.Fprintf(w, "\n%d partitions unavailable: %v\n", len(u), u)
-	}
 }
 
 func orNone(s string) string {
