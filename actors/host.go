@@ -38,6 +38,11 @@ type Config struct {
 	// Epoch returns the ownership epoch of a partition; writes carry it so that the
 	// pipeline can fence them. Nil means 1 for every partition (a single node).
 	Epoch func(partition uint32) uint64
+	// DataLosses returns how many times a partition's stored data was given up
+	// (a cluster's forget-node --accept-data-loss); an object with no stored
+	// change log starts its log_ids above a floor derived from it
+	// (logfloor.go). nil: never (a single node).
+	DataLosses func(partition uint32) uint64
 	// Partitions returns the partitions this node serves: their alarms fire and
 	// their queues are replayed at start. Nil means every partition.
 	Partitions func() []uint32
@@ -577,6 +582,13 @@ func (h *Host) typeOptions(typ string) TypeOptions {
 		opts.ChangeLogEntries = 1
 	}
 	return opts
+}
+
+func (h *Host) dataLosses(partition uint32) uint64 {
+	if h.cfg.DataLosses == nil {
+		return 0
+	}
+	return h.cfg.DataLosses(partition)
 }
 
 func (h *Host) epoch(partition uint32) uint64 {

@@ -238,10 +238,10 @@ func (o *object) kvStage(k *kvState, w *persistence.Write, changes []Change, pur
 
 // nextLogID is the log_id of the object's next change-log entry: the one after
 // its newest, or, for an object with no stored entry, the one after the floor
-// of its partition's epoch (logfloor.go).
+// of its partition's data losses (logfloor.go).
 func (o *object) nextLogID(k *kvState) uint64 {
 	if k.logID == 0 {
-		return logFloor(o.epoch) + 1
+		return logFloor(o.h.dataLosses(o.part)) + 1
 	}
 	return k.logID + 1
 }

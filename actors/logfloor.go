@@ -6,35 +6,33 @@ package actors
 // (`holdfast cluster forget-node --accept-data-loss`): a client resuming after
 // the last log_id it saw must then get log_truncated, never a quiet empty page
 // from an object that counts again from 1. So an object that first writes with
-// no stored state starts its log above a floor derived from its partition's
-// ownership epoch: the epoch goes up by one each time a node takes the
-// partition up (cluster/member.go, takeUp), so the node that serves it after a
-// loss serves it under a higher epoch than any node that issued the lost
-// log_ids. The floor is just the first entry's log_id minus one, stored with
-// the first write like every log_id; nothing else is recorded.
+// no stored state starts its log above a floor derived from how many times its
+// partition's data was given up: the partition table in etcd counts them
+// (cluster.PartEntry.Losses; forget-node adds one to each partition it gives
+// away), so the node that serves a partition after a loss starts its new
+// objects above every log_id issued before it. The floor is just the first
+// entry's log_id minus one, stored with the first write like every log_id;
+// nothing else is recorded.
 //
-// floor(e) = (e-1) << 32 for e > 1, and 0 for epochs 0 and 1, so that a single
-// node (always epoch 1) and a cluster's first owner number 1, 2, 3 as before.
-// Every epoch leaves room for 2^32 log_ids: a lost object's log_ids are below
-// the new floor as long as it made fewer than 2^32 writes since its own floor,
-// and log_ids stay below 2^53 (exact in JavaScript) for 2^21 epochs of one
-// partition (a takeUp a minute for four years); past that the floor stops
-// rising.
+// floor(n) = n << 32 for n losses: a single node, and a cluster that never
+// lost a partition, number 1, 2, 3. (An earlier version derived the floor from
+// the ownership epoch, which every handoff raises: new objects of a cluster
+// then started near 2^32 for no loss at all.) Every loss leaves room for 2^32
+// log_ids: a lost object's log_ids are below the new floor as long as it made
+// fewer than 2^32 writes since its own floor, and log_ids stay below 2^53
+// (exact in JavaScript) for 2^21 losses of one partition; past that the floor
+// stops rising.
 
 const (
 	logFloorShift = 32
-	// maxFloorEpochs bounds (epoch-1) so that floors stay below 2^53.
-	maxFloorEpochs = 1 << (53 - logFloorShift)
+	// maxFloorLosses bounds the losses counted so that floors stay below 2^53.
+	maxFloorLosses = 1 << (53 - logFloorShift)
 )
 
 // logFloor is the log_id before the first change-log entry of an object that
-// starts with no stored state under partition epoch epoch.
-func logFloor(epoch uint64) uint64 {
-	if epoch <= 1 {
-		return 0
-	}
-	e := min(epoch-1, maxFloorEpochs-1)
-	return e << logFloorShift
+// starts with no stored state in a partition whose data was lost losses times.
+func logFloor(losses uint64) uint64 {
+	return min(losses, maxFloorLosses-1) << logFloorShift
 }
 
 // ResumeAfter checks a reader's resume point after against an object's change

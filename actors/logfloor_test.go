@@ -7,8 +7,8 @@ import (
 )
 
 // TestKV_LogIDsGoOnAfterDataLoss models `forget-node --accept-data-loss`: an
-// object whose stored state is gone starts again on an empty store, at a higher
-// partition epoch. Its log_ids go on above every log_id the old copy issued
+// object whose stored state is gone starts again on an empty store, in a
+// partition whose data was given up. Its log_ids go on above every log_id the old copy issued
 // (single node numbering stays 1, 2, 3), and a client resuming after an old
 // log_id gets log_truncated, never an empty page.
 func TestKV_LogIDsGoOnAfterDataLoss(t *testing.T) {
@@ -27,8 +27,8 @@ func TestKV_LogIDsGoOnAfterDataLoss(t *testing.T) {
 		last = r.LogID
 	}
 
-	// The data is lost; another node serves the partition at epoch 7.
-	lost := startNode(t, t.TempDir(), nodeOpts{cfg: Config{Epoch: func(uint32) uint64 { return 7 }}})
+	// The data was lost six times; another node serves the partition.
+	lost := startNode(t, t.TempDir(), nodeOpts{cfg: Config{DataLosses: func(uint32) uint64 { return 6 }}})
 	o = lost.kv("kv", "k")
 	if page, err := o.Log(ctx, 0, 10); err != nil || len(page.Items) != 0 {
 		t.Fatalf("log of the empty object: %v %v", page, err)
@@ -42,7 +42,7 @@ func TestKV_LogIDsGoOnAfterDataLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	if want := uint64(6)<<32 + 1; r.LogID != want {
-		t.Fatalf("first write at epoch 7: log_id %d, want %d", r.LogID, want)
+		t.Fatalf("first write after six losses: log_id %d, want %d", r.LogID, want)
 	}
 	if _, err := o.Log(ctx, last, 10); !errors.As(err, &lt) || lt.After != last || lt.Oldest != r.LogID {
 		t.Fatalf("log after the old log_id %d: %v, want log truncated with oldest %d", last, err, r.LogID)
@@ -108,7 +108,7 @@ func TestResumeAfter(t *testing.T) {
 			t.Errorf("ResumeAfter(%d, %d, %d) = %d, %v", c.after, c.oldest, c.newest, got, err)
 		}
 	}
-	if logFloor(0) != 0 || logFloor(1) != 0 || logFloor(2) != 1<<32 || logFloor(1<<40) >= 1<<53 {
+	if logFloor(0) != 0 || logFloor(1) != 1<<32 || logFloor(2) != 2<<32 || logFloor(1<<40) >= 1<<53 {
 		t.Error("logFloor")
 	}
 }

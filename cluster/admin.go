@@ -298,7 +298,7 @@ func ForgetNode(ctx context.Context, endpoints []string, name, node string) (int
 		if e.Owner != node || live && !refusedBy(e, info.Storage) {
 			continue
 		}
-		if err := casPart(ctx, cli, k, ps.Partition, e, PartEntry{Epoch: e.Epoch}, same); err != nil {
+		if err := casPart(ctx, cli, k, ps.Partition, e, PartEntry{Epoch: e.Epoch, Losses: e.Losses + 1}, same); err != nil {
 			if errors.Is(err, errConflict) {
 				return n, fmt.Errorf("partition %d: node %s or its partition changed meanwhile; look again (holdfast cluster status)", ps.Partition, node)
 			}

@@ -134,7 +134,7 @@ func (m *member) place(s *session) error {
 		case e.Owner == "" && len(eligible) > 0:
 			// A new cluster (or a forgotten node's partitions): assign.
 			to := least("")
-			if err := update(p, PartEntry{Owner: to, Epoch: e.Epoch}); err != nil {
+			if err := update(p, PartEntry{Owner: to, Epoch: e.Epoch, Losses: e.Losses}); err != nil {
 				return err
 			}
 			load[to]++

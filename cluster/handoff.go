@@ -212,7 +212,7 @@ func (m *member) handOff(p uint32, e PartEntry) error {
 	// The target's storage ID as it was when the handoff began: if the target
 	// restarted on another data directory since, it refuses p (the data went
 	// to the directory named here).
-	if err := casPart(ctx, m.cli, m.k, p, cur, PartEntry{Owner: e.Target, Epoch: e.Epoch, Storage: target.Storage}); err != nil {
+	if err := casPart(ctx, m.cli, m.k, p, cur, PartEntry{Owner: e.Target, Epoch: e.Epoch, Storage: target.Storage, Losses: e.Losses}); err != nil {
 		// On a transport error the switch may have landed, or may still land.
 		return abortFrozen(fmt.Errorf("switch: %w", err))
 	}

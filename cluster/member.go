@@ -735,6 +735,7 @@ func (m *member) takeUp(p uint32, s *session) {
 	}
 	m.aux[p].Store(0)
 	m.stale[p] = false
+	m.n.table.losses[p].Store(next.Losses)
 	m.n.table.epochs[p].Store(next.Epoch)
 	m.state[p] = stServing
 	m.n.host.TakeUp(p)

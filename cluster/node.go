@@ -78,6 +78,8 @@ type Node struct {
 // single node every partition is owned at epoch 1, for good.
 type partitionTable struct {
 	epochs []atomic.Uint64 // 0: not owned
+	// losses is each partition's PartEntry.Losses as of its take-up here.
+	losses []atomic.Uint64
 }
 
 func (t *partitionTable) epoch(p uint32) uint64 { return t.epochs[p].Load() }
@@ -130,7 +132,7 @@ func Start(cfg Config) (*Node, error) {
 		}
 		return nil, err
 	}
-	n.table = &partitionTable{epochs: make([]atomic.Uint64, db.Partitions())}
+	n.table = &partitionTable{epochs: make([]atomic.Uint64, db.Partitions()), losses: make([]atomic.Uint64, db.Partitions())}
 	if cfg.Metrics != nil {
 		cfg.Cold = cfg.Metrics.Cold(cfg.Cold)
 		n.cfg.Cold = cfg.Cold
@@ -144,6 +146,7 @@ func Start(cfg Config) (*Node, error) {
 		MemoryBudget: cfg.MemoryBudget,
 		TypeOptions:  cfg.TypeOptions,
 		Epoch:        n.table.epoch,
+		DataLosses:   func(p uint32) uint64 { return n.table.losses[p].Load() },
 		Logger:       cfg.Logger,
 		Cold:         cfg.Cold,
 		ColdTimeout:  cfg.ColdTimeout,
@@ -309,7 +312,9 @@ func (n *Node) AlarmsReady() <-chan struct{} { return n.host.Scheduler().Ready()
 
 // ReplaySummary returns the summary of the queue replay the node ran when it
 // started, for app's queues only, and whether it has finished.
-func (n *Node) ReplaySummary(app string) (actors.ReplaySummary, bool) { return n.host.ReplaySummary(app) }
+func (n *Node) ReplaySummary(app string) (actors.ReplaySummary, bool) {
+	return n.host.ReplaySummary(app)
+}
 
 // StorageID returns the storage ID of the node's data directory: made at
 // random when the directory was first opened, it tells the cluster whether a

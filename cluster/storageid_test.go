@@ -67,8 +67,10 @@ func TestCluster_RefusedNodeJoinsEmptyAfterForgetNode(t *testing.T) {
 	defer cancel()
 	keys := keysOwnedBy(t, a, "b", 3)
 	for _, k := range keys {
-		if _, err := tc.set(ctx, a, k, "v", 7); err != nil {
-			t.Fatal(err)
+		// A cluster that never lost a partition numbers log_ids from 1 (a
+		// handoff raised every epoch; no loss, no floor).
+		if r, err := tc.set(ctx, a, k, "v", 7); err != nil || r.LogID != 1 {
+			t.Fatalf("first write of %s: %+v %v, want log_id 1", k, r, err)
 		}
 	}
 	tc.crash("b")
@@ -116,9 +118,32 @@ func TestCluster_RefusedNodeJoinsEmptyAfterForgetNode(t *testing.T) {
 		if err != nil || len(s.State) != 0 {
 			t.Fatalf("get %s after forget-node: %+v %v", k, s, err)
 		}
-		if _, err := tc.set(ctx, a, k, "v", 8); err != nil {
-			t.Fatal(err)
+		// Its log_ids go on above the lost ones (issue 26, point 9), and a
+		// reader resuming after a lost log_id is told that it cannot.
+		r, err := tc.set(ctx, a, k, "v", 8)
+		if err != nil || r.LogID != 1<<32+1 {
+			t.Fatalf("first write of %s after forget-node: %+v %v, want log_id 2^32+1", k, r, err)
 		}
+		_, err = a.Request(ctx, actors.ObjectID{App: "app_t", Type: "kv", Key: k}, actors.KVReadLog{After: 1, Limit: 10})
+		var lt *actors.LogTruncatedError
+		if !errors.As(err, &lt) || lt.After != 1 || lt.Oldest != r.LogID {
+			t.Fatalf("read %s's log after the lost log_id 1: %v, want log truncated", k, err)
+		}
+	}
+	// A partition that lost nothing numbers its new objects from 1.
+	_, parts, _, _ := a.member.view.snapshot()
+	fresh := ""
+	for p, e := range parts {
+		if e.Losses == 0 {
+			fresh = keyIn(uint32(p))
+			break
+		}
+	}
+	if fresh == "" {
+		t.Fatal("every partition was lost")
+	}
+	if r, err := tc.set(ctx, a, fresh, "v", 1); err != nil || r.LogID != 1 {
+		t.Fatalf("first write of %s: %+v %v, want log_id 1", fresh, r, err)
 	}
 	if st, err = ReadStatus(ctx, eps, tc.name); err != nil || st.Refused != 0 || st.Served != testPartitions {
 		t.Fatalf("status after forget-node: %+v %v", st, err)

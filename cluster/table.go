@@ -82,6 +82,12 @@ type PartEntry struct {
 	// next take-up records it. With replication this becomes one (node,
 	// storage) pair per replica, and voters are counted by storage ID.
 	Storage string `json:"storageId,omitempty"`
+	// Losses counts the times the partition's data was given up (forget-node
+	// --accept-data-loss adds one). Objects that start with no stored state
+	// number their log_ids above a floor derived from it, so that a log_id
+	// never goes back (actors/logfloor.go). Every rewrite of the entry carries
+	// it on.
+	Losses uint64 `json:"losses,omitempty"`
 
 	rev int64 // etcd mod revision; 0 when the key does not exist
 }
