@@ -1,0 +1,448 @@
+package replication
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/holdfast/holdfast/internal/owner"
+)
+
+// Engine hosts the local replicas of many raft groups for one node.
+//
+// Methods are safe for concurrent use. New starts nothing; Start starts the
+// workers and the ticker; Close stops them and waits.
+type Engine struct {
+	cfg         Config
+	transport   Transport
+	pipeline    Pipeline
+	log         *slog.Logger
+	incarnation uint64 // random per engine: tells this run's proposals from an earlier one's
+	seq         atomic.Uint64
+
+	sched *scheduler
+
+	mu     sync.RWMutex
+	groups map[GroupID]*group
+	list   atomic.Pointer[[]*group] // copy on write, for the ticker
+
+	started atomic.Bool
+	closed  atomic.Bool
+	owner   *owner.Group // workers and ticker; created by Start
+
+	failMu   sync.Mutex
+	failures []error
+}
+
+// New returns an engine for cfg.Node that sends through transport and stores
+// through pipeline. It starts no goroutine.
+func New(cfg Config, transport Transport, pipeline Pipeline) (*Engine, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if transport == nil || pipeline == nil {
+		return nil, errors.New("replication: New: transport and pipeline are required")
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	e := &Engine{
+		cfg:         cfg,
+		transport:   transport,
+		pipeline:    pipeline,
+		log:         cfg.Logger.With("node", uint64(cfg.Node)),
+		incarnation: binary.LittleEndian.Uint64(b[:]) | 1,
+		sched:       newScheduler(cfg.MaxQueuedTicks),
+		groups:      make(map[GroupID]*group),
+	}
+	e.list.Store(new([]*group))
+	return e, nil
+}
+
+// Node returns the engine's node id.
+func (e *Engine) Node() NodeID { return e.cfg.Node }
+
+// AddGroup creates the local replica of a group (before or after Start).
+func (e *Engine) AddGroup(cfg GroupConfig) error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	g, err := newGroup(cfg, e)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.groups[cfg.ID]; ok {
+		return fmt.Errorf("%w: %d", ErrGroupExists, cfg.ID)
+	}
+	e.groups[cfg.ID] = g
+	list := append(append([]*group(nil), *e.list.Load()...), g)
+	e.list.Store(&list)
+	return nil
+}
+
+func (e *Engine) group(id GroupID) *group {
+	e.mu.RLock()
+	g := e.groups[id]
+	e.mu.RUnlock()
+	return g
+}
+
+// Start starts the scheduler's workers and the ticker, owned by the engine
+// until Close.
+func (e *Engine) Start() error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	if !e.started.CompareAndSwap(false, true) {
+		return errors.New("replication: engine already started")
+	}
+	e.owner = owner.New(nil)
+	for range e.cfg.Workers {
+		e.owner.Go(func(context.Context) { e.work() })
+	}
+	e.owner.Go(e.tick)
+	return nil
+}
+
+// Close stops the ticker and the workers and waits for them. Proposals still
+// buffered fail with ErrClosed (not written); proposals handed to raft fail
+// with ErrOutcomeUnknown. Responses the pipeline delivers afterwards are
+// dropped. Close does not close the pipeline or the transport.
+func (e *Engine) Close() error {
+	if !e.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	e.sched.close()
+	if e.owner != nil {
+		if err := e.owner.Close(context.Background()); err != nil {
+			return fmt.Errorf("replication: close: %w", err)
+		}
+	}
+	for _, g := range *e.list.Load() {
+		g.failAll(fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed), fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten))
+	}
+	return nil
+}
+
+// Err returns the first group failure (a raft panic, recovered), or nil.
+func (e *Engine) Err() error {
+	e.failMu.Lock()
+	defer e.failMu.Unlock()
+	return errors.Join(e.failures...)
+}
+
+// tick is the ticker goroutine: every TickInterval it marks every group for a
+// tick. It never ticks a RawNode itself. time.Ticker drops ticks the goroutine
+// was too slow to take, so ticks are never early.
+func (e *Engine) tick(ctx context.Context) {
+	t := time.NewTicker(e.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			e.sched.tickAll(*e.list.Load())
+		}
+	}
+}
+
+// worker holds the per-worker batch of outgoing messages of one pass.
+type worker struct {
+	out map[NodeID][]Envelope
+}
+
+func (e *Engine) work() {
+	w := &worker{out: make(map[NodeID][]Envelope)}
+	for {
+		g, _, ticks := e.sched.next()
+		if g == nil {
+			return
+		}
+		e.process(w, g, ticks)
+		e.flush(w)
+		e.sched.done(g)
+	}
+}
+
+// flush sends the pass's messages, one batch per destination node.
+func (e *Engine) flush(w *worker) {
+	for node, batch := range w.out {
+		if len(batch) > 0 {
+			e.transport.Send(node, batch)
+		}
+		delete(w.out, node)
+	}
+}
+
+// process runs one pass over g: ticks, received messages, proposals, then one
+// Ready whose messages go to the pipeline's append and apply FIFOs and to the
+// transport. Advance is never called (AsyncStorageWrites). A raft panic fails
+// the group, not the node.
+func (e *Engine) process(w *worker, g *group, ticks int) {
+	if g.failed != nil {
+		g.failAll(g.failed, g.failed)
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			e.failGroup(w, g, r)
+		}
+	}()
+	for range ticks {
+		g.rn.Tick()
+	}
+	msgs, props := g.take()
+	for _, m := range msgs {
+		if m.GetType() == raftpb.MsgStorageApplyResp {
+			g.resolveApplied(m.GetEntries(), e.incarnation)
+		}
+		if err := g.rn.Step(m); err != nil {
+			e.log.Debug("replication: step", "group", uint64(g.id), "type", m.GetType().String(), "from", m.GetFrom(), "err", err)
+		}
+	}
+	g.recycle(msgs)
+	if len(props) > 0 {
+		e.propose(g, props)
+	}
+	if !g.rn.HasReady() {
+		return
+	}
+	rd := g.rn.Ready()
+	if rd.SoftState != nil {
+		g.lead, g.role = ReplicaID(rd.SoftState.Lead), rd.SoftState.RaftState
+	}
+	if rd.HardState != nil {
+		g.term = rd.HardState.GetTerm()
+	}
+	g.publish()
+	for _, m := range rd.Messages {
+		switch to := m.GetTo(); to {
+		case raft.LocalAppendThread:
+			g.noteAppended(m.GetEntries(), e.incarnation)
+			e.pipeline.Append(Job{Group: g.id, Msg: m, Done: e.doneFunc(g, m)})
+		case raft.LocalApplyThread:
+			e.pipeline.Apply(Job{Group: g.id, Msg: m, Done: e.doneFunc(g, m)})
+		case uint64(g.replica):
+			g.push(m)
+			e.sched.enqueue(g, flagMessage)
+		default:
+			// Step 3: MsgHeartbeat and MsgHeartbeatResp are not queued here but
+			// coalesced per node pair (design section 4, "Coalesced heartbeats").
+			node, ok := g.peers[ReplicaID(to)]
+			if !ok {
+				e.log.Warn("replication: message to an unknown replica dropped", "group", uint64(g.id), "to", to)
+				continue
+			}
+			w.out[node] = append(w.out[node], Envelope{Group: g.id, Msg: m})
+		}
+	}
+}
+
+// propose hands the buffered proposals to raft as one MsgProp (one entry
+// each), on the leader only.
+func (e *Engine) propose(g *group, props []*proposal) {
+	if g.role != raft.StateLeader {
+		err := g.notLeader()
+		for _, p := range props {
+			if p.state.CompareAndSwap(propQueued, propProposed) {
+				p.finish(Result{}, err)
+			}
+		}
+		return
+	}
+	ents := make([]*raftpb.Entry, 0, len(props))
+	taken := props[:0]
+	for _, p := range props {
+		if !p.state.CompareAndSwap(propQueued, propProposed) {
+			continue // abandoned by its caller
+		}
+		p.seq = e.seq.Add(1)
+		h := Header{Proposer: g.replica, Incarnation: e.incarnation, Seq: p.seq}
+		data := appendEntry(make([]byte, 0, maxHeaderLen+len(p.payload)), h, p.payload)
+		ents = append(ents, &raftpb.Entry{Data: data})
+		taken = append(taken, p)
+	}
+	if len(ents) == 0 {
+		return
+	}
+	err := g.rn.Step(&raftpb.Message{Type: raftpb.MsgProp.Enum(), From: new(uint64(g.replica)), Entries: ents})
+	if err != nil {
+		err = fmt.Errorf("%w: group %d: %w", ErrNotWritten, g.id, err)
+		for _, p := range taken {
+			p.finish(Result{}, err)
+		}
+		return
+	}
+	for _, p := range taken {
+		g.pending[p.seq] = p
+	}
+}
+
+// doneFunc returns the Done of a storage job: deliver m's responses.
+func (e *Engine) doneFunc(g *group, m *raftpb.Message) func() {
+	return func() { e.deliver(g, m.GetResponses()) }
+}
+
+// deliver routes a storage job's responses once the job is durable (or
+// applied): to the group's own inbox (its MsgStorage*Resp, a leader's own
+// MsgAppResp) or to the transport (a follower's MsgAppResp, votes). Runs on
+// the pipeline's goroutines; after Close it drops them.
+func (e *Engine) deliver(g *group, resps []*raftpb.Message) {
+	if e.closed.Load() || len(resps) == 0 {
+		return
+	}
+	self := false
+	var out [][]Envelope // this job's responses per destination node (usually one MsgAppResp)
+	for _, m := range resps {
+		to := m.GetTo()
+		if to == uint64(g.replica) {
+			g.push(m)
+			self = true
+			continue
+		}
+		node, ok := g.peers[ReplicaID(to)]
+		if !ok {
+			continue
+		}
+		env := Envelope{Group: g.id, Msg: m}
+		i := 0
+		for i < len(out) && g.peers[ReplicaID(out[i][0].Msg.GetTo())] != node {
+			i++
+		}
+		if i == len(out) {
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], env)
+	}
+	for _, batch := range out {
+		e.transport.Send(g.peers[ReplicaID(batch[0].Msg.GetTo())], batch)
+	}
+	if self {
+		e.sched.enqueue(g, flagMessage)
+	}
+}
+
+// Receive steps messages that arrived from other nodes into their groups
+// (asynchronously: it only queues). Messages for unknown groups or for
+// another replica id are dropped. Safe from any goroutine; never blocks on
+// raft.
+func (e *Engine) Receive(batch []Envelope) {
+	if e.closed.Load() {
+		return
+	}
+	for _, env := range batch {
+		g := e.group(env.Group)
+		if g == nil || env.Msg.GetTo() != uint64(g.replica) {
+			continue
+		}
+		if raft.IsLocalMsg(env.Msg.GetType()) {
+			continue // only our own pipeline may send storage messages
+		}
+		g.push(env.Msg)
+		e.sched.enqueue(g, flagMessage)
+	}
+}
+
+// failGroup records a raft panic: the group stops (its proposals fail with
+// ErrGroupFailed) and Err reports it. Raft panics on a broken invariant
+// (typically a log that lost what it acknowledged); going on would be unsafe.
+func (e *Engine) failGroup(w *worker, g *group, r any) {
+	err := fmt.Errorf("%w: node %d group %d: %v", ErrGroupFailed, e.cfg.Node, g.id, r)
+	e.log.Error("replication: group failed", "group", uint64(g.id), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+	g.failed = err
+	g.stFailed.Store(&err)
+	clear(w.out) // nothing of a broken pass leaves
+	g.failAll(err, err)
+	e.failMu.Lock()
+	e.failures = append(e.failures, err)
+	e.failMu.Unlock()
+}
+
+// Propose replicates payload through group id, on its leader only, and waits
+// until its entry is committed (durable on a majority) AND applied by this
+// replica: the output gate. On a replica that does not lead it returns a
+// *NotLeaderError at once.
+//
+// Errors: errors.Is(err, ErrNotWritten) means the payload is not and will
+// never be in the log (safe to retry); ErrOutcomeUnknown means it may still
+// commit (ctx ended, or Close). ErrUnknownGroup, ErrClosed, ErrGroupFailed as
+// named.
+func (e *Engine) Propose(ctx context.Context, id GroupID, payload []byte) (Result, error) {
+	if e.closed.Load() {
+		return Result{}, ErrClosed
+	}
+	g := e.group(id)
+	if g == nil {
+		return Result{}, fmt.Errorf("%w: %d", ErrUnknownGroup, id)
+	}
+	if f := g.stFailed.Load(); f != nil {
+		return Result{}, *f
+	}
+	if raft.StateType(g.stRole.Load()) != raft.StateLeader {
+		return Result{}, g.notLeader()
+	}
+	p := &proposal{payload: payload, done: make(chan outcome, 1)}
+	g.mu.Lock()
+	g.props = append(g.props, p)
+	g.mu.Unlock()
+	e.sched.enqueue(g, flagPropose)
+	if e.closed.Load() && p.state.CompareAndSwap(propQueued, propAbandoned) {
+		return Result{}, fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten) // Close may have drained the buffer before we queued
+	}
+	select {
+	case o := <-p.done:
+		return o.res, o.err
+	case <-ctx.Done():
+		if p.state.CompareAndSwap(propQueued, propAbandoned) {
+			return Result{}, fmt.Errorf("%w: %w", ErrNotWritten, ctx.Err())
+		}
+		return Result{}, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+	}
+}
+
+// Status is a snapshot of the local replica of a group.
+type Status struct {
+	Group   GroupID
+	Replica ReplicaID
+	// Leader is the node this replica believes leads (0: unknown).
+	Leader   NodeID
+	IsLeader bool
+	Term     uint64
+	// Applied is the last index this replica applied.
+	Applied uint64
+	// Err is non-nil once the group failed (ErrGroupFailed).
+	Err error
+}
+
+// Status returns the local replica's view of group id.
+func (e *Engine) Status(id GroupID) (Status, error) {
+	g := e.group(id)
+	if g == nil {
+		return Status{}, fmt.Errorf("%w: %d", ErrUnknownGroup, id)
+	}
+	st := Status{
+		Group:    id,
+		Replica:  g.replica,
+		Leader:   g.peers[ReplicaID(g.stLead.Load())],
+		IsLeader: raft.StateType(g.stRole.Load()) == raft.StateLeader,
+		Term:     g.stTerm.Load(),
+		Applied:  g.stApplied.Load(),
+	}
+	if f := g.stFailed.Load(); f != nil {
+		st.Err = *f
+	}
+	return st, nil
+}

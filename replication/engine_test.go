@@ -1,0 +1,207 @@
+package replication_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/holdfast/holdfast/replication"
+	"github.com/holdfast/holdfast/replication/replicationtest"
+)
+
+func newCluster(t *testing.T, cfg replicationtest.Config) *replicationtest.Cluster {
+	t.Helper()
+	c, err := replicationtest.NewCluster(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func checkClean(t *testing.T, c *replicationtest.Cluster) {
+	t.Helper()
+	if err := c.Checker.Err(); err != nil {
+		t.Fatalf("invariant violated: %v", err)
+	}
+	if err := c.Err(); err != nil {
+		t.Fatalf("cluster failure: %v", err)
+	}
+}
+
+// TestEngine_Basic: 3 nodes, 64 groups: every group elects a leader, and
+// proposals to every group are applied on every replica, in proposal order.
+func TestEngine_Basic(t *testing.T) {
+	const nodes, groups, perGroup = 3, 64, 5
+	var mu sync.Mutex
+	seen := map[[2]uint64][]string{} // (node, group) -> payloads in apply order
+	c := newCluster(t, replicationtest.Config{
+		Nodes: nodes, Groups: groups,
+		OnApply: func(n replication.NodeID, g replication.GroupID, ent *raftpb.Entry) {
+			if _, p, ok, _ := replication.DecodeEntry(ent.GetData()); ok {
+				mu.Lock()
+				seen[[2]uint64{uint64(n), uint64(g)}] = append(seen[[2]uint64{uint64(n), uint64(g)}], string(p))
+				mu.Unlock()
+			}
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitLeaders(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Each group gets its proposals one after another (so their order is
+	// defined); the groups run concurrently.
+	var wg sync.WaitGroup
+	errs := make(chan error, groups)
+	for _, g := range c.GroupIDs() {
+		wg.Go(func() {
+			var last uint64
+			for i := range perGroup {
+				res, err := c.Propose(ctx, g, fmt.Appendf(nil, "g%d-%d", g, i))
+				if err != nil {
+					errs <- fmt.Errorf("group %d proposal %d: %w", g, i, err)
+					return
+				}
+				if res.Index <= last {
+					errs <- fmt.Errorf("group %d proposal %d: index %d after %d", g, i, res.Index, last)
+					return
+				}
+				last = res.Index
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := c.WaitAcked(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Every replica, not only a majority, gets everything (nothing is faulty).
+	for {
+		done := true
+		mu.Lock()
+		for _, n := range c.NodeIDs() {
+			for _, g := range c.GroupIDs() {
+				if len(seen[[2]uint64{uint64(n), uint64(g)}]) < perGroup {
+					done = false
+				}
+			}
+		}
+		mu.Unlock()
+		if done {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("not every replica applied every proposal")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	for key, got := range seen {
+		for i, p := range got {
+			if want := fmt.Sprintf("g%d-%d", key[1], i); p != want {
+				t.Errorf("node %d group %d applied %q at position %d, want %q", key[0], key[1], p, i, want)
+			}
+		}
+	}
+	mu.Unlock()
+	checkClean(t, c)
+}
+
+// TestEngine_LeaderCrash: the leader of a group crashes (losing what it had
+// not synced); another replica is elected, every acknowledged proposal is
+// still applied on a majority, and the group takes new proposals; the old
+// leader restarts and catches up.
+func TestEngine_LeaderCrash(t *testing.T) {
+	c := newCluster(t, replicationtest.Config{Nodes: 3, Groups: 4, SyncDelay: 200 * time.Microsecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitLeaders(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const g = replication.GroupID(1)
+	for i := range 20 {
+		if _, err := c.Propose(ctx, g, fmt.Appendf(nil, "before-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := c.Leader(g)
+	if old == 0 {
+		t.Fatal("no leader")
+	}
+	c.Crash(old)
+	var next replication.NodeID
+	for next == 0 || next == old {
+		if ctx.Err() != nil {
+			t.Fatal("no new leader after the crash")
+		}
+		time.Sleep(2 * time.Millisecond)
+		next = c.Leader(g)
+	}
+	for i := range 20 {
+		if _, err := c.Propose(ctx, g, fmt.Appendf(nil, "after-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.WaitAcked(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(old); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := c.Engine(next).Status(g)
+	for c.Disk(old).Applied(g) < want.Applied {
+		if ctx.Err() != nil {
+			t.Fatalf("restarted node stuck at applied %d, leader at %d", c.Disk(old).Applied(g), want.Applied)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if c.Checker.Acked() != 40 {
+		t.Fatalf("acked %d proposals, want 40", c.Checker.Acked())
+	}
+	checkClean(t, c)
+}
+
+// TestEngine_ProposeNotLeader: a follower refuses with a NotLeaderError that
+// names the leader and is ErrNotWritten.
+func TestEngine_ProposeNotLeader(t *testing.T) {
+	c := newCluster(t, replicationtest.Config{Nodes: 3, Groups: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitLeaders(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lead := c.Leader(1)
+	// The followers learn the leader from its first append or heartbeat.
+	for _, id := range c.NodeIDs() {
+		if id == lead {
+			continue
+		}
+		for {
+			_, err := c.Engine(id).Propose(ctx, 1, []byte("x"))
+			var nle *replication.NotLeaderError
+			if !errors.As(err, &nle) || !errors.Is(err, replication.ErrNotWritten) {
+				t.Fatalf("follower %d: Propose = %v, want a NotLeaderError", id, err)
+			}
+			if nle.Leader == lead {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("follower %d never named leader %d (last hint %d)", id, lead, nle.Leader)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	if _, err := c.Engine(lead).Propose(ctx, 99, []byte("x")); !errors.Is(err, replication.ErrUnknownGroup) {
+		t.Fatalf("Propose to an unknown group = %v", err)
+	}
+	checkClean(t, c)
+}

@@ -1,0 +1,248 @@
+package replication
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// GroupConfig describes the local replica of one group.
+type GroupConfig struct {
+	ID GroupID
+	// Replica is the local replica's raft id (non-zero).
+	Replica ReplicaID
+	// Peers maps every replica of the group (the local one included) to its
+	// node. In step 1 membership is fixed; step 4 changes it through raft.
+	Peers map[ReplicaID]NodeID
+	// Storage is the group's log as the pipeline made it durable: raft reads
+	// it, the pipeline writes it (before calling an append job's Done). Its
+	// InitialState gives the HardState and the ConfState (the voters).
+	Storage raft.Storage
+	// Applied is the index the state machine has applied (durably): raft
+	// re-emits committed entries above it.
+	Applied uint64
+}
+
+// Result is a proposal's outcome: its entry's index and term, committed and
+// applied on this replica.
+type Result struct {
+	Index uint64
+	Term  uint64
+}
+
+// Proposal states (proposal.state).
+const (
+	propQueued    int32 = iota // in the group's buffer
+	propProposed               // handed to raft by the worker
+	propAbandoned              // the caller gave up before the worker took it
+)
+
+// proposal is one Propose call waiting for its outcome.
+type proposal struct {
+	payload []byte
+	state   atomic.Int32
+	done    chan outcome // buffered 1: finish never blocks
+
+	// Worker-owned, once proposed.
+	seq   uint64
+	index uint64 // its entry's index, once seen in a MsgStorageAppend (0 before)
+}
+
+type outcome struct {
+	res Result
+	err error
+}
+
+func (p *proposal) finish(res Result, err error) { p.done <- outcome{res, err} }
+
+// group is the local replica of one raft group.
+//
+// Ownership: the RawNode and every "worker-owned" field are touched only by
+// the worker holding the group (the scheduler hands a group to one worker at
+// a time; its mutex orders one holder's writes before the next one's reads).
+// inbox and props are filled by any goroutine under mu. The status atomics are
+// written by the holder and read by anyone.
+type group struct {
+	id      GroupID
+	replica ReplicaID
+	peers   map[ReplicaID]NodeID // immutable
+
+	sched schedState // guarded by scheduler.mu
+
+	mu    sync.Mutex
+	inbox []*raftpb.Message // received messages and storage responses, in arrival order
+	props []*proposal       // proposals not yet handed to raft
+	spare []*raftpb.Message // the previous inbox's backing array, reused
+
+	// Worker-owned.
+	rn      *raft.RawNode
+	pending map[uint64]*proposal // proposed, outcome not known yet, by seq
+	applied uint64               // last index applied (from MsgStorageApplyResp)
+	lead    ReplicaID
+	role    raft.StateType
+	term    uint64
+	failed  error
+
+	// Published by the holder for Propose and Status.
+	stLead    atomic.Uint64 // ReplicaID
+	stTerm    atomic.Uint64
+	stRole    atomic.Uint32 // raft.StateType
+	stApplied atomic.Uint64
+	stFailed  atomic.Pointer[error]
+}
+
+func newGroup(cfg GroupConfig, e *Engine) (*group, error) {
+	if cfg.Replica == 0 {
+		return nil, fmt.Errorf("replication: group %d: Replica must be non-zero", cfg.ID)
+	}
+	if _, ok := cfg.Peers[cfg.Replica]; !ok {
+		return nil, fmt.Errorf("replication: group %d: Peers lacks the local replica %d", cfg.ID, cfg.Replica)
+	}
+	if cfg.Storage == nil {
+		return nil, fmt.Errorf("replication: group %d: Storage is nil", cfg.ID)
+	}
+	peers := make(map[ReplicaID]NodeID, len(cfg.Peers))
+	for r, n := range cfg.Peers {
+		peers[r] = n
+	}
+	c := e.cfg
+	rn, err := raft.NewRawNode(&raft.Config{
+		ID:                        uint64(cfg.Replica),
+		ElectionTick:              c.ElectionTick,
+		HeartbeatTick:             c.HeartbeatTick,
+		Storage:                   cfg.Storage,
+		Applied:                   cfg.Applied,
+		AsyncStorageWrites:        true,
+		MaxSizePerMsg:             c.MaxSizePerMsg,
+		MaxCommittedSizePerReady:  c.MaxCommittedSizePerReady,
+		MaxUncommittedEntriesSize: c.MaxUncommittedEntriesSize,
+		MaxInflightMsgs:           c.MaxInflightMsgs,
+		MaxInflightBytes:          c.MaxInflightBytes,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		DisableProposalForwarding: true,
+		Logger:                    raftLogger{c.Logger.With("group", uint64(cfg.ID), "replica", uint64(cfg.Replica))},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replication: group %d: %w", cfg.ID, err)
+	}
+	g := &group{
+		id:      cfg.ID,
+		replica: cfg.Replica,
+		peers:   peers,
+		rn:      rn,
+		pending: make(map[uint64]*proposal),
+		applied: cfg.Applied,
+		role:    raft.StateFollower,
+	}
+	g.stApplied.Store(cfg.Applied)
+	return g, nil
+}
+
+// push appends messages to the inbox; the caller then enqueues flagMessage.
+func (g *group) push(ms ...*raftpb.Message) {
+	g.mu.Lock()
+	g.inbox = append(g.inbox, ms...)
+	g.mu.Unlock()
+}
+
+// take empties the inbox and the proposal buffer (worker only).
+func (g *group) take() ([]*raftpb.Message, []*proposal) {
+	g.mu.Lock()
+	msgs, props := g.inbox, g.props
+	g.inbox, g.props, g.spare = g.spare[:0], nil, nil
+	g.mu.Unlock()
+	return msgs, props
+}
+
+// recycle returns a processed inbox's array for reuse (worker only).
+func (g *group) recycle(msgs []*raftpb.Message) {
+	clear(msgs)
+	g.mu.Lock()
+	if g.spare == nil && cap(msgs) <= 1024 {
+		g.spare = msgs[:0]
+	}
+	g.mu.Unlock()
+}
+
+// notLeader builds the error for a proposal on a non-leader.
+func (g *group) notLeader() *NotLeaderError {
+	lead := ReplicaID(g.stLead.Load())
+	return &NotLeaderError{Group: g.id, Leader: g.peers[lead], Term: g.stTerm.Load()}
+}
+
+// publish makes the worker's view of leadership visible to Propose and Status.
+func (g *group) publish() {
+	g.stLead.Store(uint64(g.lead))
+	g.stTerm.Store(g.term)
+	g.stRole.Store(uint32(g.role))
+}
+
+// resolveApplied settles pending proposals against entries the state machine
+// just applied (worker only, before stepping their MsgStorageApplyResp).
+//
+// An entry carrying our header completes its proposal. Once the applied index
+// reaches a pending proposal's index and the entry there was not ours, another
+// leader's entry took the slot: the proposal was not written and never will
+// be (an entry is proposed once, and raft never moves an entry to another
+// index), so it fails with ErrNotWritten, never with a success.
+func (g *group) resolveApplied(ents []*raftpb.Entry, incarnation uint64) {
+	for _, ent := range ents {
+		idx := ent.GetIndex()
+		if ent.GetType() == raftpb.EntryNormal {
+			if h, _, ok, err := DecodeEntry(ent.GetData()); ok && err == nil &&
+				h.Proposer == g.replica && h.Incarnation == incarnation {
+				if p := g.pending[h.Seq]; p != nil {
+					delete(g.pending, h.Seq)
+					p.finish(Result{Index: idx, Term: ent.GetTerm()}, nil)
+				}
+			}
+		}
+		g.applied = idx
+	}
+	g.stApplied.Store(g.applied)
+	for seq, p := range g.pending {
+		if p.index != 0 && p.index <= g.applied {
+			delete(g.pending, seq)
+			p.finish(Result{}, fmt.Errorf("%w: group %d: index %d holds another leader's entry", ErrNotWritten, g.id, p.index))
+		}
+	}
+}
+
+// noteAppended records the index of our pending proposals' entries as raft
+// hands them to the append thread (worker only).
+func (g *group) noteAppended(ents []*raftpb.Entry, incarnation uint64) {
+	if len(g.pending) == 0 {
+		return
+	}
+	for _, ent := range ents {
+		if ent.GetType() != raftpb.EntryNormal {
+			continue
+		}
+		h, _, ok, err := DecodeEntry(ent.GetData())
+		if !ok || err != nil || h.Proposer != g.replica || h.Incarnation != incarnation {
+			continue
+		}
+		if p := g.pending[h.Seq]; p != nil {
+			p.index = ent.GetIndex()
+		}
+	}
+}
+
+// failAll settles every pending and buffered proposal with err (worker, or
+// Close once no worker runs).
+func (g *group) failAll(proposed, buffered error) {
+	for seq, p := range g.pending {
+		delete(g.pending, seq)
+		p.finish(Result{}, proposed)
+	}
+	_, props := g.take()
+	for _, p := range props {
+		if p.state.CompareAndSwap(propQueued, propProposed) {
+			p.finish(Result{}, buffered)
+		}
+	}
+}

@@ -1,0 +1,349 @@
+package replicationtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/holdfast/holdfast/replication"
+)
+
+// Config configures a Cluster.
+type Config struct {
+	Nodes  int // default 3
+	Groups int // default 1
+	// Seed seeds the network's faults.
+	Seed uint64
+	// Engine is the template for every node's engine config (Node is set per
+	// node). Zero fields take replication's defaults, except TickInterval
+	// (default 10 ms here: tests want fast elections).
+	Engine replication.Config
+	// SyncDelay models each pipeline's fdatasync. Default 0.
+	SyncDelay time.Duration
+	// Faults are the network's initial message faults.
+	Faults Faults
+	// OnApply, if set, is called for every entry a node applies (after the
+	// cluster's own checks), on that node's apply goroutine.
+	OnApply func(n replication.NodeID, g replication.GroupID, ent *raftpb.Entry)
+
+	// ackBeforeSync plants the bug "append responses before the sync" in
+	// every node's pipeline.
+	ackBeforeSync bool
+}
+
+// Node is one member: its disk survives crashes, its pipeline and engine do not.
+type Node struct {
+	ID     replication.NodeID
+	Disk   *MemDisk
+	pipe   *MemPipeline
+	engine *replication.Engine
+}
+
+// Cluster is N engines x G groups over a simulated Network, every node a voter
+// of every group (replica id = node id), with a Checker fed by every apply.
+//
+// Methods are safe for concurrent use except where noted.
+type Cluster struct {
+	cfg     Config
+	Net     *Network
+	Checker *Checker
+
+	mu    sync.Mutex
+	nodes map[replication.NodeID]*Node
+	// errs collects failures that are not the checker's: a node whose disk
+	// fails its restart checks, a group that raft stopped.
+	errs []error
+}
+
+// NewCluster bootstraps every group on every node's disk and starts all nodes.
+func NewCluster(cfg Config) (*Cluster, error) {
+	if cfg.Nodes == 0 {
+		cfg.Nodes = 3
+	}
+	if cfg.Groups == 0 {
+		cfg.Groups = 1
+	}
+	if cfg.Engine.TickInterval == 0 {
+		cfg.Engine.TickInterval = 10 * time.Millisecond
+	}
+	if cfg.Engine.Logger == nil {
+		cfg.Engine.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	c := &Cluster{
+		cfg:     cfg,
+		Net:     NewNetwork(cfg.Seed),
+		Checker: newChecker(cfg.Nodes),
+		nodes:   make(map[replication.NodeID]*Node),
+	}
+	c.Net.SetFaults(cfg.Faults)
+	voters := make([]replication.ReplicaID, cfg.Nodes)
+	for i := range voters {
+		voters[i] = replication.ReplicaID(i + 1)
+	}
+	for i := 1; i <= cfg.Nodes; i++ {
+		n := &Node{ID: replication.NodeID(i), Disk: NewMemDisk()}
+		for g := 1; g <= cfg.Groups; g++ {
+			if err := n.Disk.Bootstrap(replication.GroupID(g), voters); err != nil {
+				return nil, err
+			}
+		}
+		c.nodes[n.ID] = n
+	}
+	c.Net.Start()
+	for _, id := range c.NodeIDs() {
+		if err := c.start(id); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// NodeIDs returns 1..N.
+func (c *Cluster) NodeIDs() []replication.NodeID {
+	ids := make([]replication.NodeID, c.cfg.Nodes)
+	for i := range ids {
+		ids[i] = replication.NodeID(i + 1)
+	}
+	return ids
+}
+
+// GroupIDs returns 1..G.
+func (c *Cluster) GroupIDs() []replication.GroupID {
+	ids := make([]replication.GroupID, c.cfg.Groups)
+	for i := range ids {
+		ids[i] = replication.GroupID(i + 1)
+	}
+	return ids
+}
+
+// start opens node id's disk and starts a pipeline and an engine on it.
+func (c *Cluster) start(id replication.NodeID) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[id]
+	if n.engine != nil {
+		return fmt.Errorf("replicationtest: node %d is running", id)
+	}
+	pipe := NewMemPipeline(n.Disk, func(g replication.GroupID, ent *raftpb.Entry) {
+		c.Checker.applied(id, g, ent)
+		if c.cfg.OnApply != nil {
+			c.cfg.OnApply(id, g, ent)
+		}
+	}, c.cfg.SyncDelay)
+	pipe.ackBeforeSync = c.cfg.ackBeforeSync
+	ecfg := c.cfg.Engine
+	ecfg.Node = id
+	e, err := replication.New(ecfg, c.Net.Endpoint(id), pipe)
+	if err != nil {
+		return err
+	}
+	peers := make(map[replication.ReplicaID]replication.NodeID, c.cfg.Nodes)
+	for _, p := range c.NodeIDs() {
+		peers[replication.ReplicaID(p)] = p
+	}
+	for _, g := range c.GroupIDs() {
+		st, applied, err := n.Disk.Open(g)
+		if err != nil {
+			err = fmt.Errorf("node %d restart: %w", id, err)
+			c.errs = append(c.errs, err)
+			return err
+		}
+		if err := e.AddGroup(replication.GroupConfig{ID: g, Replica: replication.ReplicaID(id), Peers: peers, Storage: st, Applied: applied}); err != nil {
+			return err
+		}
+	}
+	pipe.Start()
+	if err := e.Start(); err != nil {
+		pipe.Crash()
+		return err
+	}
+	n.pipe, n.engine = pipe, e
+	c.Net.Attach(id, e)
+	c.Net.SetDown(id, false)
+	return nil
+}
+
+// Engine returns node id's running engine (nil while it is down).
+func (c *Cluster) Engine(id replication.NodeID) *replication.Engine {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[id].engine
+}
+
+// Up reports whether node id runs.
+func (c *Cluster) Up(id replication.NodeID) bool { return c.Engine(id) != nil }
+
+// Disk returns node id's disk.
+func (c *Cluster) Disk(id replication.NodeID) *MemDisk {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[id].Disk
+}
+
+// Crash kills the given running nodes at one instant (a power cut): they stop
+// talking, then every one's pipeline stops (what it had not synced is lost),
+// then their engines close.
+func (c *Cluster) Crash(ids ...replication.NodeID) {
+	c.mu.Lock()
+	var victims []*Node
+	for _, id := range ids {
+		if n := c.nodes[id]; n.engine != nil {
+			victims = append(victims, n)
+		}
+	}
+	c.mu.Unlock()
+	for _, n := range victims {
+		c.Net.SetDown(n.ID, true)
+	}
+	for _, n := range victims {
+		n.pipe.Crash()
+	}
+	for _, n := range victims {
+		_ = n.engine.Close()
+		if err := n.engine.Err(); err != nil {
+			c.fail(err)
+		}
+		c.mu.Lock()
+		n.engine, n.pipe = nil, nil
+		c.mu.Unlock()
+	}
+}
+
+// Restart starts a crashed node again from its disk.
+func (c *Cluster) Restart(id replication.NodeID) error { return c.start(id) }
+
+func (c *Cluster) fail(err error) {
+	c.mu.Lock()
+	c.errs = append(c.errs, err)
+	c.mu.Unlock()
+}
+
+// Err returns every failure seen outside the checker: restart checks that
+// failed, groups raft stopped (on running and crashed nodes).
+func (c *Cluster) Err() error {
+	c.mu.Lock()
+	errs := append([]error(nil), c.errs...)
+	for _, n := range c.nodes {
+		if n.engine != nil {
+			if err := n.engine.Err(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	c.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// Leader returns a running node that believes it leads g (0 if none).
+func (c *Cluster) Leader(g replication.GroupID) replication.NodeID {
+	for _, id := range c.NodeIDs() {
+		if e := c.Engine(id); e != nil {
+			if st, err := e.Status(g); err == nil && st.IsLeader {
+				return id
+			}
+		}
+	}
+	return 0
+}
+
+// WaitLeaders waits until every group has a leader on a running node.
+func (c *Cluster) WaitLeaders(ctx context.Context) error {
+	for {
+		missing := 0
+		for _, g := range c.GroupIDs() {
+			if c.Leader(g) == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return nil
+		}
+		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+			return fmt.Errorf("replicationtest: %d groups without a leader: %w", missing, err)
+		}
+	}
+}
+
+// Propose proposes payload to g, finding the leader and retrying while the
+// attempt is known not written (no leader yet, a NotLeaderError), until ctx
+// ends. It reports the outcome to the checker: an acknowledgement, or that
+// the payload was not written. The last attempt's error is returned.
+//
+// Each payload must be unique in the cluster's life.
+func (c *Cluster) Propose(ctx context.Context, g replication.GroupID, payload []byte) (replication.Result, error) {
+	var lastErr error // every attempt so far was not written (or none was made)
+	for {
+		var id replication.NodeID
+		var nle *replication.NotLeaderError
+		if errors.As(lastErr, &nle) && nle.Leader != 0 && c.Up(nle.Leader) {
+			id = nle.Leader
+		}
+		if id == 0 {
+			id = c.Leader(g)
+		}
+		if e := c.Engine(id); id != 0 && e != nil {
+			res, err := e.Propose(ctx, g, payload)
+			switch {
+			case err == nil:
+				c.Checker.acked(g, payload, res)
+				return res, nil
+			case errors.Is(err, replication.ErrNotWritten):
+				lastErr = err // nothing was written: retrying the same payload is safe
+			default:
+				return res, err // outcome unknown: retrying could write it twice
+			}
+		}
+		if err := sleepCtx(ctx, time.Millisecond); err != nil {
+			c.Checker.notWritten(payload)
+			return replication.Result{}, fmt.Errorf("%w (last attempt: %v)", err, lastErr)
+		}
+	}
+}
+
+// Partition cuts the links between sides (see Network.Partition).
+func (c *Cluster) Partition(sides ...[]replication.NodeID) { c.Net.Partition(sides...) }
+
+// Heal restores every link.
+func (c *Cluster) Heal() { c.Net.Heal() }
+
+// Close crashes every running node and stops the network.
+func (c *Cluster) Close() {
+	c.Crash(c.NodeIDs()...)
+	c.Net.Close()
+}
+
+// WaitAcked waits until every acknowledged proposal is applied on a majority
+// of the nodes (their disks' applied index reaches it; the checker already
+// ties each index to one entry), then returns nil; or returns what is still
+// missing when ctx ends.
+func (c *Cluster) WaitAcked(ctx context.Context) error {
+	for {
+		missing := c.Checker.underReplicated(func(n replication.NodeID, g replication.GroupID) uint64 {
+			return c.Disk(n).Applied(g)
+		})
+		if missing == nil {
+			return nil
+		}
+		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+			return missing
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,263 @@
+package replicationtest
+
+import (
+	"container/heap"
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/holdfast/holdfast/internal/owner"
+	"github.com/holdfast/holdfast/replication"
+)
+
+// Faults are the network's message faults, applied per message with the
+// network's seeded random source. The zero value is a perfect network (every
+// message delivered once, in order per link, at once).
+type Faults struct {
+	Drop      float64       // probability a message is lost
+	Duplicate float64       // probability a message is delivered twice
+	MaxDelay  time.Duration // each delivery waits uniformly in [0, MaxDelay]: reorders
+}
+
+// Receiver is what the network delivers to: an engine.
+type Receiver interface {
+	Receive(batch []replication.Envelope)
+}
+
+// Network is a simulated network between engines in one process: it copies
+// every message (marshal and unmarshal, as a wire would), and drops,
+// duplicates, delays and reorders them as its Faults say, with a seeded
+// source. Links can be cut (partitions) and nodes taken down (a crashed node
+// neither sends nor receives). A link cut or a node down also drops messages
+// already in flight on it.
+//
+// One delivery goroutine, owned by the network (Start/Close), hands messages
+// to receivers; Send never calls a receiver.
+type Network struct {
+	mu      sync.Mutex
+	rng     *rand.Rand
+	faults  Faults
+	cut     map[[2]replication.NodeID]bool // directed links that drop everything
+	down    map[replication.NodeID]bool
+	nodes   map[replication.NodeID]Receiver
+	flight  flightHeap
+	seq     uint64
+	wakeCh  chan struct{}
+	owner   *owner.Group
+	sent    uint64
+	dropped uint64
+}
+
+// NewNetwork returns a perfect network seeded with seed.
+func NewNetwork(seed uint64) *Network {
+	return &Network{
+		rng:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		cut:    make(map[[2]replication.NodeID]bool),
+		down:   make(map[replication.NodeID]bool),
+		nodes:  make(map[replication.NodeID]Receiver),
+		wakeCh: make(chan struct{}, 1),
+		owner:  owner.New(nil),
+	}
+}
+
+// Start starts the delivery goroutine.
+func (n *Network) Start() { n.owner.Go(n.deliverLoop) }
+
+// Close stops the delivery goroutine (messages in flight are dropped).
+func (n *Network) Close() { _ = n.owner.Close(context.Background()) }
+
+// Attach makes r the receiver of node id (replacing an earlier one: a restart).
+func (n *Network) Attach(id replication.NodeID, r Receiver) {
+	n.mu.Lock()
+	n.nodes[id] = r
+	n.mu.Unlock()
+}
+
+// SetFaults replaces the message faults.
+func (n *Network) SetFaults(f Faults) {
+	n.mu.Lock()
+	n.faults = f
+	n.mu.Unlock()
+}
+
+// SetDown takes node id down (nothing in or out, in-flight dropped) or up.
+func (n *Network) SetDown(id replication.NodeID, down bool) {
+	n.mu.Lock()
+	n.down[id] = down
+	n.mu.Unlock()
+}
+
+// Partition cuts every link between nodes of different sides; nodes in no
+// side keep their links. It replaces any earlier partition.
+func (n *Network) Partition(sides ...[]replication.NodeID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	clear(n.cut)
+	for i, a := range sides {
+		for j, b := range sides {
+			if i == j {
+				continue
+			}
+			for _, x := range a {
+				for _, y := range b {
+					n.cut[[2]replication.NodeID{x, y}] = true
+				}
+			}
+		}
+	}
+}
+
+// Heal restores every link.
+func (n *Network) Heal() {
+	n.mu.Lock()
+	clear(n.cut)
+	n.mu.Unlock()
+}
+
+// Stats returns the messages sent and dropped so far.
+func (n *Network) Stats() (sent, dropped uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.sent, n.dropped
+}
+
+// Endpoint returns node id's transport.
+func (n *Network) Endpoint(id replication.NodeID) replication.Transport {
+	return endpoint{n: n, from: id}
+}
+
+type endpoint struct {
+	n    *Network
+	from replication.NodeID
+}
+
+func (e endpoint) Send(to replication.NodeID, batch []replication.Envelope) { e.n.send(e.from, to, batch) }
+
+// blockedLocked: may nothing pass from -> to now?
+func (n *Network) blockedLocked(from, to replication.NodeID) bool {
+	return n.down[from] || n.down[to] || n.cut[[2]replication.NodeID{from, to}]
+}
+
+func (n *Network) send(from, to replication.NodeID, batch []replication.Envelope) {
+	// Copy as a wire would, outside the lock: the receiver never shares the
+	// sender's messages.
+	copies := make([]replication.Envelope, len(batch))
+	for i, env := range batch {
+		b, err := proto.Marshal(env.Msg)
+		if err != nil {
+			panic(err)
+		}
+		m := new(raftpb.Message)
+		if err := proto.Unmarshal(b, m); err != nil {
+			panic(err)
+		}
+		copies[i] = replication.Envelope{Group: env.Group, Msg: m}
+	}
+	n.mu.Lock()
+	n.sent += uint64(len(batch))
+	if n.blockedLocked(from, to) {
+		n.dropped += uint64(len(batch))
+		n.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	f := n.faults
+	if f == (Faults{}) { // perfect: one delivery, in order
+		n.pushLocked(flight{due: now, from: from, to: to, batch: copies})
+	} else {
+		for _, env := range copies {
+			if f.Drop > 0 && n.rng.Float64() < f.Drop {
+				n.dropped++
+				continue
+			}
+			copiesOf := 1
+			if f.Duplicate > 0 && n.rng.Float64() < f.Duplicate {
+				copiesOf = 2
+			}
+			for range copiesOf {
+				var d time.Duration
+				if f.MaxDelay > 0 {
+					d = time.Duration(n.rng.Int64N(int64(f.MaxDelay) + 1))
+				}
+				n.pushLocked(flight{due: now.Add(d), from: from, to: to, batch: []replication.Envelope{env}})
+			}
+		}
+	}
+	n.mu.Unlock()
+	wake(n.wakeCh)
+}
+
+func (n *Network) pushLocked(f flight) {
+	n.seq++
+	f.seq = n.seq
+	heap.Push(&n.flight, f)
+}
+
+func (n *Network) deliverLoop(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var ready []flight
+	for {
+		n.mu.Lock()
+		now := time.Now()
+		ready = ready[:0]
+		for len(n.flight) > 0 && !n.flight[0].due.After(now) {
+			f := heap.Pop(&n.flight).(flight)
+			if n.blockedLocked(f.from, f.to) || n.nodes[f.to] == nil {
+				n.dropped += uint64(len(f.batch))
+				continue
+			}
+			f.recv = n.nodes[f.to]
+			ready = append(ready, f)
+		}
+		wait := time.Hour
+		if len(n.flight) > 0 {
+			wait = n.flight[0].due.Sub(now)
+		}
+		n.mu.Unlock()
+		for _, f := range ready {
+			f.recv.Receive(f.batch)
+		}
+		if len(ready) > 0 {
+			continue
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.wakeCh:
+		case <-timer.C:
+		}
+	}
+}
+
+type flight struct {
+	due      time.Time
+	seq      uint64 // FIFO among equal due times
+	from, to replication.NodeID
+	batch    []replication.Envelope
+	recv     Receiver
+}
+
+type flightHeap []flight
+
+func (h flightHeap) Len() int { return len(h) }
+func (h flightHeap) Less(i, j int) bool {
+	if !h[i].due.Equal(h[j].due) {
+		return h[i].due.Before(h[j].due)
+	}
+	return h[i].seq < h[j].seq
+}
+func (h flightHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *flightHeap) Push(x any)   { *h = append(*h, x.(flight)) }
+func (h *flightHeap) Pop() any {
+	old := *h
+	f := old[len(old)-1]
+	old[len(old)-1] = flight{}
+	*h = old[:len(old)-1]
+	return f
+}

@@ -1,0 +1,221 @@
+package replicationtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/holdfast/holdfast/internal/owner"
+	"github.com/holdfast/holdfast/replication"
+)
+
+// ApplyFunc is the state machine of a MemPipeline: called on its apply
+// goroutine for every committed entry of every group, in log order per group.
+type ApplyFunc func(g replication.GroupID, ent *raftpb.Entry)
+
+// MemPipeline is the step-1 replication.Pipeline over a MemDisk: one append
+// goroutine that takes every queued append job (all groups) as one batch,
+// "syncs" it (waits SyncDelay, then writes it to the disk's storages), then
+// calls the jobs' Done in order; one apply goroutine that applies jobs in
+// order and calls Done after each. Both goroutines are owned by the pipeline
+// (Start/Crash/Close).
+//
+// Crash stops it at once: jobs not written to the disk are lost, as a node's
+// page cache is lost in a power cut. Nothing is written after Crash returns.
+type MemPipeline struct {
+	disk      *MemDisk
+	apply     ApplyFunc
+	syncDelay time.Duration
+
+	// ackBeforeSync is a planted bug: Done (and so raft's "durable"
+	// responses) before the batch reaches the disk.
+	ackBeforeSync bool
+
+	mu       sync.Mutex // guards the queues, stopped; held while writing to the disk
+	appendQ  []replication.Job
+	applyQ   []replication.Job
+	appendCh chan struct{} // cap 1: wakes the append goroutine
+	applyCh  chan struct{} // cap 1: wakes the apply goroutine
+	stopped  bool
+	owner    *owner.Group
+	syncs    int // batches synced, for tests
+}
+
+var _ replication.Pipeline = (*MemPipeline)(nil)
+
+// NewMemPipeline returns a pipeline writing to disk and applying with apply
+// (nil: entries are only counted as applied). syncDelay models fdatasync.
+func NewMemPipeline(disk *MemDisk, apply ApplyFunc, syncDelay time.Duration) *MemPipeline {
+	return &MemPipeline{
+		disk:      disk,
+		apply:     apply,
+		syncDelay: syncDelay,
+		appendCh:  make(chan struct{}, 1),
+		applyCh:   make(chan struct{}, 1),
+		owner:     owner.New(nil),
+	}
+}
+
+// Start starts the append and apply goroutines.
+func (p *MemPipeline) Start() {
+	p.owner.Go(p.appendLoop)
+	p.owner.Go(p.applyLoop)
+}
+
+// Append implements replication.Pipeline.
+func (p *MemPipeline) Append(job replication.Job) {
+	p.mu.Lock()
+	if !p.stopped {
+		p.appendQ = append(p.appendQ, job)
+	}
+	p.mu.Unlock()
+	wake(p.appendCh)
+}
+
+// Apply implements replication.Pipeline.
+func (p *MemPipeline) Apply(job replication.Job) {
+	p.mu.Lock()
+	if !p.stopped {
+		p.applyQ = append(p.applyQ, job)
+	}
+	p.mu.Unlock()
+	wake(p.applyCh)
+}
+
+func wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// Crash stops the pipeline at this instant: queued and in-flight jobs that
+// are not on the disk are lost, and their Done is never called. It waits for
+// the goroutines.
+func (p *MemPipeline) Crash() {
+	p.mu.Lock()
+	p.stopped = true
+	p.appendQ, p.applyQ = nil, nil
+	p.mu.Unlock()
+	_ = p.owner.Close(context.Background())
+}
+
+// Close is Crash: a clean close of a pipeline whose disk is memory loses the
+// same (the caller quiesces first if it wants everything synced).
+func (p *MemPipeline) Close() { p.Crash() }
+
+// Syncs returns the number of batches synced so far.
+func (p *MemPipeline) Syncs() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.syncs
+}
+
+func (p *MemPipeline) appendLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.appendCh:
+		}
+		p.mu.Lock()
+		batch := p.appendQ
+		p.appendQ = nil
+		p.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		if p.ackBeforeSync {
+			for _, j := range batch {
+				j.Done()
+			}
+		}
+		if p.syncDelay > 0 {
+			t := time.NewTimer(p.syncDelay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return // crashed mid-sync: the batch is lost
+			case <-t.C:
+			}
+		}
+		p.mu.Lock()
+		if p.stopped {
+			p.mu.Unlock()
+			return
+		}
+		for _, j := range batch {
+			if err := p.write(j); err != nil {
+				p.mu.Unlock()
+				panic(err) // the engine broke the append contract: a bug, not a fault
+			}
+		}
+		p.syncs++
+		p.mu.Unlock()
+		if !p.ackBeforeSync {
+			for _, j := range batch {
+				j.Done()
+			}
+		}
+	}
+}
+
+// write puts one MsgStorageAppend on the disk: snapshot, entries (a leader's
+// overwrite truncates the suffix: MemoryStorage.Append does), HardState.
+func (p *MemPipeline) write(j replication.Job) error {
+	dg := p.disk.group(j.Group)
+	if dg == nil {
+		return fmt.Errorf("replicationtest: append for unknown group %d", j.Group)
+	}
+	m := j.Msg
+	if snap := m.GetSnapshot(); !raft.IsEmptySnap(snap) {
+		if err := dg.storage.ApplySnapshot(snap); err != nil {
+			return fmt.Errorf("replicationtest: group %d: apply snapshot: %w", j.Group, err)
+		}
+	}
+	if err := dg.storage.Append(m.GetEntries()); err != nil {
+		return fmt.Errorf("replicationtest: group %d: append: %w", j.Group, err)
+	}
+	if m.Term != nil { // Term, Vote and Commit are set together or not at all
+		if err := dg.storage.SetHardState(&raftpb.HardState{Term: new(m.GetTerm()), Vote: new(m.GetVote()), Commit: new(m.GetCommit())}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *MemPipeline) applyLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.applyCh:
+		}
+		p.mu.Lock()
+		batch := p.applyQ
+		p.applyQ = nil
+		p.mu.Unlock()
+		for _, j := range batch {
+			p.mu.Lock()
+			if p.stopped {
+				p.mu.Unlock()
+				return
+			}
+			dg := p.disk.group(j.Group)
+			for _, ent := range j.Msg.GetEntries() {
+				if p.apply != nil {
+					p.apply(j.Group, ent)
+				}
+				p.disk.mu.Lock()
+				dg.applied = ent.GetIndex()
+				p.disk.mu.Unlock()
+			}
+			p.mu.Unlock()
+			j.Done()
+		}
+	}
+}
