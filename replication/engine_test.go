@@ -205,3 +205,80 @@ func TestEngine_ProposeNotLeader(t *testing.T) {
 	}
 	checkClean(t, c)
 }
+
+// TestEngine_OverwrittenProposal: a leader cut off from the majority takes a
+// proposal it cannot commit; the majority elects another leader whose entry
+// takes that index; on heal the old leader's proposal fails with ErrNotWritten
+// (not a NotLeaderError: it was proposed), and it is applied nowhere.
+func TestEngine_OverwrittenProposal(t *testing.T) {
+	const lost = "lost-proposal"
+	var mu sync.Mutex
+	appliedLost := false
+	c := newCluster(t, replicationtest.Config{
+		Nodes: 3, Groups: 1,
+		// A long election timeout (50 ticks) keeps the cut-off leader leading
+		// while it takes the proposal, even on a loaded machine.
+		Engine: replication.Config{TickInterval: 10 * time.Millisecond, ElectionTick: 50},
+		OnApply: func(_ replication.NodeID, _ replication.GroupID, ent *raftpb.Entry) {
+			if _, p, ok, _ := replication.DecodeEntry(ent.GetData()); ok && string(p) == lost {
+				mu.Lock()
+				appliedLost = true
+				mu.Unlock()
+			}
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitLeaders(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := c.Leader(1)
+	var rest []replication.NodeID
+	for _, id := range c.NodeIDs() {
+		if id != old {
+			rest = append(rest, id)
+		}
+	}
+	c.Partition([]replication.NodeID{old}, rest)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Engine(old).Propose(ctx, 1, []byte(lost))
+		errc <- err
+	}()
+	// The majority elects a leader among themselves; its first entry (and
+	// one more) take the index of the lost proposal.
+	for {
+		if l := c.Leader(1); l != 0 && l != old {
+			if _, err := c.Engine(l).Propose(ctx, 1, []byte("winner")); err == nil {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the majority elected no leader")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.Heal()
+	select {
+	case err := <-errc:
+		var nle *replication.NotLeaderError
+		if errors.As(err, &nle) {
+			t.Skipf("the cut-off leader stepped down before taking the proposal (slow machine): %v", err)
+		}
+		if !errors.Is(err, replication.ErrNotWritten) {
+			t.Fatalf("the overwritten proposal returned %v, want ErrNotWritten", err)
+		}
+		t.Logf("overwritten proposal: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the overwritten proposal never failed")
+	}
+	if err := c.WaitAcked(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if appliedLost {
+		t.Fatal("the overwritten proposal was applied")
+	}
+	checkClean(t, c)
+}

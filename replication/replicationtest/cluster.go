@@ -174,7 +174,10 @@ func (c *Cluster) start(id replication.NodeID) error {
 func (c *Cluster) Engine(id replication.NodeID) *replication.Engine {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.nodes[id].engine
+	if n := c.nodes[id]; n != nil {
+		return n.engine
+	}
+	return nil
 }
 
 // Up reports whether node id runs.

@@ -21,6 +21,10 @@ type MemDisk struct {
 
 type diskGroup struct {
 	storage *raft.MemoryStorage
+	// durable, when set, is what survives a crash while storage runs ahead of
+	// it (a page cache not yet synced): only the planted bug ackBeforeSync
+	// uses it. Open rebuilds storage from it.
+	durable *raft.MemoryStorage
 	applied uint64 // guarded by MemDisk.mu
 }
 
@@ -69,6 +73,13 @@ func (d *MemDisk) Open(g replication.GroupID) (raft.Storage, uint64, error) {
 	if dg == nil {
 		return nil, 0, fmt.Errorf("replicationtest: group %d not bootstrapped", g)
 	}
+	if dg.durable != nil {
+		ms, err := cloneStorage(dg.durable)
+		if err != nil {
+			return nil, 0, err
+		}
+		dg.storage = ms
+	}
 	last, _ := dg.storage.LastIndex()
 	if dg.applied > last {
 		return nil, 0, fmt.Errorf("replicationtest: group %d: applied index %d above the durable log (last index %d): entries raft counted as durable were lost", g, dg.applied, last)
@@ -92,4 +103,34 @@ func (d *MemDisk) Applied(g replication.GroupID) uint64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return dg.applied
+}
+
+// cloneStorage copies a MemoryStorage (snapshot, entries, HardState).
+func cloneStorage(src *raft.MemoryStorage) (*raft.MemoryStorage, error) {
+	ms := raft.NewMemoryStorage()
+	snap, err := src.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	if err := ms.ApplySnapshot(snap); err != nil {
+		return nil, err
+	}
+	first, _ := src.FirstIndex()
+	last, _ := src.LastIndex()
+	if last >= first {
+		ents, err := src.Entries(first, last+1, ^uint64(0))
+		if err != nil {
+			return nil, err
+		}
+		if err := ms.Append(ents); err != nil {
+			return nil, err
+		}
+	}
+	hs, _, _ := src.InitialState()
+	if hs != nil {
+		if err := ms.SetHardState(hs); err != nil {
+			return nil, err
+		}
+	}
+	return ms, nil
 }

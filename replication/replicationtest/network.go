@@ -135,7 +135,9 @@ type endpoint struct {
 	from replication.NodeID
 }
 
-func (e endpoint) Send(to replication.NodeID, batch []replication.Envelope) { e.n.send(e.from, to, batch) }
+func (e endpoint) Send(to replication.NodeID, batch []replication.Envelope) {
+	e.n.send(e.from, to, batch)
+}
 
 // blockedLocked: may nothing pass from -> to now?
 func (n *Network) blockedLocked(from, to replication.NodeID) bool {

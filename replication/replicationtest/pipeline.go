@@ -130,6 +130,17 @@ func (p *MemPipeline) appendLoop(ctx context.Context) {
 			continue
 		}
 		if p.ackBeforeSync {
+			// The planted bug: the batch is visible (written to the page
+			// cache) and acknowledged before its sync; a crash before the
+			// sync reverts the disk to its durable copy.
+			p.mu.Lock()
+			for _, j := range batch {
+				if err := p.write(j, false); err != nil {
+					p.mu.Unlock()
+					panic(err)
+				}
+			}
+			p.mu.Unlock()
 			for _, j := range batch {
 				j.Done()
 			}
@@ -149,7 +160,7 @@ func (p *MemPipeline) appendLoop(ctx context.Context) {
 			return
 		}
 		for _, j := range batch {
-			if err := p.write(j); err != nil {
+			if err := p.write(j, p.ackBeforeSync); err != nil {
 				p.mu.Unlock()
 				panic(err) // the engine broke the append contract: a bug, not a fault
 			}
@@ -166,22 +177,39 @@ func (p *MemPipeline) appendLoop(ctx context.Context) {
 
 // write puts one MsgStorageAppend on the disk: snapshot, entries (a leader's
 // overwrite truncates the suffix: MemoryStorage.Append does), HardState.
-func (p *MemPipeline) write(j replication.Job) error {
+//
+// With durable set (the planted bug only) it writes the disk's durable copy.
+func (p *MemPipeline) write(j replication.Job, durable bool) error {
 	dg := p.disk.group(j.Group)
 	if dg == nil {
 		return fmt.Errorf("replicationtest: append for unknown group %d", j.Group)
 	}
+	st := dg.storage
+	if durable {
+		p.disk.mu.Lock()
+		if dg.durable == nil {
+			var err error
+			if dg.durable, err = cloneStorage(dg.storage); err != nil {
+				p.disk.mu.Unlock()
+				return err
+			}
+			// The clone already holds the batch just made visible; writing
+			// it again below is idempotent.
+		}
+		st = dg.durable
+		p.disk.mu.Unlock()
+	}
 	m := j.Msg
 	if snap := m.GetSnapshot(); !raft.IsEmptySnap(snap) {
-		if err := dg.storage.ApplySnapshot(snap); err != nil {
+		if err := st.ApplySnapshot(snap); err != nil {
 			return fmt.Errorf("replicationtest: group %d: apply snapshot: %w", j.Group, err)
 		}
 	}
-	if err := dg.storage.Append(m.GetEntries()); err != nil {
+	if err := st.Append(m.GetEntries()); err != nil {
 		return fmt.Errorf("replicationtest: group %d: append: %w", j.Group, err)
 	}
 	if m.Term != nil { // Term, Vote and Commit are set together or not at all
-		if err := dg.storage.SetHardState(&raftpb.HardState{Term: new(m.GetTerm()), Vote: new(m.GetVote()), Commit: new(m.GetCommit())}); err != nil {
+		if err := st.SetHardState(&raftpb.HardState{Term: new(m.GetTerm()), Vote: new(m.GetVote()), Commit: new(m.GetCommit())}); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,64 @@
+// Package replication is Holdfast's multi-raft core (issue 27; design in
+// docs/replication-design.md, sections 1.1-1.3 and 2). An Engine hosts the
+// local replicas of many raft groups (one go.etcd.io/raft/v3 RawNode each)
+// for one node; groups share the node's workers, its storage pipeline and its
+// transport. Step 1 runs in process only: replicationtest supplies an
+// in-memory pipeline and a simulated network.
+//
+// # Goroutines and their owners
+//
+//   - Workers (Config.Workers), owned by the Engine (Start, Close): each pops
+//     a ready group from the scheduler, Ticks it once per queued tick (capped
+//     at MaxQueuedTicks), Steps its inbox, hands its buffered proposals to
+//     raft as one MsgProp, takes one Ready and routes its messages: the
+//     MsgStorageAppend to Pipeline.Append, the MsgStorageApply to
+//     Pipeline.Apply, the rest to the Transport, one batch per destination
+//     node per pass. Advance is never called (AsyncStorageWrites).
+//   - The ticker (one), owned by the Engine: every TickInterval it marks every
+//     group "tick" in the scheduler; it never touches a RawNode.
+//   - The pipeline's goroutines (the append and apply "threads") belong to the
+//     Pipeline; the transport's to the Transport. Both call back into the
+//     engine only through Job.Done and Engine.Receive, which only queue.
+//
+// The scheduler (scheduler.go) is a de-duplicated FIFO of groups: a group is
+// queued at most once and held by at most one worker; work that arrives
+// while a worker holds it re-queues it when the worker lets go. So a group's
+// RawNode and its pending proposals are touched by one goroutine at a time.
+//
+// # The seams
+//
+//   - Pipeline (seams.go): Append and Apply, each one FIFO per engine. An
+//     append job's Done comes only once its entries and HardState are durable
+//     and readable through the group's raft.Storage; an apply job's Done once
+//     its entries are applied. Done delivers the responses raft attached to
+//     the job (votes, MsgAppResps, MsgStorageAppendResp): that is how "persist
+//     before send" holds with async writes.
+//   - Transport (seams.go): Send(node, batch of Envelopes) out, Engine.Receive
+//     in. Envelope carries the group id beside the raftpb.Message. Heartbeat
+//     coalescing (step 3) goes where the worker routes MsgHeartbeat.
+//
+// # Proposals and the output gate
+//
+// Propose works on the leader only (DisableProposalForwarding: a stale
+// leader's write is never forwarded to whoever leads now); elsewhere it
+// returns *NotLeaderError with a leader hint. Each proposal becomes one entry
+// whose data starts with a Header (proposer replica, engine incarnation,
+// sequence number; proposal.go). Propose returns when the entry is committed
+// AND applied by this replica, with its index and term. When the applied index
+// passes a proposal's index and the entry there is someone else's, the
+// proposal fails with ErrNotWritten: a proposal is never reported applied
+// unless its own entry was.
+//
+// # Invariants (checked by replicationtest's model test)
+//
+//   - No two replicas of a group apply different entries at one index.
+//   - A replica's applied index goes up by one, never back, across restarts.
+//   - An acknowledged proposal is durable on a majority: it survives any
+//     crash that loses only unsynced state, and is applied on a majority once
+//     the cluster heals.
+//   - A proposal reported ErrNotWritten is never applied.
+//
+// A raft panic (a broken invariant, e.g. a log that lost acknowledged
+// entries) fails that group only (ErrGroupFailed, Engine.Err); the node and
+// its other groups go on.
+package replication

@@ -1,0 +1,298 @@
+package replicationtest
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"pgregory.net/rapid"
+
+	"github.com/holdfast/holdfast/replication"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// modelOptions select planted bugs (none in the real test).
+type modelOptions struct {
+	ackBeforeSync bool
+}
+
+// runModel is the property: a random cluster (3 or 5 nodes, 1-3 groups) runs
+// random actions (proposal streams, crashes of any set of nodes at one
+// instant losing what was not synced, restarts, partitions and heals,
+// message faults, pauses); after every action the Checker's invariants hold;
+// at the end, once healed, restarted and quiet, every acknowledged proposal
+// is applied on a majority. See Checker for the invariants.
+func runModel(t *rapid.T, opts modelOptions) {
+	nodes := rapid.SampledFrom([]int{3, 3, 5}).Draw(t, "nodes")
+	groups := rapid.IntRange(1, 3).Draw(t, "groups")
+	syncDelay := rapid.SampledFrom([]time.Duration{0, 500 * time.Microsecond, 2 * time.Millisecond}).Draw(t, "syncDelay")
+	c, err := NewCluster(Config{
+		Nodes: nodes, Groups: groups,
+		Seed:          rapid.Uint64().Draw(t, "seed"),
+		Engine:        replication.Config{TickInterval: 2 * time.Millisecond, ElectionTick: 10, Workers: 4},
+		SyncDelay:     syncDelay,
+		ackBeforeSync: opts.ackBeforeSync,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	// Start from a cluster with leaders, so that the first actions meet a
+	// working cluster rather than a starting one.
+	lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+	err = c.WaitLeaders(lctx)
+	lcancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streams sync.WaitGroup
+	defer streams.Wait() // after cancel, before c.Close
+	defer cancel()
+	var running atomic.Int32
+	var next atomic.Uint64
+
+	ids := c.NodeIDs()
+	down := func() (up, crashed []replication.NodeID) {
+		for _, id := range ids {
+			if c.Up(id) {
+				up = append(up, id)
+			} else {
+				crashed = append(crashed, id)
+			}
+		}
+		return up, crashed
+	}
+	// stream proposes n payloads to g, one after another, each waiting for
+	// its outcome; it stops at the first failure.
+	stream := func(t *rapid.T, g replication.GroupID) {
+		if running.Load() >= 4 {
+			t.Skip("enough streams")
+		}
+		n := rapid.IntRange(1, 20).Draw(t, "count")
+		running.Add(1)
+		streams.Go(func() {
+			defer running.Add(-1)
+			for range n {
+				pctx, pcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				_, err := c.Propose(pctx, g, fmt.Appendf(nil, "g%d-%d", g, next.Add(1)))
+				pcancel()
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+	t.Repeat(map[string]func(*rapid.T){
+		"propose": func(t *rapid.T) {
+			stream(t, replication.GroupID(rapid.IntRange(1, groups).Draw(t, "group")))
+		},
+		// Cut a group's leader off from everyone and propose to the group at
+		// once: the old leader takes proposals it cannot commit, which the
+		// next leader's entries overwrite after a heal (ErrNotWritten).
+		"isolateLeader": func(t *rapid.T) {
+			g := replication.GroupID(rapid.IntRange(1, groups).Draw(t, "group"))
+			l := c.Leader(g)
+			if l == 0 {
+				t.Skip("no leader")
+			}
+			var rest []replication.NodeID
+			for _, id := range ids {
+				if id != l {
+					rest = append(rest, id)
+				}
+			}
+			e := c.Engine(l)
+			c.Partition([]replication.NodeID{l}, rest)
+			payload := fmt.Appendf(nil, "g%d-%d", g, next.Add(1))
+			streams.Go(func() {
+				// Long enough to outlive a heal, at the latest the final one.
+				pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+				defer pcancel()
+				res, err := e.Propose(pctx, g, payload)
+				switch {
+				case err == nil:
+					c.Checker.acked(g, payload, res)
+				case errors.Is(err, replication.ErrNotWritten):
+					c.Checker.notWritten(payload)
+				}
+			})
+			// Hold the cut long enough, often, for the rest to elect (the
+			// election timeout is 20-40 ms).
+			time.Sleep(time.Duration(rapid.IntRange(0, 80).Draw(t, "holdMs")) * time.Millisecond)
+		},
+		// A power cut of 1..all running nodes at one instant.
+		"crash": func(t *rapid.T) {
+			up, _ := down()
+			if len(up) == 0 {
+				t.Skip("all down")
+			}
+			victims := rapid.SliceOfNDistinct(rapid.SampledFrom(up), 1, len(up), rapid.ID[replication.NodeID]).Draw(t, "victims")
+			c.Crash(victims...)
+		},
+		"restart": func(t *rapid.T) {
+			_, crashed := down()
+			if len(crashed) == 0 {
+				t.Skip("none down")
+			}
+			id := rapid.SampledFrom(crashed).Draw(t, "node")
+			if err := c.Restart(id); err != nil {
+				t.Fatalf("restart node %d: %v", id, err)
+			}
+		},
+		"partition": func(t *rapid.T) {
+			var a, b []replication.NodeID
+			for _, id := range ids {
+				if rapid.Bool().Draw(t, fmt.Sprintf("side%d", id)) {
+					a = append(a, id)
+				} else {
+					b = append(b, id)
+				}
+			}
+			c.Partition(a, b)
+		},
+		"heal": func(*rapid.T) { c.Heal() },
+		"faults": func(t *rapid.T) {
+			f := rapid.SampledFrom([]Faults{
+				{},
+				{Drop: 0.05, Duplicate: 0.05, MaxDelay: time.Millisecond},
+				{Drop: 0.2, Duplicate: 0.1, MaxDelay: 5 * time.Millisecond},
+				{MaxDelay: 3 * time.Millisecond},
+			}).Draw(t, "faults")
+			c.Net.SetFaults(f)
+		},
+		"pause": func(t *rapid.T) {
+			time.Sleep(time.Duration(rapid.IntRange(1, 30).Draw(t, "ms")) * time.Millisecond)
+		},
+		"": func(t *rapid.T) {
+			// Let a little real time pass between actions: raft works in ticks
+			// (2 ms), and without this a whole run would fit in a few ticks.
+			time.Sleep(3 * time.Millisecond)
+			if err := c.Checker.Err(); err != nil {
+				t.Fatalf("invariant violated: %v", err)
+			}
+			if err := c.Err(); err != nil {
+				t.Fatalf("cluster failure: %v", err)
+			}
+		},
+	})
+
+	// Quiesce: the network heals, every node runs again, the streams end
+	// (each proposal is bounded); then every acknowledged proposal must reach
+	// a majority.
+	c.Heal()
+	c.Net.SetFaults(Faults{})
+	_, crashed := down()
+	for _, id := range crashed {
+		if err := c.Restart(id); err != nil {
+			t.Fatalf("restart node %d: %v", id, err)
+		}
+	}
+	streams.Wait()
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	werr := c.WaitAcked(wctx)
+	if err := c.Checker.Err(); err != nil {
+		t.Fatalf("invariant violated: %v", err)
+	}
+	if err := c.Err(); err != nil {
+		t.Fatalf("cluster failure: %v", err)
+	}
+	if werr != nil {
+		t.Fatalf("after healing: %v", werr)
+	}
+}
+
+// setRapidFlag sets one of rapid's flags unless the command line did, and
+// returns the restore function.
+func setRapidFlag(name, value string) func() {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	if set {
+		return func() {}
+	}
+	old := flag.Lookup(name).Value.String()
+	_ = flag.Set(name, value)
+	return func() { _ = flag.Set(name, old) }
+}
+
+// TestModel is the model test. Each check runs a fresh cluster for about a
+// second of real time, so the default is 40 checks (8 with -short; rapid
+// divides by 5); -rapid.checks overrides.
+func TestModel(t *testing.T) {
+	defer setRapidFlag("rapid.checks", "40")()
+	rapid.Check(t, func(t *rapid.T) { runModel(t, modelOptions{}) })
+}
+
+// failureTB is a rapid.TB that records failures instead of failing the test,
+// so that a test can require rapid to find a counterexample.
+type failureTB struct {
+	*testing.T
+	mu     sync.Mutex
+	failed bool
+	msgs   []string
+}
+
+func (f *failureTB) record(s string) {
+	f.mu.Lock()
+	f.failed = true
+	f.msgs = append(f.msgs, s)
+	f.mu.Unlock()
+}
+func (f *failureTB) Errorf(format string, args ...any) { f.record(fmt.Sprintf(format, args...)) }
+func (f *failureTB) Error(args ...any)                 { f.record(fmt.Sprint(args...)) }
+func (f *failureTB) Fatalf(format string, args ...any) { f.record(fmt.Sprintf(format, args...)) }
+func (f *failureTB) Fatal(args ...any)                 { f.record(fmt.Sprint(args...)) }
+func (f *failureTB) Fail()                             { f.record("Fail") }
+func (f *failureTB) FailNow()                          { f.record("FailNow") }
+func (f *failureTB) Failed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failed
+}
+func (f *failureTB) Logf(string, ...any) {}
+func (f *failureTB) Log(...any)          {}
+
+// TestModel_PlantedBugs runs the same property with a planted bug and
+// requires rapid to find a counterexample.
+func TestModel_PlantedBugs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts modelOptions
+	}{
+		// The pipeline delivers append responses (a follower's MsgAppResp,
+		// the leader's own) before the sync: raft counts an entry durable
+		// that a crash then loses.
+		{"AckBeforeSync", modelOptions{ackBeforeSync: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer setRapidFlag("rapid.checks", "200")()
+			defer setRapidFlag("rapid.nofailfile", "true")()
+			defer setRapidFlag("rapid.shrinktime", "2s")()
+			tb := &failureTB{T: t}
+			start := time.Now()
+			rapid.Check(tb, func(t *rapid.T) { runModel(t, tc.opts) })
+			if !tb.Failed() {
+				t.Fatalf("the model test found no counterexample with the planted bug %s", tc.name)
+			}
+			msg := strings.Join(tb.msgs, "\n")
+			if !strings.Contains(msg, "invariant violated") && !strings.Contains(msg, "restart node") &&
+				!strings.Contains(msg, "cluster failure") && !strings.Contains(msg, "after healing") {
+				t.Fatalf("the property failed, but not on one of its checks: %s", msg)
+			}
+			if len(msg) > 600 {
+				msg = msg[:600]
+			}
+			t.Logf("caught in %v: %s", time.Since(start).Round(time.Millisecond), msg)
+		})
+	}
+}
