@@ -9,10 +9,13 @@ import (
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
+	"go.uber.org/goleak"
 
 	"github.com/holdfast/holdfast/replication"
 	"github.com/holdfast/holdfast/replication/replicationtest"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func newCluster(t *testing.T, cfg replicationtest.Config) *replicationtest.Cluster {
 	t.Helper()
