@@ -275,7 +275,7 @@ func TestModel_PlantedBugs(t *testing.T) {
 		{"AckBeforeSync", modelOptions{ackBeforeSync: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			defer setRapidFlag("rapid.checks", "200")()
+			defer setRapidFlag("rapid.checks", "500")() // stops at the first counterexample; -short divides by 5
 			defer setRapidFlag("rapid.nofailfile", "true")()
 			defer setRapidFlag("rapid.shrinktime", "2s")()
 			tb := &failureTB{T: t}
