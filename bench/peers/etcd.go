@@ -326,7 +326,9 @@ func (e *Etcd) PID() int { return e.PIDs()[0] }
 // Client returns a client for checks; Close closes it.
 func (e *Etcd) Client() *clientv3.Client { return e.admin }
 
-const etcdNote = "etcd %s, %d member processes on 127.0.0.1, default durability (each member fsyncs its write-ahead log before acknowledging a raft entry: a put is on a majority's disks when acknowledged); clients spread over all members as etcd's client balances them; ClientCPU is the client process, ServerCPU and DiskBytes are the members' summed"
+// etcdNote is the note of etcd's results; its parts are separated by "; "
+// (the report splits notes there).
+const etcdNote = "etcd %s, %d member process(es) on 127.0.0.1 with etcd's default durability: each member fsyncs its write-ahead log before it acknowledges a raft entry, so a put is on a majority's disks when acknowledged; the callers share min(callers, 100) clients, each balancing its requests over all members (a member that is not the leader forwards a put to it); ClientCPU is the client process, ServerCPU and DiskBytes are the members' summed"
 
 // Writes runs callers goroutines, caller c putting the payload at
 // obj/<c mod objects>, one put in flight each. Like etcd's own benchmark

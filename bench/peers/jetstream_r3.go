@@ -222,7 +222,9 @@ func replicasCurrent(info *jetstream.StreamInfo, replicas int) error {
 	return nil
 }
 
-const jetStreamClusterNote = "JetStream R%d: %d servers embedded in the case's process, routed over 127.0.0.1, file store with SyncAlways (every server fsyncs the stream's raft log on each append; a publish is acknowledged once a majority stored it); the client connects to the first server; ClientCPU and DiskBytes cover the client and all servers together"
+// jetStreamClusterNote is the note of the cluster's results; its parts are
+// separated by "; " (the report splits notes there).
+const jetStreamClusterNote = "JetStream R%d: %d servers embedded in the case's process, routed over 127.0.0.1, file store with SyncAlways: every server fsyncs the stream's raft log on each append, and a publish is acknowledged once a majority stored it; the client connects to the first server, which may not lead the stream; ClientCPU and DiskBytes cover the client and all servers together"
 
 // Writes runs callers goroutines, caller c publishing the payload to
 // obj.<c mod objects> on the stream OBJ (subjects obj.>, one message kept
