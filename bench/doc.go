@@ -22,6 +22,15 @@
 // payload byte), restart with -log-records records, and Holdfast's memory per
 // object.
 //
+// The replicated peers of issue 27 run only when -systems names them, and only
+// the one-writer and 1000-objects cases: etcd3 (three member processes of the
+// etcd binary built from the module cache, cached in ~/.cache/holdfast-test-bin),
+// etcd1 (one member, for reference) and jetstream-r3 (three embedded servers,
+// streams with three replicas); the report adds a table with each operation's
+// latency (p50, p99):
+//
+//	go run ./bench -systems etcd3,jetstream-r3 -cases 1000-objects,one-writer -rounds 3
+//
 // Other modes: -fanout (websocket fan-out), -cold (cold storage), -alarms,
 // -cluster, -stall (write latency with storage maintenance, issue 25).
 //

@@ -42,6 +42,9 @@ type result struct {
 	// Redelivery case only.
 	RedeliveryP50Ms float64 `json:"redeliveryP50Ms,omitempty"`
 	RedeliveryP99Ms float64 `json:"redeliveryP99Ms,omitempty"`
+	// Peer write cases: one operation's latency over the measured interval.
+	LatencyP50Ms float64 `json:"latencyP50Ms,omitempty"`
+	LatencyP99Ms float64 `json:"latencyP99Ms,omitempty"`
 	// Queue latency case only: enqueue call to push handler.
 	QueueLatencyP50Ms float64 `json:"queueLatencyP50Ms,omitempty"`
 	QueueLatencyP99Ms float64 `json:"queueLatencyP99Ms,omitempty"`
@@ -70,7 +73,7 @@ func main() {
 		check    = flag.Bool("check", false, "exit 1 when a median ratio is below half its target")
 		smoke    = flag.Bool("smoke", false, "the CI profile: 2 short rounds of the cases with targets, small restart case, no memory case; exit 1 only when a ratio is below a tenth of its target")
 		filter   = flag.String("cases", "", "comma-separated workload names to run (default: all)")
-		sysFlag  = flag.String("systems", strings.Join(systems, ","), "comma-separated systems to run: holdfast, redis, jetstream")
+		sysFlag  = flag.String("systems", strings.Join(systems, ","), "comma-separated systems to run: holdfast, holdfast-http, redis, jetstream; and, only when named, the replicated peers etcd3, etcd1, jetstream-r3 (one-writer and 1000-objects)")
 		fanout   = flag.Bool("fanout", false, "run the websocket fan-out benchmark instead of the write cases")
 		fSockets = flag.Int("fanout-sockets", 1000, "fan-out: websockets")
 		fObjects = flag.Int("fanout-objects", 100, "fan-out: objects the sockets subscribe to")
@@ -146,8 +149,8 @@ func main() {
 		}
 	}
 	for _, s := range strings.Split(*sysFlag, ",") {
-		if !slices.Contains(systems, s) {
-			fatal(fmt.Errorf("unknown system %q (want %s)", s, strings.Join(systems, ", ")))
+		if !knownSystem(s) {
+			fatal(fmt.Errorf("unknown system %q (want %s)", s, strings.Join(slices.Concat(systems, replicatedSystems), ", ")))
 		}
 		cfg.systems = append(cfg.systems, s)
 	}
@@ -218,7 +221,7 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 		w, found := findWorkload(wname)
 		peers.LeaseRecords = leaseRecordsFor(d, warmup, w.fill)
 		switch {
-		case !found || !slices.Contains(systems, system):
+		case !found || !knownSystem(system):
 			err = fmt.Errorf("unknown case %q", name)
 		case system == sysHoldfastHTTP && w.name != restartCase:
 			r, err = httpCase(w, dir, d, warmup)

@@ -99,7 +99,7 @@ func drive(base string, cfg driveConfig) int {
 			if !ok {
 				continue
 			}
-			for _, peer := range []string{sysRedis, sysJetStream} {
+			for _, peer := range slices.Concat([]string{sysRedis, sysJetStream}, replicatedSystems) {
 				if p, ok := got[caseName(peer, w.name)]; ok && p.OpsPerSec > 0 {
 					rep.vs[caseName(peer, w.name)] = append(rep.vs[caseName(peer, w.name)], h.OpsPerSec/p.OpsPerSec)
 					if hh, ok := got[caseName(sysHoldfastHTTP, w.name)]; ok {
@@ -113,8 +113,8 @@ func drive(base string, cfg driveConfig) int {
 	if cfg.logRecs > 0 {
 		rep.restart = map[string]result{}
 		for _, s := range cfg.systems {
-			if s == sysHoldfastHTTP {
-				continue // the same start as embedded
+			if s == sysHoldfastHTTP || slices.Contains(replicatedSystems, s) {
+				continue // the same start as embedded; the replicated peers only write
 			}
 			if r, ok := run(0, caseName(s, restartCase)); ok {
 				rep.restart[s] = r
@@ -208,10 +208,14 @@ type systemFigures struct {
 	DiskBytesPerPayloadByte *stat `json:"diskBytesPerPayloadByte,omitempty"`
 	// HoldfastOver is Holdfast's figure over this peer's, round by round;
 	// HoldfastHTTPOver the same for Holdfast over HTTP.
-	HoldfastOver     *stat    `json:"holdfastOver,omitempty"`
-	HoldfastHTTPOver *stat    `json:"holdfastHttpOver,omitempty"`
-	SyncsPerOp       *stat    `json:"syncsPerOp,omitempty"`
-	Notes            []string `json:"notes,omitempty"`
+	HoldfastOver     *stat `json:"holdfastOver,omitempty"`
+	HoldfastHTTPOver *stat `json:"holdfastHttpOver,omitempty"`
+	SyncsPerOp       *stat `json:"syncsPerOp,omitempty"`
+	// LatencyP50Ms and LatencyP99Ms are one operation's latency (the peers'
+	// write cases).
+	LatencyP50Ms *stat    `json:"latencyP50Ms,omitempty"`
+	LatencyP99Ms *stat    `json:"latencyP99Ms,omitempty"`
+	Notes        []string `json:"notes,omitempty"`
 }
 
 func (r *report) figures(w workload, system string) (systemFigures, bool) {
@@ -229,7 +233,7 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 			return c.CPUSeconds * 1e6 / float64(c.Ops)
 		}),
 	}
-	if system == sysRedis || system == sysHoldfastHTTP {
+	if system == sysRedis || system == sysHoldfastHTTP || system == sysEtcd3 || system == sysEtcd1 {
 		s := r.field(name, func(c result) float64 {
 			if c.Ops == 0 {
 				return 0
@@ -255,6 +259,10 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 		s := summarize(vs)
 		f.HoldfastOver = &s
 	}
+	if p50 := r.field(name, func(c result) float64 { return c.LatencyP50Ms }); p50.Median > 0 {
+		p99 := r.field(name, func(c result) float64 { return c.LatencyP99Ms })
+		f.LatencyP50Ms, f.LatencyP99Ms = &p50, &p99
+	}
 	if vs := r.vs[name+"/http"]; len(vs) > 0 {
 		s := summarize(vs)
 		f.HoldfastHTTPOver = &s
@@ -271,7 +279,8 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 	return f, true
 }
 
-var systemTitle = map[string]string{sysHoldfast: "Holdfast", sysHoldfastHTTP: "Holdfast over HTTP", sysRedis: "Redis", sysJetStream: "JetStream"}
+var systemTitle = map[string]string{sysHoldfast: "Holdfast", sysHoldfastHTTP: "Holdfast over HTTP", sysRedis: "Redis", sysJetStream: "JetStream",
+	sysEtcd3: "etcd, 3 members", sysEtcd1: "etcd, 1 member", sysJetStreamR3: "JetStream R3"}
 
 // write prints the Markdown report, writes the JSON and Markdown files, and
 // returns the exit code.
@@ -379,6 +388,8 @@ func (r *report) write() int {
 			cpu[sysRedis], server[sysRedis], cpu[sysJetStream], disk[sysHoldfast], disk[sysRedis], disk[sysJetStream], syncs)
 	}
 
+	r.writeReplicated(&md)
+
 	if len(r.restart) > 0 {
 		fmt.Fprintf(&md, "\n| restart with %d records in one log | Holdfast | Redis | JetStream |\n|---|---|---|---|\n| seconds from start to serving the data (target for Holdfast: under 1 s) |", r.cfg.logRecs)
 		rs := map[string]any{}
@@ -421,7 +432,7 @@ func (r *report) write() int {
 	fmt.Fprintf(&md, "\nNotes from the runs:\n\n")
 	seen := map[string]bool{}
 	for _, w := range r.cfg.workloads {
-		for _, s := range systems {
+		for _, s := range slices.Concat(systems, replicatedSystems) {
 			if f, ok := r.figures(w, s); ok {
 				for _, n := range f.Notes {
 					if !seen[n] {
@@ -515,4 +526,42 @@ func machine(dir string) string {
 		}
 	}
 	return fmt.Sprintf("%d cores (%s)%s%s%s; %s; %s, nats-server %s", runtime.NumCPU(), cpu, mem, kernel, fs, runtime.Version(), redis, server.VERSION)
+}
+
+// writeReplicated adds the table of the replicated peers (issue 27), one row
+// per case and system, when the run had one: throughput, ratio to the probe,
+// Holdfast's ratio to it (when Holdfast ran), CPU per operation of the client
+// and of the servers, disk bytes per payload byte, and one operation's
+// latency.
+func (r *report) writeReplicated(md *strings.Builder) {
+	if !slices.ContainsFunc(r.cfg.systems, func(s string) bool { return slices.Contains(replicatedSystems, s) }) {
+		return
+	}
+	fmt.Fprintf(md, "\nReplicated peers (issue 27), side by side with the systems of the same run. CPU: the case's process (client; for JetStream R3 and Holdfast, client and servers together), "+
+		"and the member processes summed (etcd; Redis's server). Latency: one operation, from the call to its acknowledgement, over the measured interval (medians over the rounds of each round's percentile).\n\n")
+	fmt.Fprintf(md, "| case | system | ops/s | ÷ probe | Holdfast ÷ it | CPU µs/op: process | servers | disk bytes per payload byte | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, w := range r.cfg.workloads {
+		if !slices.Contains(replicatedWorkloads, w.name) {
+			continue
+		}
+		for _, s := range slices.Concat(systems, replicatedSystems) {
+			if !slices.Contains(r.cfg.systems, s) {
+				continue
+			}
+			f, ok := r.figures(w, s)
+			if !ok {
+				continue
+			}
+			opt := func(st *stat, format string) string {
+				if st == nil {
+					return "—"
+				}
+				return fmtStat(*st, format)
+			}
+			fmt.Fprintf(md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, systemTitle[s],
+				fmtStat(f.OpsPerSec, "%.0f"), fmtStat(f.RatioToProbe, "%.2fx"), opt(f.HoldfastOver, "%.2fx"),
+				fmtStat(f.CPUMicrosPerOp, "%.1f"), opt(f.ServerCPUMicrosPerOp, "%.1f"), opt(f.DiskBytesPerPayloadByte, "%.2f"),
+				opt(f.LatencyP50Ms, "%.2f"), opt(f.LatencyP99Ms, "%.2f"))
+		}
+	}
 }

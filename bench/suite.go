@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +23,26 @@ const (
 )
 
 var systems = []string{sysHoldfast, sysHoldfastHTTP, sysRedis, sysJetStream}
+
+// The replicated peers (issue 27), run only when -systems names them and only
+// for replicatedWorkloads: a 3-member etcd cluster (three processes of the
+// etcd binary built from the module cache), a 1-member one for reference, and
+// JetStream R3 (three embedded servers in the case's process).
+const (
+	sysEtcd3       = "etcd3"
+	sysEtcd1       = "etcd1"
+	sysJetStreamR3 = "jetstream-r3"
+)
+
+var replicatedSystems = []string{sysEtcd3, sysEtcd1, sysJetStreamR3}
+
+// replicatedWorkloads are the workloads the replicated peers run: writes.
+var replicatedWorkloads = []string{"one-writer", "1000-objects"}
+
+// knownSystem says whether s is a system -systems may name.
+func knownSystem(s string) bool {
+	return slices.Contains(systems, s) || slices.Contains(replicatedSystems, s)
+}
 
 // workload is one row of the table: the same work on every system that has
 // it, with Holdfast's targets.
@@ -111,6 +132,9 @@ func (w workload) has(s string) bool {
 	case sysHoldfastHTTP:
 		return w.http != nil
 	}
+	if slices.Contains(replicatedSystems, s) {
+		return w.peer != nil && slices.Contains(replicatedWorkloads, w.name)
+	}
 	return w.peer != nil
 }
 
@@ -130,7 +154,8 @@ func runPeerCase(system string, w workload, dir string, d time.Duration, restart
 	if err != nil {
 		return result{}, err
 	}
-	out := result{OpsPerSec: r.OpsPerSec, Ops: r.Ops, DiskBytes: r.DiskBytes, CPUSeconds: r.ClientCPU.Seconds(), Note: r.Note}
+	out := result{OpsPerSec: r.OpsPerSec, Ops: r.Ops, DiskBytes: r.DiskBytes, CPUSeconds: r.ClientCPU.Seconds(), Note: r.Note,
+		LatencyP50Ms: ms(r.LatencyP50), LatencyP99Ms: ms(r.LatencyP99)}
 	if p.PID() != os.Getpid() {
 		out.ServerCPU = r.ServerCPU.Seconds()
 	}
@@ -139,6 +164,8 @@ func runPeerCase(system string, w workload, dir string, d time.Duration, restart
 	}
 	return out, nil
 }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // ensureRedis installs Debian's redis-server when it is missing and the driver
 // may (root, apt-get present); the driver starts its own servers.

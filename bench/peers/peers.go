@@ -68,6 +68,11 @@ type Result struct {
 	ServerCPU time.Duration `json:"serverCPU"`
 	// Elapsed is the length of the measured interval.
 	Elapsed time.Duration `json:"elapsed"`
+	// LatencyP50 and LatencyP99 are the median and 99th percentile of the
+	// time one operation took, over the operations that started and
+	// completed within the measured interval (a batch or a cycle is one).
+	LatencyP50 time.Duration `json:"latencyP50,omitempty"`
+	LatencyP99 time.Duration `json:"latencyP99,omitempty"`
 	// Note says what the figures mean beyond their names, when it matters.
 	Note string `json:"note,omitempty"`
 }
@@ -108,16 +113,24 @@ var (
 	_ Peer = (*JetStream)(nil)
 )
 
-// Start starts the peer called name ("redis" or "jetstream") with its data in
-// dir.
+// Start starts the peer called name with its data in dir: "redis",
+// "jetstream", or a replicated peer (writes only): "etcd3" (three etcd
+// member processes), "etcd1" (one), "jetstream-r3" (three embedded JetStream
+// servers, streams with three replicas).
 func Start(name, dir string) (Peer, error) {
 	switch name {
 	case "redis":
 		return StartRedis(dir)
 	case "jetstream":
 		return StartJetStream(dir)
+	case "etcd3":
+		return StartEtcd(dir, 3)
+	case "etcd1":
+		return StartEtcd(dir, 1)
+	case "jetstream-r3":
+		return StartJetStreamCluster(dir, 3)
 	default:
-		return nil, fmt.Errorf("peers: unknown peer %q (want redis or jetstream)", name)
+		return nil, fmt.Errorf("peers: unknown peer %q (want redis, jetstream, etcd3, etcd1 or jetstream-r3)", name)
 	}
 }
 

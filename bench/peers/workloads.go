@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,6 +51,17 @@ type measured struct {
 // Disk bytes are read from /proc/<pid>/io. The measured interval ends early
 // when a worker reports errDry.
 func run(workers int, d time.Duration, pid int, fn op) (measured, error) {
+	return runServers(workers, d, []int{pid}, fn)
+}
+
+// runServers is run for a peer whose server is several processes (the members
+// of a replicated peer): its disk bytes and server CPU are the sums over pids.
+// It also measures the latency of every operation that started and completed
+// within the measured interval.
+func runServers(workers int, d time.Duration, pids []int, fn op) (measured, error) {
+	if len(pids) == 0 {
+		return measured{}, errors.New("peers: no server process to measure")
+	}
 	if workers < 1 {
 		return measured{}, fmt.Errorf("peers: %d workers", workers)
 	}
@@ -66,6 +79,10 @@ func run(workers int, d time.Duration, pid int, fn op) (measured, error) {
 		dryc       = make(chan struct{})
 		dryOnce    sync.Once
 		dryAt      time.Time
+		// measuring is set over the measured interval; latencies[w] is
+		// worker w's, written by it alone and read after it stopped.
+		measuring atomic.Bool
+		latencies = make([][]time.Duration, workers)
 	)
 	for w := range workers {
 		wg.Add(1)
@@ -73,7 +90,12 @@ func run(workers int, d time.Duration, pid int, fn op) (measured, error) {
 			defer wg.Done()
 			first := true
 			for !stop.Load() {
+				inside := measuring.Load()
+				began := time.Now()
 				n, err := fn(ctx, w)
+				if inside && err == nil && measuring.Load() {
+					latencies[w] = append(latencies[w], time.Since(began))
+				}
 				if err != nil {
 					if stop.Load() {
 						return
@@ -148,9 +170,10 @@ func run(workers int, d time.Duration, pid int, fn op) (measured, error) {
 	// Measured interval.
 	var m measured
 	var notes []string
-	disk0, diskErr := DiskWriteBytes(pid)
-	cpu0, srv0 := ProcessCPU(), PIDCPU(pid)
+	disk0, diskErr := diskWriteBytes(pids)
+	cpu0, srv0 := ProcessCPU(), pidsCPU(pids)
 	ops0 := ops.Load()
+	measuring.Store(true)
 	t0 := time.Now()
 	var t1 time.Time
 	timer := time.NewTimer(d)
@@ -164,9 +187,10 @@ func run(workers int, d time.Duration, pid int, fn op) (measured, error) {
 	case <-timer.C:
 		t1 = time.Now()
 	}
+	measuring.Store(false)
 	ops1 := ops.Load()
-	cpu1, srv1 := ProcessCPU(), PIDCPU(pid)
-	disk1, err := DiskWriteBytes(pid)
+	cpu1, srv1 := ProcessCPU(), pidsCPU(pids)
+	disk1, err := diskWriteBytes(pids)
 	if diskErr == nil {
 		diskErr = err
 	}
@@ -186,9 +210,10 @@ func run(workers int, d time.Duration, pid int, fn op) (measured, error) {
 	}
 	m.ClientCPU = cpu1 - cpu0
 	m.ServerCPU = srv1 - srv0
-	if pid == os.Getpid() {
+	if len(pids) == 1 && pids[0] == os.Getpid() {
 		m.ServerCPU = m.ClientCPU
 	}
+	m.LatencyP50, m.LatencyP99 = percentiles(latencies)
 	if diskErr != nil {
 		notes = append(notes, "disk bytes unavailable: "+diskErr.Error())
 	} else if disk1 >= disk0 {
@@ -197,6 +222,43 @@ func run(workers int, d time.Duration, pid int, fn op) (measured, error) {
 	m.total = ops.Load()
 	m.Note = joinNotes(notes...)
 	return m, nil
+}
+
+// diskWriteBytes is DiskWriteBytes summed over pids.
+func diskWriteBytes(pids []int) (uint64, error) {
+	var sum uint64
+	for _, pid := range pids {
+		n, err := DiskWriteBytes(pid)
+		if err != nil {
+			return 0, err
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
+// pidsCPU is PIDCPU summed over pids.
+func pidsCPU(pids []int) time.Duration {
+	var sum time.Duration
+	for _, pid := range pids {
+		sum += PIDCPU(pid)
+	}
+	return sum
+}
+
+// percentiles returns the median and the 99th percentile (nearest rank) of
+// every worker's latencies together; zeros when there are none.
+func percentiles(perWorker [][]time.Duration) (p50, p99 time.Duration) {
+	all := slices.Concat(perWorker...)
+	if len(all) == 0 {
+		return 0, 0
+	}
+	slices.Sort(all)
+	rank := func(p float64) time.Duration {
+		i := int(math.Ceil(p*float64(len(all)))) - 1
+		return all[max(0, min(i, len(all)-1))]
+	}
+	return rank(0.50), rank(0.99)
 }
 
 func joinNotes(notes ...string) string {
