@@ -750,6 +750,14 @@ type channel struct {
 	pumping  bool      // the pump runs (or ran)
 	stash    []stashed
 	stashed  int // bytes of stash, charged to the socket
+	// snapAt is the log_id of the snapshot the pump queued (0: the object's
+	// own, at the subscription's log_id). A live event at or below it is in
+	// the snapshot and is dropped even when it arrives after the catch-up: the
+	// object hands a write's event to its subscribers when the write is
+	// durable, and the reply to the pump's KVGet that already saw the write
+	// can be released first (seen in CI: "live change with log_id 1160, want
+	// 1161 (snapshot at 1160)").
+	snapAt uint64
 }
 
 // stashed is a live event held while its channel catches up.
@@ -809,6 +817,9 @@ func (ch *channel) Deliver(ev actors.Event) {
 			f = frame{head: head(ch.joinRef, jsonNull, ch.topic, ev.Name), body: ev.Payload}
 		}
 		if !ch.catching {
+			if ev.LogID != 0 && ev.LogID <= ch.snapAt {
+				return // the snapshot has it
+			}
 			sk.enqueue(f)
 			return
 		}
@@ -850,6 +861,7 @@ func (ch *channel) settleStash(snap uint64) {
 	}
 	ch.stash, ch.stashed = nil, 0
 	ch.catching = false
+	ch.snapAt = snap
 	if len(keep) > 0 || drop > 0 {
 		ch.sk.settle(keep, drop)
 	}
