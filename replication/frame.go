@@ -162,7 +162,7 @@ func (d *decoder) count(what string, minItem int) int {
 }
 
 func (d *decoder) beats(what string) []beat {
-	n := d.count(what, 7)
+	n := d.count(what, 6) // six uvarints of at least a byte each
 	if n == 0 {
 		return nil
 	}

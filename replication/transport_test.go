@@ -25,8 +25,8 @@ func sampleMessages() []Envelope {
 }
 
 func sampleBeats() ([]beat, []beat) {
-	return []beat{{Group: 1, From: 1, To: 2, Term: 5, Commit: 17}, {Group: 300, From: 4, To: 9, Term: 1 << 33, Commit: 0, Ctx: []byte("read-1")}},
-		[]beat{{Group: 2, From: 2, To: 1, Term: 5, Ctx: []byte{beatCtxTag, 1, 'x'}}}
+	return []beat{{Group: 300, From: 4, To: 9, Term: 1 << 33, Commit: 0, Ctx: []byte("read-1")}, {Group: 1, From: 1, To: 2, Term: 5, Commit: 17}},
+		[]beat{{Group: 2, From: 2, To: 1, Term: 5, Ctx: []byte{beatCtxTag, 1, 'x'}}, {Group: 1, From: 2, To: 1, Term: 1}}
 }
 
 // encodeTestFrame builds a frame the way the sender does.
@@ -89,6 +89,15 @@ func TestFrame_RoundTrip(t *testing.T) {
 	}
 	if !framesEqual(f, want) {
 		t.Fatal("the decoded frame changed when its bytes were overwritten")
+	}
+	// Beats only, the last one as small as a beat gets.
+	small := []beat{{Group: 1, From: 2, To: 1, Term: 1}}
+	f, err = decodeFrame(encodeTestFrame(t, h, nil, small, small))
+	if err != nil {
+		t.Fatalf("a frame of minimal beats: %v", err)
+	}
+	if want := (frame{frameHeader: h, Beats: small, BeatResps: small}); !framesEqual(f, want) {
+		t.Fatalf("decoded %+v, want %+v", f, want)
 	}
 	b = encodeTestFrame(t, h, msgs, beats, resps)
 	for n := range len(b) {
