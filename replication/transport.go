@@ -297,11 +297,11 @@ func (t *NetTransport) Send(to NodeID, batch []Envelope) {
 func (t *NetTransport) peer(to NodeID) *peer {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closed {
+		return nil // nothing would drain the queue
+	}
 	if p := t.peers[to]; p != nil {
 		return p
-	}
-	if t.closed {
-		return nil
 	}
 	p := &peer{node: to, wake: make(chan struct{}, 1)}
 	if !t.owner.Go(func(ctx context.Context) { t.sendLoop(ctx, p) }) {
