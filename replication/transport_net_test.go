@@ -396,24 +396,50 @@ func TestNet_BeatsCoalesced(t *testing.T) {
 		}
 		return frames, beats, msgs
 	}
-	f0, b0, m0 := stats()
-	start := time.Now()
-	time.Sleep(10 * tick) // a measuring window, not a synchronisation
-	f1, b1, m1 := stats()
-	elapsed := time.Since(start)
-	intervals := uint64(elapsed/(tick/2)) + 2
-	frames, beats, msgs := f1-f0, b1-b0, m1-m0
-	t.Logf("%v (%d beat intervals): %d frames, %d beats received, %d messages sent", elapsed, intervals, frames, beats, msgs)
-	// Each of 256 groups' leaders heartbeats 2 followers every tick, and each
-	// answers: about 1024 beats per tick, all as beats, none as a message.
-	if msgs > groups/4 {
-		t.Fatalf("%d raft messages in %v of idle groups: heartbeats travel as messages", msgs, elapsed)
+	// A window that saw an election or pre-votes (a loaded machine stalls
+	// long enough for a follower to campaign) has real messages in it: such a
+	// window is measured again, up to 5 times. Without coalescing, every
+	// window has thousands of heartbeat messages and no beats.
+	terms := func() (sum uint64) {
+		for _, nd := range c.nodes[1:] {
+			for g := 1; g <= groups; g++ {
+				st, _ := nd.engine.Status(replication.GroupID(g))
+				sum += st.Term
+			}
+		}
+		return sum
 	}
-	if limit := 6*intervals + 32; frames > limit {
-		t.Fatalf("%d frames in %d beat intervals for 6 directed links (limit %d): not coalesced per node pair", frames, intervals, limit)
-	}
-	if beats < groups {
-		t.Fatalf("only %d beats in %v: heartbeats do not flow", beats, elapsed)
+	for attempt := 1; ; attempt++ {
+		term0 := terms()
+		f0, b0, m0 := stats()
+		start := time.Now()
+		time.Sleep(10 * tick) // a measuring window, not a synchronisation
+		f1, b1, m1 := stats()
+		elapsed := time.Since(start)
+		intervals := uint64(elapsed/(tick/2)) + 2
+		frames, beats, msgs := f1-f0, b1-b0, m1-m0
+		t.Logf("%v (%d beat intervals): %d frames, %d beats received, %d messages sent", elapsed, intervals, frames, beats, msgs)
+		frameLimit := 6*intervals + 32
+		// Each of 256 groups' leaders heartbeats 2 followers every tick, and
+		// each answers: about 1024 beats per tick, as beats, not messages.
+		ok := beats >= groups && msgs <= groups/2 && frames <= frameLimit
+		if ok && terms() == term0 {
+			break
+		}
+		if attempt < 5 {
+			t.Logf("a busy window (term changed: %v); measuring again", terms() != term0)
+			continue
+		}
+		if beats < groups {
+			t.Fatalf("only %d beats in %v: heartbeats do not flow as beats", beats, elapsed)
+		}
+		if msgs > groups/2 {
+			t.Fatalf("%d raft messages in %v of idle groups: heartbeats travel as messages", msgs, elapsed)
+		}
+		if frames > frameLimit {
+			t.Fatalf("%d frames in %d beat intervals for 6 directed links (limit %d): not coalesced per node pair", frames, intervals, frameLimit)
+		}
+		break // five windows with elections, but each coalesced
 	}
 	c.check()
 }
