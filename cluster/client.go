@@ -82,7 +82,7 @@ func StartClient(cfg ClientConfig) (*Client, error) {
 	}
 	m.owned = owner.New(nil)
 	m.ctx, m.cancel = m.owned.Context(), m.owned.Stop
-	tr, err := startTransport(cfg.Name, cfg.Advertise, cfg.Endpoints, newOwnerLookup(m.resolve), m.serveRemote, m.serveFeed, true, m.log)
+	tr, err := startTransport(cfg.Name, cfg.Advertise, "", cfg.Endpoints, newOwnerLookup(m.resolve), m.serveRemote, m.serveFeed, true, m.log)
 	if err != nil {
 		m.cancel()
 		_ = cli.Close()

@@ -33,6 +33,10 @@ type ClusterConfig struct {
 	// Advertise is the host:port other nodes reach this one at (protoactor
 	// remote, gRPC). Port 0 picks a free port (tests).
 	Advertise string
+	// Bind is the host:port this node listens on for other nodes; empty means
+	// Advertise. Something between the nodes (NAT, a container's port
+	// mapping, a test's proxy) forwards Advertise to it.
+	Bind string
 	// Endpoints are etcd's client endpoints.
 	Endpoints []string
 	// LeaseTTL is the etcd lease a node serves its partitions under: a node cut
@@ -198,7 +202,7 @@ func (m *member) start() error {
 			m.stale[p] = true
 		}
 	}
-	tr, err := startTransport(m.cfg.Name, m.cfg.Advertise, m.cfg.Endpoints, newOwnerLookup(m.resolve), m.serveRemote, m.serveFeed, false, m.log)
+	tr, err := startTransport(m.cfg.Name, m.cfg.Advertise, m.cfg.Bind, m.cfg.Endpoints, newOwnerLookup(m.resolve), m.serveRemote, m.serveFeed, false, m.log)
 	if err != nil {
 		return err
 	}

@@ -58,11 +58,11 @@ func TestTransport_CallsAndServedRequestsAreOwned(t *testing.T) {
 		returned.Store(true)
 		return &wireReply{}
 	}
-	b, err := startTransport("owners", "127.0.0.1:0", endpoints, nowhere, blocking, func(*wireRequest) {}, false, log)
+	b, err := startTransport("owners", "127.0.0.1:0", "", endpoints, nowhere, blocking, func(*wireRequest) {}, false, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := startTransport("owners", "127.0.0.1:0", endpoints, nowhere, blocking, func(*wireRequest) {}, false, log)
+	a, err := startTransport("owners", "127.0.0.1:0", "", endpoints, nowhere, blocking, func(*wireRequest) {}, false, log)
 	if err != nil {
 		b.stop(false)
 		t.Fatal(err)

@@ -92,19 +92,18 @@ func (t *transport) unreachable(addr string) bool {
 // handler serves one request that arrived from another node.
 type handler func(ctx context.Context, req *wireRequest) *wireReply
 
-// startTransport starts the member on advertise (host:port; port 0 picks one).
-// client members own nothing and activate nothing.
+// startTransport starts the member listening on bind and known to the others
+// as advertise (host:port each; an empty bind means advertise, and then port 0
+// picks a free port). client members own nothing and activate nothing.
 // feed, called on the router's goroutine in arrival order, takes one-way feed
 // messages (they must not be reordered, and it must not block).
-func startTransport(name, advertise string, endpoints []string, lookup *ownerLookup, serve handler, feed func(*wireRequest), client bool, log *slog.Logger) (*transport, error) {
-	host, portStr, err := net.SplitHostPort(advertise)
+func startTransport(name, advertise, bind string, endpoints []string, lookup *ownerLookup, serve handler, feed func(*wireRequest), client bool, log *slog.Logger) (*transport, error) {
+	listen, rename, err := bindAddr(advertise, bind)
 	if err != nil {
-		return nil, fmt.Errorf("cluster advertise %q: %w", advertise, err)
+		return nil, err
 	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, fmt.Errorf("cluster advertise %q: bad port", advertise)
-	}
+	host, portStr, _ := net.SplitHostPort(listen)
+	port, _ := strconv.Atoi(portStr)
 	// protoactor logs routine events (and normal retries) at info and error: keep
 	// its warnings and above, at debug level in our log, tagged.
 	plog := slog.New(slogx.MinLevel(log.Handler(), slog.LevelWarn)).With("component", "protoactor")
@@ -114,10 +113,10 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 		return nil, fmt.Errorf("cluster: etcd provider: %w", err)
 	}
 	conns := newGRPCConns()
-	rc := remote.Configure(host, port,
+	rc := remote.Configure(host, port, append(rename,
 		remote.WithServerOptions(grpc.MaxRecvMsgSize(maxWireMessage), grpc.MaxSendMsgSize(maxWireMessage)),
 		remote.WithDialOptions(append(conns.dialOptions(), grpc.WithInsecure(), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage)))...),
-		remote.WithCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage)))
+		remote.WithCallOptions(grpc.MaxCallRecvMsgSize(maxWireMessage), grpc.MaxCallSendMsgSize(maxWireMessage)))...)
 	cc := protocluster.Configure(name, provider, lookup, rc)
 	c := protocluster.New(system, cc)
 	t := &transport{system: system, cluster: c, provider: provider, conns: conns, client: client, lookup: lookup, log: log, down: map[string]time.Time{}, serving: owner.New(nil)}
@@ -197,6 +196,32 @@ func startTransport(name, advertise string, endpoints []string, lookup *ownerLoo
 		}
 	})
 	return t, nil
+}
+
+// bindAddr returns the address to listen on and the remote options that make
+// the member known as advertise when it listens elsewhere (protoactor's
+// advertised host: the address other members dial, and the one its PIDs and
+// its etcd registration carry).
+func bindAddr(advertise, bind string) (listen string, opts []remote.ConfigOption, err error) {
+	if _, port, err := net.SplitHostPort(advertise); err != nil {
+		return "", nil, fmt.Errorf("cluster advertise %q: %w", advertise, err)
+	} else if _, err := strconv.Atoi(port); err != nil {
+		return "", nil, fmt.Errorf("cluster advertise %q: bad port", advertise)
+	}
+	if bind == "" || bind == advertise {
+		return advertise, nil, nil
+	}
+	_, port, err := net.SplitHostPort(bind)
+	if err != nil {
+		return "", nil, fmt.Errorf("cluster bind %q: %w", bind, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return "", nil, fmt.Errorf("cluster bind %q: bad port", bind)
+	}
+	if _, aport, _ := net.SplitHostPort(advertise); aport == "0" {
+		return "", nil, fmt.Errorf("cluster advertise %q: port 0 only works when bind is empty or the same (the port is picked at listen)", advertise)
+	}
+	return bind, []remote.ConfigOption{remote.WithAdvertisedHost(advertise)}, nil
 }
 
 // serve runs one decoded request under ctx (t.serving's) and encodes its reply.

@@ -81,12 +81,18 @@ type S3 struct {
 	Prefix                     string // prepended to every object name; may be ""
 }
 
-// Cluster configures a node of a cluster (spec/cluster.md). Every field is required.
+// Cluster configures a node of a cluster (spec/cluster.md). Every field is required
+// unless it says otherwise.
 type Cluster struct {
 	Name      string // the cluster's name; every node of one cluster uses the same
 	NodeID    string // yaml nodeId; unique within the cluster
 	Advertise string // host:port that other nodes use to reach this one
-	Etcd      struct {
+	// Bind (yaml bind, optional) is the host:port this node listens on for other
+	// nodes; empty means Advertise. They differ when something between the nodes
+	// (NAT, a container's port mapping, a test's proxy on each link) forwards
+	// Advertise to Bind. An empty host listens on every interface.
+	Bind string
+	Etcd struct {
 		Endpoints []string // at least one
 	}
 	// LeaseTTL (yaml leaseTtl, optional) is the etcd lease a node serves its
@@ -154,6 +160,9 @@ func load(path string, data []byte, getenv func(string) string) (*Config, error)
 	// the file: its error can carry the file's line.
 	if err := c.validate(checker{p.file, p.lines}); err != nil {
 		return nil, err
+	}
+	if c.Cluster != nil && c.Cluster.Bind == "" {
+		c.Cluster.Bind = c.Cluster.Advertise
 	}
 	return c, nil
 }

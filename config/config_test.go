@@ -301,6 +301,8 @@ func TestLoad_Refusals(t *testing.T) {
 		{"cold true with store none", "cold: {store: none}\ntypes: {x: {log: {cold: true}}}\n", nil, "types.x.log.cold", "cold.store is none"},
 		{"cluster missing", "cluster: {name: c, nodeId: n1, advertise: 'h:7071'}\n", nil, "cluster.etcd.endpoints", "at least one"},
 		{"cluster advertise", "cluster: {name: c, nodeId: n1, advertise: h, etcd: {endpoints: [e:2379]}}\n", nil, "cluster.advertise", "host:port"},
+		{"cluster bind no port", "cluster: {name: c, nodeId: n1, advertise: 'h:1', bind: h, etcd: {endpoints: [e:2379]}}\n", nil, "cluster.bind", "host:port"},
+		{"cluster bind port 0", "cluster: {name: c, nodeId: n1, advertise: 'h:1', bind: 'h:0', etcd: {endpoints: [e:2379]}}\n", nil, "cluster.bind", "host:port"},
 		{"cluster lease short", "cluster: {name: c, nodeId: n1, advertise: 'h:1', etcd: {endpoints: [e:2379]}, leaseTtl: 1s}\n", nil, "cluster.leaseTtl", "whole seconds"},
 		{"cluster lease fraction", "cluster: {name: c, nodeId: n1, advertise: 'h:1', etcd: {endpoints: [e:2379]}, leaseTtl: 2500ms}\n", nil, "cluster.leaseTtl", "whole seconds"},
 		// apps
@@ -498,5 +500,17 @@ func TestLoad_Cluster(t *testing.T) {
 	}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	if cl.Bind != cl.Advertise {
+		t.Fatalf("bind = %q, want the default: advertise %q", cl.Bind, cl.Advertise)
+	}
+	// bind apart from advertise, on every interface.
+	path = writeConfig(t, strings.Replace(body, "advertise: '10.0.0.1:7071'", "advertise: '10.0.0.1:7071', bind: ':7171'", 1)+
+		"apps: [{id: app_a, key: pk_a, secret: sk_a_0123456789abcdef}]\n")
+	if c, err = Load(path, func(string) string { return "" }); err != nil {
+		t.Fatal(err)
+	}
+	if c.Cluster.Bind != ":7171" || c.Cluster.Advertise != "10.0.0.1:7071" {
+		t.Fatalf("bind %q advertise %q", c.Cluster.Bind, c.Cluster.Advertise)
 	}
 }

@@ -51,7 +51,7 @@ var (
 		"cold.s3.accessKeyEnv": {kind: kindString}, "cold.s3.secretKeyEnv": {kind: kindString},
 		"cold.s3.secure": {kind: kindBool}, "cold.s3.region": {kind: kindString}, "cold.s3.prefix": {kind: kindString},
 		"cluster": {kind: kindSwitch}, "cluster.name": {kind: kindString}, "cluster.nodeId": {kind: kindString},
-		"cluster.advertise": {kind: kindString}, "cluster.etcd": {kind: kindSection}, "cluster.etcd.endpoints": {kind: kindList},
+		"cluster.advertise": {kind: kindString}, "cluster.bind": {kind: kindString}, "cluster.etcd": {kind: kindSection}, "cluster.etcd.endpoints": {kind: kindList},
 		"cluster.leaseTtl": {kind: kindDuration},
 	}
 	appKeys = map[string]leaf{"id": {kind: kindString}, "key": {kind: kindString},
@@ -114,7 +114,7 @@ func (c *Config) set(top layer) {
 		"cold.store": &c.Cold.Store, "cold.fs.dir": &c.Cold.FS.Dir, "cold.s3.endpoint": &s.Endpoint,
 		"cold.s3.bucket": &s.Bucket, "cold.s3.accessKeyEnv": &s.AccessKeyEnv, "cold.s3.secretKeyEnv": &s.SecretKeyEnv,
 		"cold.s3.region": &s.Region, "cold.s3.prefix": &s.Prefix,
-		"cluster.name": &cl.Name, "cluster.nodeId": &cl.NodeID, "cluster.advertise": &cl.Advertise} {
+		"cluster.name": &cl.Name, "cluster.nodeId": &cl.NodeID, "cluster.advertise": &cl.Advertise, "cluster.bind": &cl.Bind} {
 		if v, ok := top[k].(string); ok {
 			*dst = v
 		}

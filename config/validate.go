@@ -130,6 +130,7 @@ func (c *Config) validateCluster(k checker) error {
 		k.check("cluster.advertise", required(cl.Advertise)),
 		k.check("cluster.advertise", when(err != nil || host == "" || checkPort(port) != nil || port == "0",
 			fmt.Sprintf("expected host:port, got %q", cl.Advertise))),
+		k.check("cluster.bind", checkBind(cl.Bind)),
 		k.check("cluster.etcd.endpoints", when(len(cl.Etcd.Endpoints) == 0, "at least one endpoint is required")),
 		k.check("cluster.leaseTtl", when(cl.LeaseTTL != 0 && (cl.LeaseTTL < 2*time.Second || cl.LeaseTTL > time.Minute || cl.LeaseTTL%time.Second != 0),
 			fmt.Sprintf("expected whole seconds from 2s to 60s, got %v", cl.LeaseTTL))),
@@ -209,6 +210,17 @@ func checkLeaf(lf leaf, v any) error {
 func checkListen(s string) error {
 	_, port, err := net.SplitHostPort(s)
 	return when(err != nil || checkPort(port) != nil, fmt.Sprintf("expected host:port (the host may be empty), got %q", s))
+}
+
+// checkBind checks cluster.bind: empty (listen on advertise) or host:port with a
+// fixed port; the host may be empty (every interface).
+func checkBind(s string) error {
+	if s == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(s)
+	return when(err != nil || checkPort(port) != nil || port == "0",
+		fmt.Sprintf("expected host:port (the host may be empty: every interface), got %q", s))
 }
 
 func checkPort(p string) error {

@@ -34,8 +34,13 @@
 //     the job (votes, MsgAppResps, MsgStorageAppendResp): that is how "persist
 //     before send" holds with async writes.
 //   - Transport (seams.go): Send(node, batch of Envelopes) out, Engine.Receive
-//     in. Envelope carries the group id beside the raftpb.Message. Heartbeat
-//     coalescing (step 3) goes where the worker routes MsgHeartbeat.
+//     in. Envelope carries the group id beside the raftpb.Message.
+//     NetTransport (transport.go) is the one between nodes: a queue bounded
+//     in bytes and a sender goroutine per destination node, one frame
+//     (frame.go) per send, heartbeats coalesced per node pair with their send
+//     times (heartbeat.go), over a Carrier (TCPCarrier, tcpcarrier.go). It
+//     tells a group through Engine.ReportUnreachable when it drops a message
+//     on a full queue or fails to send it.
 //
 // # Proposals and the output gate
 //

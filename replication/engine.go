@@ -204,6 +204,9 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	for range ticks {
 		g.rn.Tick()
 	}
+	for _, r := range g.takeUnreachable() {
+		g.rn.ReportUnreachable(uint64(r))
+	}
 	msgs, props := g.take()
 	for _, m := range msgs {
 		if m.GetType() == raftpb.MsgStorageApplyResp {
@@ -239,8 +242,8 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 			g.push(m)
 			e.sched.enqueue(g, flagMessage)
 		default:
-			// Step 3: MsgHeartbeat and MsgHeartbeatResp are not queued here but
-			// coalesced per node pair (design section 4, "Coalesced heartbeats").
+			// MsgHeartbeat and MsgHeartbeatResp go with the rest: the network
+			// transport coalesces them per node pair (heartbeat.go).
 			node, ok := g.peers[ReplicaID(to)]
 			if !ok {
 				e.log.Warn("replication: message to an unknown replica dropped", "group", uint64(g.id), "to", to)

@@ -72,10 +72,11 @@ type group struct {
 
 	sched schedState // guarded by scheduler.mu
 
-	mu    sync.Mutex
-	inbox []*raftpb.Message // received messages and storage responses, in arrival order
-	props []*proposal       // proposals not yet handed to raft
-	spare []*raftpb.Message // the previous inbox's backing array, reused
+	mu      sync.Mutex
+	inbox   []*raftpb.Message // received messages and storage responses, in arrival order
+	props   []*proposal       // proposals not yet handed to raft
+	spare   []*raftpb.Message // the previous inbox's backing array, reused
+	unreach []ReplicaID       // peers the transport could not reach (ReportUnreachable)
 
 	// Worker-owned.
 	rn      *raft.RawNode

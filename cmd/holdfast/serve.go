@@ -152,7 +152,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	ln = netutil.LimitListener(ln, maxConns)
 	var cc *cluster.ClusterConfig
 	if c := cfg.Cluster; c != nil {
-		cc = &cluster.ClusterConfig{Name: c.Name, NodeID: c.NodeID, Advertise: c.Advertise, Endpoints: c.Etcd.Endpoints,
+		cc = &cluster.ClusterConfig{Name: c.Name, NodeID: c.NodeID, Advertise: c.Advertise, Bind: c.Bind, Endpoints: c.Etcd.Endpoints,
 			LeaseTTL: c.LeaseTTL, HTTP: ln.Addr().String()}
 	}
 	mt := metrics.New()
