@@ -43,8 +43,8 @@ type PipelineConfig struct {
 	// ValueLogGCEvery is how often the pipeline looks for value-log files to
 	// reclaim (see valuelog.go). Zero means a minute; negative, never.
 	ValueLogGCEvery time.Duration
-	// MaxQueuedBytes bounds the estimated bytes of the writes waiting for the
-	// committer; past it, new writes fail with ErrUnavailable (a 503 with
+	// MaxQueuedBytes bounds the estimated bytes of the writes (and raft
+	// appends) waiting for the committer; past it, new writes fail with ErrUnavailable (a 503 with
 	// retryAfterMs) instead of piling up in memory while the disk is slow. A
 	// write alone in the queue is always taken. Zero means 256 MiB.
 	MaxQueuedBytes int
@@ -269,7 +269,7 @@ func (p *Pipeline) submit(w *Write, wake bool) *Ticket {
 	case backlog > int64(p.cfg.MaxApplyBacklog):
 		w.err = unavailableErr(fmt.Errorf("the database is %d MiB behind the write-ahead log (at most %d MiB)",
 			backlog>>20, p.cfg.MaxApplyBacklog>>20))
-	case p.queuedBytes+size > p.cfg.MaxQueuedBytes && len(p.queue) > 0:
+	case p.queuedBytes+size > p.cfg.MaxQueuedBytes && (len(p.queue) > 0 || len(p.rqueue) > 0):
 		w.err = unavailableErr(fmt.Errorf("%d MiB of writes wait for the disk (at most %d MiB)",
 			p.queuedBytes>>20, p.cfg.MaxQueuedBytes>>20))
 	}
