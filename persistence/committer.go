@@ -137,7 +137,10 @@ func (p *Pipeline) commitRun(run []*Write, rjobs []*raftJob) {
 		payload, rlive = p.encodeRaft(payload, rjobs, failErr)
 	}
 	p.payload = payload[:0]
-	if len(live) == 0 && len(rlive) == 0 {
+	if len(live) == 0 && (len(rlive) == 0 || len(payload) == 0) {
+		// Nothing to log (raft jobs that carry nothing but their order:
+		// everything before them is durable). No empty record either: a zero
+		// length is the log's end marker.
 		return
 	}
 	if h := p.cfg.Hooks; h != nil && h.BeforeCommit != nil {

@@ -182,3 +182,22 @@ func TestRaftAppend_AfterCloseFails(t *testing.T) {
 		t.Fatalf("append after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestRaftAppend_AnEmptyAppendWritesNoRecord: an append with neither entries
+// nor a HardState (raft's MsgStorageAppend that only carries responses) is
+// done in order, after what was queued before it, without a record of its
+// own: an empty record is the log's end marker, and replay would stop there.
+func TestRaftAppend_AnEmptyAppendWritesNoRecord(t *testing.T) {
+	dir := t.TempDir()
+	db := openTestDB(t, dir)
+	p := startPipeline(t, db, PipelineConfig{})
+	mustAppend(t, p, 1, 1, pbHS(1, 1, 0), pbEnts(1, 1))
+	if err := appendRaft(t, p, 1, 1, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, p, 1, 1, nil, pbEnts(2, 1))
+	db = reopen(t, p, db, Config{Dir: dir})
+	if last, _ := db.RaftStorage(1, 1, nil).LastIndex(); last != 2 {
+		t.Fatalf("last index %d after a reopen, want 2", last)
+	}
+}
