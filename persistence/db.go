@@ -219,7 +219,9 @@ func (db *DB) Partitions() int { return db.partitions }
 
 // Close closes the database. Close the Pipeline first. A clean close flushes
 // Badger's memtables to synced tables, after which the log holds nothing Badger
-// lacks and is removed.
+// lacks and is removed, unless it holds raft logs (their tails and HardStates
+// live only there) or Badger lacks durable records: then it is kept for the
+// next Open to replay.
 func (db *DB) Close() error {
 	if db.closed {
 		return nil
