@@ -16,7 +16,7 @@ func (p *Pipeline) commitLoop() {
 	defer close(p.releaseCh)
 	for {
 		p.mu.Lock()
-		for len(p.queue) == 0 && !p.closing {
+		for len(p.queue) == 0 && p.rsync == 0 && !p.closing {
 			p.idle = true
 			p.mu.Unlock()
 			<-p.wake
@@ -28,31 +28,46 @@ func (p *Pipeline) commitLoop() {
 		// so that batches commit in the order their writes were queued.
 		p.commitMu.Lock()
 		p.mu.Lock()
-		batch := p.queue
-		p.queue, p.queuedBytes = nil, 0 // the completion goroutine owns batch from here
+		batch, rbatch := p.takeLocked() // the completion goroutine owns them from here
 		closing := p.closing
 		p.mu.Unlock()
 
-		if len(batch) > 0 {
-			p.commitBatch(batch)
+		if len(batch) > 0 || len(rbatch) > 0 {
+			p.commitBatch(batch, rbatch)
 		}
 		p.commitMu.Unlock()
-		if closing && len(batch) == 0 {
+		if closing && len(batch) == 0 && len(rbatch) == 0 {
 			return
 		}
 	}
 }
 
+// takeLocked takes everything queued for a commit. p.mu is held.
+func (p *Pipeline) takeLocked() ([]*Write, []*raftJob) {
+	batch, rbatch := p.queue, p.rqueue
+	p.queue, p.rqueue, p.rsync, p.queuedBytes = nil, nil, 0, 0
+	return batch, rbatch
+}
+
+// completion is one batch for the completion goroutine: its writes, then its
+// raft jobs, complete in order.
+type completion struct {
+	writes []*Write
+	raft   []*raftJob
+}
+
 // commitBatch commits batch in as few transactions as the size budget allows and
-// hands every write to the completion goroutine in order.
-func (p *Pipeline) commitBatch(batch []*Write) {
+// hands every write to the completion goroutine in order. The raft jobs ride in
+// the last record (their entries go to Badger only once committed, so they do
+// not count against a transaction's budget).
+func (p *Pipeline) commitBatch(batch []*Write, rbatch []*raftJob) {
 	limit := p.cfg.MaxWriteBytes
 	start := 0
 	size := 0
 	for i, w := range batch {
 		s := w.size
 		if i > start && size+s > p.cfg.MaxCommitBytes {
-			p.commitRun(batch[start:i])
+			p.commitRun(batch[start:i], nil)
 			start, size = i, 0
 		}
 		if s > limit {
@@ -60,7 +75,12 @@ func (p *Pipeline) commitBatch(batch []*Write) {
 		}
 		size += s
 	}
-	p.commitRun(batch[start:])
+	p.commitRun(batch[start:], rbatch)
+	if len(rbatch) > 0 {
+		p.completing.Add(1)
+		p.completions <- completion{writes: batch, raft: rbatch}
+		return
+	}
 	// A lone write (a serial writer) completes right here, saving a goroutine
 	// hand-off on the latency path. Larger batches go to the completion goroutine:
 	// the next commit starts at once, and the writers it wakes are not queued on
@@ -72,7 +92,7 @@ func (p *Pipeline) commitBatch(batch []*Write) {
 		return
 	}
 	p.completing.Add(1)
-	p.completions <- batch
+	p.completions <- completion{writes: batch}
 }
 
 // inlineCompletion is the largest batch the committer completes itself.
@@ -81,7 +101,7 @@ const inlineCompletion = 1
 // commitRun commits run as one record in the write-ahead log, synced once, setting
 // err on each write that fails. The applier goroutine then applies the same changes
 // to Badger at the record's sequence number, off the acknowledgement's path.
-func (p *Pipeline) commitRun(run []*Write) {
+func (p *Pipeline) commitRun(run []*Write, rjobs []*raftJob) {
 	p.mu.Lock()
 	failErr := p.failErr
 	p.mu.Unlock()
@@ -112,8 +132,15 @@ func (p *Pipeline) commitRun(run []*Write) {
 		payload = appendWrite(payload, w)
 		live = append(live, w)
 	}
+	var rlive []*raftJob
+	if len(rjobs) > 0 {
+		payload, rlive = p.encodeRaft(payload, rjobs, failErr)
+	}
 	p.payload = payload[:0]
-	if len(live) == 0 {
+	if len(live) == 0 && (len(rlive) == 0 || len(payload) == 0) {
+		// Nothing to log (raft jobs that carry nothing but their order:
+		// everything before them is durable). No empty record either: a zero
+		// length is the log's end marker.
 		return
 	}
 	if h := p.cfg.Hooks; h != nil && h.BeforeCommit != nil {
@@ -134,6 +161,9 @@ func (p *Pipeline) commitRun(run []*Write) {
 		for _, w := range live {
 			w.fail(err)
 		}
+		for _, j := range rlive {
+			j.err = err
+		}
 		return
 	}
 	if err != nil {
@@ -141,7 +171,13 @@ func (p *Pipeline) commitRun(run []*Write) {
 		for _, w := range live {
 			w.fail(p.Failed())
 		}
+		for _, j := range rlive {
+			j.err = p.Failed()
+		}
 		return
+	}
+	if len(rlive) > 0 {
+		p.indexCommitted(rlive, p.db.wal.lastSeg, p.db.wal.lastPayloadAt)
 	}
 	if p.unavailable.Load() != nil {
 		p.unavailable.Store(nil)
@@ -204,8 +240,9 @@ func (p *Pipeline) fatal(err error) {
 
 func (p *Pipeline) completeLoop() {
 	defer p.done.Done()
-	for batch := range p.completions {
-		p.complete(batch)
+	for c := range p.completions {
+		p.complete(c.writes)
+		completeRaft(c.raft)
 		p.completing.Add(-1)
 	}
 }

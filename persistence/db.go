@@ -62,6 +62,9 @@ type DB struct {
 	// keepLog is set by Pipeline.Close when Badger did not get every durable
 	// record: Close then keeps the log for the next Open to replay.
 	keepLog bool
+	// raft is the raft logs the write-ahead log holds (raftlog.go); empty on
+	// a single node. A node holding one keeps its log on a clean close.
+	raft *raftIndex
 }
 
 // Open opens or creates the database in cfg.Dir and replays the write-ahead log
@@ -114,19 +117,28 @@ func open(cfg Config, acceptMissingStart bool) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open badger in %s: %w", cfg.Dir, err)
 	}
-	db := &DB{bdb: bdb, vlog: newValueLog(opts.Dir), log: cfg.Logger}
+	db := &DB{bdb: bdb, vlog: newValueLog(opts.Dir), log: cfg.Logger, raft: newRaftIndex()}
 	wb := bdb.NewManagedWriteBatch()
 	replayed := 0
 	floor := bdb.MaxVersion()
 	if acceptMissingStart {
 		floor = math.MaxUint64 - 1
 	}
-	w, last, err := openWAL(filepath.Join(cfg.Dir, "wal"), cfg.SegmentSize, cfg.Logger, floor, func(seq uint64, payload []byte) error {
+	var rr raftReplay
+	w, last, err := openWALAt(filepath.Join(cfg.Dir, "wal"), cfg.SegmentSize, cfg.Logger, floor, func(seq uint64, at recordPlace, payload []byte) error {
 		replayed++
-		return decodeChanges(payload,
+		return decodeRecord(payload,
 			func(k, v []byte) error { return wb.SetEntryAt(badger.NewEntry(k, v), seq) },
-			func(k []byte) error { return wb.DeleteAt(k, seq) })
+			func(k []byte) error { return wb.DeleteAt(k, seq) },
+			func(d *raftDecoder, op byte) error { return rr.change(db.raft, d, op, at) })
 	})
+	if err == nil {
+		if re := db.raft.finishReplay(); re != nil {
+			w.closeAll()
+			err = &CorruptionError{File: w.dir, Reason: re.Error() + "; the log cannot give that replica its entries back",
+				Group: re.key.group, Replica: re.key.replica, Index: re.index, missingStart: true}
+		}
+	}
 	if err == nil {
 		err = wb.Flush()
 	} else {
@@ -144,6 +156,7 @@ func open(cfg Config, acceptMissingStart bool) (*DB, error) {
 		cfg.Logger.Info("replayed the write-ahead log", "records", replayed, "last_seq", last)
 	}
 	db.wal = w
+	w.raft, db.raft.w = db.raft, w
 	db.lastSeq = max(last, bdb.MaxVersion())
 	if err := db.fixPartitions(cfg.Partitions); err != nil {
 		_ = db.Close()
@@ -206,13 +219,17 @@ func (db *DB) Partitions() int { return db.partitions }
 
 // Close closes the database. Close the Pipeline first. A clean close flushes
 // Badger's memtables to synced tables, after which the log holds nothing Badger
-// lacks and is removed.
+// lacks and is removed, unless it holds raft logs (their tails and HardStates
+// live only there) or Badger lacks durable records: then it is kept for the
+// next Open to replay.
 func (db *DB) Close() error {
 	if db.closed {
 		return nil
 	}
 	db.closed = true
-	if db.keepLog {
+	if db.keepLog || db.raft.hasState() {
+		// A replica's log tail (appended, acknowledged to its leader, maybe
+		// not yet committed) and HardState live only in the log.
 		err := db.bdb.Close()
 		db.wal.closeAll()
 		if err != nil {

@@ -14,6 +14,10 @@
 //	wal.go        the write-ahead log: segments, records, rotation, release
 //	walpage.go    the page writer (O_DIRECT, RWF_DSYNC) under the log
 //	recovery.go   strict replay: what Open accepts, CorruptionError
+//	raftrecord.go the raft changes of a record: blocks, truncations, states
+//	raftlog.go    the raft index: each replica's log as the WAL holds it
+//	raftstorage.go RaftStorage, a replica's log as a raft.Storage
+//	raftappend.go AppendRaft, TruncateRaft: raft jobs through the committer
 //	repair.go     RepairWAL, the operator's explicit way past damage
 //	valuelog.go   syncing and collecting Badger's value log
 //	db.go         Open, Close, reads, releasable
@@ -74,6 +78,13 @@
 // wal`) is the explicit way past it. A clean Close flushes Badger and removes
 // the log; a Close after the applier could not finish keeps it for the next
 // Open.
+//
+// A node holding raft logs (issue 27, docs/replication-design.md 1.4-1.8)
+// keeps them in the same records: the committer logs every queued raft
+// append of every group with the local writes, one sync for all. A segment
+// is then released only once, besides the rule above, every replica's
+// entries in it are below its first index (TruncateRaft), and a clean Close
+// keeps the log. Replay rebuilds each replica's log strictly.
 //
 // Values of 1 MiB and more live in Badger's value log, which Badger does not
 // reclaim on its own: the pipeline runs the value-log GC, and a rewritten file

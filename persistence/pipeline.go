@@ -43,8 +43,8 @@ type PipelineConfig struct {
 	// ValueLogGCEvery is how often the pipeline looks for value-log files to
 	// reclaim (see valuelog.go). Zero means a minute; negative, never.
 	ValueLogGCEvery time.Duration
-	// MaxQueuedBytes bounds the estimated bytes of the writes waiting for the
-	// committer; past it, new writes fail with ErrUnavailable (a 503 with
+	// MaxQueuedBytes bounds the estimated bytes of the writes (and raft
+	// appends) waiting for the committer; past it, new writes fail with ErrUnavailable (a 503 with
 	// retryAfterMs) instead of piling up in memory while the disk is slow. A
 	// write alone in the queue is always taken. Zero means 256 MiB.
 	MaxQueuedBytes int
@@ -81,6 +81,11 @@ type Pipeline struct {
 
 	mu    sync.Mutex
 	queue []*Write
+	// rqueue is the raft jobs waiting for the committer (raftappend.go), in
+	// their order; rsync counts those that need a commit (the others ride in
+	// the next one). Guarded by mu.
+	rqueue []*raftJob
+	rsync  int
 	// queuedBytes estimates the bytes of the writes in queue; guarded by mu.
 	queuedBytes int
 	closing     bool
@@ -96,7 +101,7 @@ type Pipeline struct {
 	queuedAt time.Time
 	wake     chan struct{}
 
-	completions chan []*Write
+	completions chan completion
 	completing  atomic.Int32 // batches sent to the completion goroutine, not yet completed
 	// applies is the committed records the applier has yet to write into
 	// Badger. It is unbounded so that a slow Badger never blocks the committer
@@ -169,7 +174,7 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 		db:          db,
 		cfg:         cfg,
 		wake:        make(chan struct{}, 1),
-		completions: make(chan []*Write, 64),
+		completions: make(chan completion, 64),
 		applies:     applyQueue{signal: make(chan struct{}, 1)},
 		hurry:       make(chan struct{}, 1),
 		releaseCh:   make(chan struct{}, 1),
@@ -264,7 +269,7 @@ func (p *Pipeline) submit(w *Write, wake bool) *Ticket {
 	case backlog > int64(p.cfg.MaxApplyBacklog):
 		w.err = unavailableErr(fmt.Errorf("the database is %d MiB behind the write-ahead log (at most %d MiB)",
 			backlog>>20, p.cfg.MaxApplyBacklog>>20))
-	case p.queuedBytes+size > p.cfg.MaxQueuedBytes && len(p.queue) > 0:
+	case p.queuedBytes+size > p.cfg.MaxQueuedBytes && (len(p.queue) > 0 || len(p.rqueue) > 0):
 		w.err = unavailableErr(fmt.Errorf("%d MiB of writes wait for the disk (at most %d MiB)",
 			p.queuedBytes>>20, p.cfg.MaxQueuedBytes>>20))
 	}
@@ -285,7 +290,7 @@ func (p *Pipeline) submit(w *Write, wake bool) *Ticket {
 
 // wakeLocked wakes the committer if it is parked and writes wait. p.mu is held.
 func (p *Pipeline) wakeLocked() {
-	if !p.idle || len(p.queue) == 0 {
+	if !p.idle || (len(p.queue) == 0 && p.rsync == 0) {
 		return // the committer looks at the queue again before it parks
 	}
 	p.idle = false
@@ -335,10 +340,9 @@ func (p *Pipeline) Help() {
 		p.mu.Unlock()
 		return
 	}
-	batch := p.queue
-	p.queue, p.queuedBytes = nil, 0
+	batch, rbatch := p.takeLocked()
 	p.mu.Unlock()
-	p.commitBatch(batch)
+	p.commitBatch(batch, rbatch)
 	p.commitMu.Unlock()
 	// Writes queued meanwhile woke the committer (Submit) or are their
 	// queuers' to kick (Queue).

@@ -27,6 +27,11 @@ import (
 // Everything else (a bad CRC in an older segment, a good record after a bad
 // one, a gap or a step back in the sequence, a record whose changes do not
 // decode, a log that starts beyond Badger) stops Open with a *CorruptionError.
+// So does a raft change that does not continue its replica's log (raftlog.go:
+// a gap, an entry below the first index, a term or HardState term going down,
+// a commit past the last index, a state record that disagrees with the log
+// before it, an entry of the log in no retained segment), with the group,
+// replica and index.
 // `holdfast repair wal --accept-data-loss` (RepairWAL) truncates the log at the
 // first such point on purpose.
 
@@ -41,6 +46,10 @@ type CorruptionError struct {
 	Seq     uint64 // the seq that record claims, if it was readable; 0 if not
 	After   uint64 // the seq of the last good record before it (0: none)
 	Reason  string
+	// Group, Replica and Index name the raft log that stopped making sense
+	// (a gap, a term going down, ...); zero for damage that is not a raft
+	// log's. The Reason says them too.
+	Group, Replica, Index uint64
 	// missingStart: the log's first record is beyond what the database holds
 	// (RepairWAL cannot cut that away; it can only replay the log as it is).
 	missingStart bool
@@ -119,6 +128,12 @@ func scanSegment(path string, id uint64, data []byte, last, floor uint64, newest
 			break
 		}
 		if err := apply(seq, off, data[off+recordHeader:off+recordHeader+n]); err != nil {
+			var re *raftReplayError
+			if errors.As(err, &re) {
+				sc.damage = damage(off, seq, fmt.Sprintf("record seq %d: %s", seq, re.Error()))
+				sc.damage.Group, sc.damage.Replica, sc.damage.Index = re.key.group, re.key.replica, re.index
+				break
+			}
 			if errors.Is(err, errCorrupt) {
 				sc.damage = damage(off, seq, fmt.Sprintf("record seq %d passes its checksum but its changes do not decode", seq))
 				break

@@ -80,6 +80,25 @@ type wal struct {
 	prepFail  time.Time // when preparing last failed; retried after prepRetry
 	prepStop  atomic.Bool
 	prepDone  sync.WaitGroup
+	// files are the open segments by id (full ones and cur), for reads of
+	// raft entries; guarded by mu.
+	files map[uint64]*os.File
+
+	// raft is the node's raft index (set by Open, nil in the log's own
+	// tests): a new segment's first record starts with its state, and a
+	// segment it pins is not released.
+	raft walRaft
+	// lastSeg and lastPayloadAt say where the last commit's payload went:
+	// its segment and the file offset of its first byte. Committer-owned.
+	lastSeg       uint64
+	lastPayloadAt int64
+}
+
+// walRaft is what the log asks of the raft index (raftlog.go).
+type walRaft interface {
+	head() []byte           // the op 6 change a new segment starts with; nil if none
+	pinned(seg uint64) bool // a replica still needs entries in seg
+	released(seg uint64)    // seg is out of the log
 }
 
 const (
@@ -104,10 +123,22 @@ func segmentName(dir string, id uint64) string {
 // It returns the last replayed sequence number (0 if the log was empty). Any
 // damage stops it with a *CorruptionError (see recovery.go).
 func openWAL(dir string, segSize int64, log *slog.Logger, floor uint64, apply func(seq uint64, payload []byte) error) (*wal, uint64, error) {
+	return openWALAt(dir, segSize, log, floor, func(seq uint64, _ recordPlace, payload []byte) error { return apply(seq, payload) })
+}
+
+// recordPlace is where a replayed record is: its segment and the file offset of
+// its payload's first byte.
+type recordPlace struct {
+	seg       uint64
+	payloadAt int64
+}
+
+// openWALAt is openWAL whose apply also learns where each record is.
+func openWALAt(dir string, segSize int64, log *slog.Logger, floor uint64, apply func(seq uint64, at recordPlace, payload []byte) error) (*wal, uint64, error) {
 	if err := durable.MkdirAll(dir, 0o755); err != nil {
 		return nil, 0, fmt.Errorf("create log directory: %w", err)
 	}
-	w := &wal{dir: dir, segSize: segSize, log: log}
+	w := &wal{dir: dir, segSize: segSize, log: log, files: map[uint64]*os.File{}}
 	ids, err := w.segmentIDs()
 	if err != nil {
 		return nil, 0, err
@@ -122,6 +153,7 @@ func openWAL(dir string, segSize int64, log *slog.Logger, floor uint64, apply fu
 		}
 		seg := &segment{id: id, f: f, path: path}
 		w.full = append(w.full, seg)
+		w.files[id] = f
 		if err := w.replay(seg, i == len(ids)-1, &last, floor, apply); err != nil {
 			w.closeAll()
 			return nil, 0, err
@@ -198,13 +230,13 @@ func (w *wal) segmentIDs() ([]uint64, error) {
 // record of the newest segment is dropped for good: its header is zeroed and
 // synced, because the segment is an older one from now on, and an older
 // segment must end at a zero length.
-func (w *wal) replay(seg *segment, newest bool, last *uint64, floor uint64, apply func(uint64, []byte) error) error {
+func (w *wal) replay(seg *segment, newest bool, last *uint64, floor uint64, apply func(uint64, recordPlace, []byte) error) error {
 	data, err := readSegment(seg)
 	if err != nil {
 		return err
 	}
-	sc, err := scanSegment(seg.path, seg.id, data, *last, floor, newest, func(seq uint64, _ int64, payload []byte) error {
-		return apply(seq, payload)
+	sc, err := scanSegment(seg.path, seg.id, data, *last, floor, newest, func(seq uint64, off int64, payload []byte) error {
+		return apply(seq, recordPlace{seg: seg.id, payloadAt: off + recordHeader}, payload)
 	})
 	if err != nil {
 		return fmt.Errorf("replay log segment %s: %w", seg.path, err)
@@ -295,6 +327,9 @@ func (w *wal) startSegment(id uint64) (err error) {
 	}
 	seg.pw = pw
 	w.cur = seg
+	w.mu.Lock()
+	w.files[id] = seg.f
+	w.mu.Unlock()
 	return nil
 }
 
@@ -358,6 +393,7 @@ func zeroHandle(seg *segment, end int64) (*os.File, func(), error) {
 // descriptors, no space); the same commit may be tried again. Any other error
 // is the log's end: what the device holds is unknown.
 func (w *wal) commit(seq uint64, payload []byte) error {
+	origLen := int64(len(payload))
 	need := int64(recordHeader + len(payload))
 	if w.cur != nil && w.cur.off > 0 && w.cur.off+need > w.segSize {
 		if err := w.retire(); err != nil {
@@ -370,6 +406,14 @@ func (w *wal) commit(seq uint64, payload []byte) error {
 		}
 	}
 	seg := w.cur
+	if seg.off == 0 && w.raft != nil {
+		// A new segment starts with the raft state, so that replay from it
+		// needs none of the segments before (raftrecord.go, op 6).
+		if head := w.raft.head(); len(head) > 0 {
+			payload = append(head, payload...)
+			need = int64(recordHeader + len(payload))
+		}
+	}
 	// Blocks past the record stay allocated, so that later records overwrite.
 	if err := w.zeroAhead(seg, seg.off+need+recordHeader); err != nil {
 		return unavailableErr(err)
@@ -385,6 +429,7 @@ func (w *wal) commit(seq uint64, payload []byte) error {
 	if err := seg.pw.writeSync(rec); err != nil {
 		return fmt.Errorf("write and sync log segment %d: %w", seg.id, err)
 	}
+	w.lastSeg, w.lastPayloadAt = seg.id, seg.off+recordHeader+(int64(len(payload))-origLen)
 	seg.off += need
 	seg.lastSeq = seq
 	w.maybePrepare()
@@ -514,7 +559,25 @@ func (w *wal) release(flushed uint64, syncDB func() error) error {
 	for n < len(w.full) && w.full[n].lastSeq <= flushed {
 		n++
 	}
+	var ids []uint64
+	if w.raft != nil {
+		ids = make([]uint64, n)
+		for i := range ids {
+			ids[i] = w.full[i].id
+		}
+	}
 	w.mu.Unlock()
+	if w.raft != nil {
+		// Outside mu: the index takes a replica's lock, under which an entry
+		// read takes mu. Only this goroutine takes segments out of full, so
+		// full[:n] stays as it was.
+		for i, id := range ids {
+			if w.raft.pinned(id) {
+				n = i
+				break
+			}
+		}
+	}
 	if n == 0 {
 		return nil
 	}
@@ -527,6 +590,9 @@ func (w *wal) release(flushed uint64, syncDB func() error) error {
 	w.mu.Lock()
 	segs := slices.Clone(w.full[:n])
 	w.full = append(w.full[:0], w.full[n:]...)
+	for _, seg := range segs {
+		delete(w.files, seg.id)
+	}
 	keep := keepRecycled - w.recycled()
 	w.mu.Unlock()
 	var freed []*segment
@@ -551,6 +617,11 @@ func (w *wal) release(flushed uint64, syncDB func() error) error {
 		}
 		done++
 	}
+	if w.raft != nil {
+		for _, seg := range segs[:done] {
+			w.raft.released(seg.id)
+		}
+	}
 	segs = segs[done:]
 	if err == nil {
 		err = syncPath(w.dir)
@@ -559,8 +630,25 @@ func (w *wal) release(flushed uint64, syncDB func() error) error {
 	w.free = append(w.free, freed...)
 	// What could not be released stays first in line, for the next try.
 	w.full = append(segs, w.full...)
+	for _, seg := range segs {
+		w.files[seg.id] = seg.f
+	}
 	w.mu.Unlock()
 	return err
+}
+
+// readAt reads len(b) bytes at off of segment id (a raft entry's data).
+func (w *wal) readAt(id uint64, b []byte, off int64) error {
+	w.mu.Lock()
+	f := w.files[id]
+	w.mu.Unlock()
+	if f == nil {
+		return fmt.Errorf("persistence: log segment %d is not open", id)
+	}
+	if _, err := f.ReadAt(b, off); err != nil {
+		return fmt.Errorf("read log segment %d at %d: %w", id, off, err)
+	}
+	return nil
 }
 
 // recycled counts the released segments kept for reuse (not the prepared one).
@@ -664,6 +752,14 @@ func appendWrite(b []byte, w *Write) []byte {
 
 // decodeChanges calls set or del for each change in payload, in order.
 func decodeChanges(payload []byte, set func(k, v []byte) error, del func(k []byte) error) error {
+	return decodeRecord(payload, set, del, nil)
+}
+
+// decodeRecord is decodeChanges for a payload that may hold raft changes
+// (ops 4-6, raftrecord.go): raft is called at each, with a decoder at the
+// op's body, and must consume the change. A nil raft makes them corrupt.
+func decodeRecord(payload []byte, set func(k, v []byte) error, del func(k []byte) error, raft func(d *raftDecoder, op byte) error) error {
+	full := payload
 	uvarint := func() (uint64, error) {
 		n, used := binary.Uvarint(payload)
 		if used <= 0 {
@@ -685,6 +781,17 @@ func decodeChanges(payload []byte, set func(k, v []byte) error, del func(k []byt
 	for len(payload) > 0 {
 		op := payload[0]
 		payload = payload[1:]
+		if op >= opRaftBlock && op <= opRaftState {
+			if raft == nil {
+				return errCorrupt
+			}
+			d := raftDecoder{p: full, pos: len(full) - len(payload)}
+			if err := raft(&d, op); err != nil {
+				return err
+			}
+			payload = full[d.pos:]
+			continue
+		}
 		k, err := next()
 		if err != nil {
 			return err
