@@ -42,6 +42,9 @@ type Engine struct {
 
 	failMu   sync.Mutex
 	failures []error
+
+	// staleReads is the planted stale-read bug (testknobs.StaleReads).
+	staleReads atomic.Bool
 }
 
 // New returns an engine for cfg.Node that sends through transport and stores
@@ -118,7 +121,8 @@ func (e *Engine) Start() error {
 
 // Close stops the ticker and the workers and waits for them. Proposals still
 // buffered fail with ErrClosed (not written); proposals handed to raft fail
-// with ErrOutcomeUnknown. Responses the pipeline delivers afterwards are
+// with ErrOutcomeUnknown; reads not finished fail with ErrReadNotConfirmed.
+// Responses the pipeline delivers afterwards are
 // dropped. Close does not close the pipeline or the transport.
 func (e *Engine) Close() error {
 	if !e.closed.CompareAndSwap(false, true) {
@@ -132,6 +136,7 @@ func (e *Engine) Close() error {
 	}
 	for _, g := range *e.list.Load() {
 		g.failAll(fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed), fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten))
+		g.failReads(fmt.Errorf("%w: %w", ErrReadNotConfirmed, ErrClosed))
 	}
 	return nil
 }
@@ -194,6 +199,7 @@ func (e *Engine) flush(w *worker) {
 func (e *Engine) process(w *worker, g *group, ticks int) {
 	if g.failed != nil {
 		g.failAll(g.failed, g.failed)
+		g.failReads(g.failed)
 		return
 	}
 	defer func() {
@@ -211,6 +217,7 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	for _, m := range msgs {
 		if m.GetType() == raftpb.MsgStorageApplyResp {
 			g.resolveApplied(m.GetEntries(), e.incarnation)
+			g.releaseReads()
 		}
 		if err := g.rn.Step(m); err != nil {
 			e.log.Debug("replication: step", "group", uint64(g.id), "type", m.GetType().String(), "from", m.GetFrom(), "err", err)
@@ -219,6 +226,9 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	g.recycle(msgs)
 	if len(props) > 0 {
 		e.propose(g, props)
+	}
+	if reads := g.takeReads(); len(reads) > 0 {
+		e.issueReads(g, reads)
 	}
 	if !g.rn.HasReady() {
 		return
@@ -231,6 +241,9 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 		g.term = rd.HardState.GetTerm()
 	}
 	g.publish()
+	if len(rd.ReadStates) > 0 || len(g.readPending) > 0 {
+		g.readStates(rd.ReadStates)
+	}
 	for _, m := range rd.Messages {
 		switch to := m.GetTo(); to {
 		case raft.LocalAppendThread:
@@ -369,6 +382,7 @@ func (e *Engine) failGroup(w *worker, g *group, r any) {
 	g.stFailed.Store(&err)
 	clear(w.out) // nothing of a broken pass leaves
 	g.failAll(err, err)
+	g.failReads(err)
 	e.failMu.Lock()
 	e.failures = append(e.failures, err)
 	e.failMu.Unlock()

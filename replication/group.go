@@ -77,15 +77,20 @@ type group struct {
 	props   []*proposal       // proposals not yet handed to raft
 	spare   []*raftpb.Message // the previous inbox's backing array, reused
 	unreach []ReplicaID       // peers the transport could not reach (ReportUnreachable)
+	reads   []*readReq        // reads not yet handed to raft (reads.go)
 
 	// Worker-owned.
 	rn      *raft.RawNode
 	pending map[uint64]*proposal // proposed, outcome not known yet, by seq
-	applied uint64               // last index applied (from MsgStorageApplyResp)
-	lead    ReplicaID
-	role    raft.StateType
-	term    uint64
-	failed  error
+	// readPending: reads handed to raft, not confirmed yet, by request
+	// context; readWaiting: confirmed reads waiting for applied >= index.
+	readPending map[string]*readReq
+	readWaiting []*readReq
+	applied     uint64 // last index applied (from MsgStorageApplyResp)
+	lead        ReplicaID
+	role        raft.StateType
+	term        uint64
+	failed      error
 
 	// Published by the holder for Propose and Status.
 	stLead    atomic.Uint64 // ReplicaID
@@ -131,13 +136,14 @@ func newGroup(cfg GroupConfig, e *Engine) (*group, error) {
 		return nil, fmt.Errorf("replication: group %d: %w", cfg.ID, err)
 	}
 	g := &group{
-		id:      cfg.ID,
-		replica: cfg.Replica,
-		peers:   peers,
-		rn:      rn,
-		pending: make(map[uint64]*proposal),
-		applied: cfg.Applied,
-		role:    raft.StateFollower,
+		id:          cfg.ID,
+		replica:     cfg.Replica,
+		peers:       peers,
+		rn:          rn,
+		pending:     make(map[uint64]*proposal),
+		readPending: make(map[string]*readReq),
+		applied:     cfg.Applied,
+		role:        raft.StateFollower,
 	}
 	g.stApplied.Store(cfg.Applied)
 	return g, nil

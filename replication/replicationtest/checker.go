@@ -23,6 +23,11 @@ import (
 //     later leader replaced is caught as soon as any replica applies the
 //     replacement.
 //  4. A payload reported not written is never applied.
+//  5. Reads are linearizable against acknowledged writes: when a ReadIndex
+//     succeeds on node n with index i, i covers every proposal of the group
+//     acknowledged before the read was issued, and n had applied at least i
+//     when it returned; so the applied prefix n's state machine then shows
+//     holds them all (with 1, at their acknowledged indexes).
 //
 // Payloads are compared as bytes, so each must be unique.
 type Checker struct {
@@ -33,6 +38,8 @@ type Checker struct {
 	lastApplied map[[2]uint64]uint64                        // (node, group) -> index
 	acks        map[string]ack
 	notWrit     map[string]bool
+	maxAcked    map[replication.GroupID]uint64 // the highest acknowledged index per group
+	reads       int                            // reads that returned
 	violations  []string
 }
 
@@ -56,6 +63,7 @@ func newChecker(nodes int) *Checker {
 		lastApplied: make(map[[2]uint64]uint64),
 		acks:        make(map[string]ack),
 		notWrit:     make(map[string]bool),
+		maxAcked:    make(map[replication.GroupID]uint64),
 	}
 }
 
@@ -113,6 +121,7 @@ func (c *Checker) acked(g replication.GroupID, payload []byte, res replication.R
 	defer c.mu.Unlock()
 	p := string(payload)
 	c.acks[p] = ack{group: g, res: res}
+	c.maxAcked[g] = max(c.maxAcked[g], res.Index)
 	rec, ok := c.appliedAt[p]
 	switch {
 	case !ok:
@@ -136,7 +145,36 @@ func (c *Checker) notWritten(payload []byte) {
 	}
 }
 
-// Err returns the invariant violations seen so far (1, 2, 4 and the first
+// readStart is called just before a read of group g is issued: it returns
+// the highest index of g acknowledged so far, which the read must cover.
+func (c *Checker) readStart(g replication.GroupID) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.maxAcked[g]
+}
+
+// readDone records a read of group g that node n reported confirmed at index
+// with applied its applied index on return; start is readStart's answer.
+func (c *Checker) readDone(n replication.NodeID, g replication.GroupID, start, index, applied uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reads++
+	if index < start {
+		c.violate("group %d: stale read on node %d: read index %d, but index %d was acknowledged before the read was issued", g, n, index, start)
+	}
+	if applied < index {
+		c.violate("group %d: read on node %d returned at read index %d with only %d applied", g, n, index, applied)
+	}
+}
+
+// Reads returns the number of reads that returned.
+func (c *Checker) Reads() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reads
+}
+
+// Err returns the invariant violations seen so far (1, 2, 4, 5 and the first
 // half of 3), or nil.
 func (c *Checker) Err() error {
 	c.mu.Lock()

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/holdfast/holdfast/replication"
+	"github.com/holdfast/holdfast/replication/internal/testknobs"
 )
 
 // Config configures a Cluster.
@@ -35,6 +36,9 @@ type Config struct {
 	// ackBeforeSync plants the bug "append responses before the sync" in
 	// every node's pipeline.
 	ackBeforeSync bool
+	// staleReads plants the bug "ReadIndex answered from the replica's own
+	// commit index, without a quorum round" in every node's engine.
+	staleReads bool
 }
 
 // Node is one member: its disk survives crashes, its pipeline and engine do not.
@@ -143,6 +147,9 @@ func (c *Cluster) start(id replication.NodeID) error {
 	e, err := replication.New(ecfg, c.Net.Endpoint(id), pipe)
 	if err != nil {
 		return err
+	}
+	if c.cfg.staleReads {
+		testknobs.StaleReads(e)
 	}
 	peers := make(map[replication.ReplicaID]replication.NodeID, c.cfg.Nodes)
 	for _, p := range c.NodeIDs() {
@@ -308,6 +315,28 @@ func (c *Cluster) Propose(ctx context.Context, g replication.GroupID, payload []
 			return replication.Result{}, fmt.Errorf("%w (last attempt: %v)", err, lastErr)
 		}
 	}
+}
+
+// Read runs ReadIndex for group g on node id (which must run and lead g)
+// and reports a success to the checker, which checks that the read covers
+// every proposal acknowledged before it was issued. It returns ReadIndex's
+// answer.
+func (c *Cluster) Read(ctx context.Context, id replication.NodeID, g replication.GroupID) (uint64, error) {
+	e := c.Engine(id)
+	if e == nil {
+		return 0, fmt.Errorf("replicationtest: node %d is down", id)
+	}
+	start := c.Checker.readStart(g)
+	idx, err := e.ReadIndex(ctx, g)
+	if err != nil {
+		return 0, err
+	}
+	st, err := e.Status(g)
+	if err != nil {
+		return 0, err
+	}
+	c.Checker.readDone(id, g, start, idx, st.Applied)
+	return idx, nil
 }
 
 // Partition cuts the links between sides (see Network.Partition).

@@ -22,10 +22,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // modelOptions select planted bugs (none in the real test).
 type modelOptions struct {
 	ackBeforeSync bool
+	staleReads    bool
+	// reads, if set, counts the reads that succeeded (so that a test can
+	// require the read checks to have had something to check).
+	reads *atomic.Int64
 }
 
 // runModel is the property: a random cluster (3 or 5 nodes, 1-3 groups) runs
-// random actions (proposal streams, crashes of any set of nodes at one
+// random actions (proposal streams, read streams, crashes of any set of nodes at one
 // instant losing what was not synced, restarts, partitions and heals,
 // message faults, pauses); after every action the Checker's invariants hold;
 // at the end, once healed, restarted and quiet, every acknowledged proposal
@@ -40,6 +44,7 @@ func runModel(t *rapid.T, opts modelOptions) {
 		Engine:        replication.Config{TickInterval: 2 * time.Millisecond, ElectionTick: 10, Workers: 4},
 		SyncDelay:     syncDelay,
 		ackBeforeSync: opts.ackBeforeSync,
+		staleReads:    opts.staleReads,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -92,9 +97,51 @@ func runModel(t *rapid.T, opts modelOptions) {
 			}
 		})
 	}
+	// leaderOf returns the engine of a node that believes it leads g (if
+	// several do, a random one of them) and its id, or 0.
+	leaderOf := func(t *rapid.T, g replication.GroupID, among []replication.NodeID) replication.NodeID {
+		var leaders []replication.NodeID
+		for _, id := range among {
+			if e := c.Engine(id); e != nil {
+				if st, err := e.Status(g); err == nil && st.IsLeader {
+					leaders = append(leaders, id)
+				}
+			}
+		}
+		if len(leaders) == 0 {
+			return 0
+		}
+		return rapid.SampledFrom(leaders).Draw(t, "leader")
+	}
+	var reading atomic.Int32
 	t.Repeat(map[string]func(*rapid.T){
 		"propose": func(t *rapid.T) {
 			stream(t, replication.GroupID(rapid.IntRange(1, groups).Draw(t, "group")))
+		},
+		// A stream of reads on a node that believes it leads (the checker
+		// checks every read that succeeds); failures are expected.
+		"read": func(t *rapid.T) {
+			if reading.Load() >= 2 {
+				t.Skip("enough readers")
+			}
+			g := replication.GroupID(rapid.IntRange(1, groups).Draw(t, "group"))
+			l := leaderOf(t, g, ids)
+			if l == 0 {
+				t.Skip("no leader")
+			}
+			n := rapid.IntRange(1, 10).Draw(t, "count")
+			reading.Add(1)
+			streams.Go(func() {
+				defer reading.Add(-1)
+				for range n {
+					rctx, rcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+					_, _ = c.Read(rctx, l, g)
+					rcancel()
+					if ctx.Err() != nil {
+						return
+					}
+				}
+			})
 		},
 		// Cut a group's leader off from everyone and propose to the group at
 		// once: the old leader takes proposals it cannot commit, which the
@@ -125,6 +172,45 @@ func runModel(t *rapid.T, opts modelOptions) {
 				case errors.Is(err, replication.ErrNotWritten):
 					c.Checker.notWritten(payload)
 				}
+			})
+			// Once the rest elect a leader of their own, write through it,
+			// then read on the old leader: the read must fail (or wait
+			// until its context ends) while the old leader cannot reach a
+			// quorum, however long it still believes it leads (CheckQuorum
+			// deposes it within 20-40 ms).
+			streams.Go(func() {
+				deadline := time.Now().Add(150 * time.Millisecond)
+				var nl replication.NodeID
+				for nl == 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+					for _, id := range rest {
+						if e := c.Engine(id); e != nil {
+							if st, err := e.Status(g); err == nil && st.IsLeader {
+								nl = id
+							}
+						}
+					}
+					_ = sleepCtx(ctx, time.Millisecond)
+				}
+				ne := c.Engine(nl)
+				if nl == 0 || ne == nil {
+					return
+				}
+				w := fmt.Appendf(nil, "g%d-%d", g, next.Add(1))
+				pctx, pcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				res, err := ne.Propose(pctx, g, w)
+				pcancel()
+				switch {
+				case err == nil:
+					c.Checker.acked(g, w, res)
+				case errors.Is(err, replication.ErrNotWritten):
+					c.Checker.notWritten(w)
+					return
+				default:
+					return
+				}
+				rctx, rcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				_, _ = c.Read(rctx, l, g)
+				rcancel()
 			})
 			// Hold the cut long enough, often, for the rest to elect (the
 			// election timeout is 20-40 ms).
@@ -198,6 +284,9 @@ func runModel(t *rapid.T, opts modelOptions) {
 		}
 	}
 	streams.Wait()
+	if opts.reads != nil {
+		opts.reads.Add(int64(c.Checker.Reads()))
+	}
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer wcancel()
 	werr := c.WaitAcked(wctx)
@@ -230,7 +319,12 @@ func setRapidFlag(name, value string) func() {
 // divides by 5); -rapid.checks overrides.
 func TestModel(t *testing.T) {
 	defer setRapidFlag("rapid.checks", "40")()
-	rapid.Check(t, func(t *rapid.T) { runModel(t, modelOptions{}) })
+	var reads atomic.Int64
+	rapid.Check(t, func(t *rapid.T) { runModel(t, modelOptions{reads: &reads}) })
+	if !t.Failed() && reads.Load() == 0 {
+		t.Fatal("no read succeeded in any run: the read checks checked nothing")
+	}
+	t.Logf("%d reads checked", reads.Load())
 }
 
 // failureTB is a rapid.TB that records failures instead of failing the test,
@@ -273,6 +367,10 @@ func TestModel_PlantedBugs(t *testing.T) {
 		// the leader's own) before the sync: raft counts an entry durable
 		// that a crash then loses.
 		{"AckBeforeSync", modelOptions{ackBeforeSync: true}},
+		// ReadIndex is answered from the replica's own commit index, without
+		// a quorum round: a leader cut off from the majority serves stale
+		// reads while a new leader takes writes.
+		{"StaleReads", modelOptions{staleReads: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer setRapidFlag("rapid.checks", "500")() // stops at the first counterexample; -short divides by 5

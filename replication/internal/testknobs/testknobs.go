@@ -1,0 +1,11 @@
+// Package testknobs lets replicationtest plant bugs in a replication.Engine
+// without exporting them: only packages under replication/ can import it.
+// Package replication fills the hooks at init. Nothing else may call them.
+package testknobs
+
+// StaleReads, set by package replication, plants the stale-read bug in an
+// engine (a *replication.Engine) before its Start: ReadIndex is answered from
+// the replica's own commit index, without a quorum round, so a leader cut off
+// from the majority keeps serving reads while a new leader takes writes. The
+// model test must catch it.
+var StaleReads func(engine any)
