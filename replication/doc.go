@@ -54,6 +54,23 @@
 // proposal fails with ErrNotWritten: a proposal is never reported applied
 // unless its own entry was.
 //
+// # Reads
+//
+// ReadIndex (reads.go) works on the leader only (elsewhere *NotLeaderError)
+// and makes a linearizable read possible: raft's ReadIndex with ReadOnlySafe
+// (never ReadOnlyLeaseBased) records the leader's commit index and confirms
+// it with a heartbeat round to a quorum; a new leader confirms nothing before
+// it has committed an entry of its own term. The worker takes the confirmed
+// Ready.ReadStates by their request context (engine incarnation and a
+// sequence number) and ReadIndex returns once this replica has applied that
+// index: the caller's state machine then holds every write acknowledged
+// before the call. A read raft has not confirmed fails with
+// ErrReadNotConfirmed, never a success, when the replica stops leading or
+// changes term (raft drops its rounds then), at Close, or when its context
+// ends; a confirmed read waiting for apply stays valid after a step-down.
+// A leader lease (section 3 of the design; NetConfig.OnBeatAck) is not built
+// yet: every read costs a quorum round.
+//
 // # Invariants (checked by replicationtest's model test)
 //
 //   - No two replicas of a group apply different entries at one index.
@@ -62,6 +79,8 @@
 //     crash that loses only unsynced state, and is applied on a majority once
 //     the cluster heals.
 //   - A proposal reported ErrNotWritten is never applied.
+//   - A successful ReadIndex's index covers every proposal acknowledged
+//     before the read was issued, and the replica has applied it.
 //
 // A raft panic (a broken invariant, e.g. a log that lost acknowledged
 // entries) fails that group only (ErrGroupFailed, Engine.Err); the node and
