@@ -301,12 +301,19 @@ func runModel(t *rapid.T, opts modelOptions) {
 	}
 }
 
+// cmdlineFlags are the flags the command line set, taken before any
+// setRapidFlag: flag.Visit also lists the flags flag.Set set, so a later
+// look would take an earlier test's setting for the command line's.
+var cmdlineFlags = sync.OnceValue(func() map[string]bool {
+	set := make(map[string]bool)
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+})
+
 // setRapidFlag sets one of rapid's flags unless the command line did, and
 // returns the restore function.
 func setRapidFlag(name, value string) func() {
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	if set {
+	if cmdlineFlags()[name] {
 		return func() {}
 	}
 	old := flag.Lookup(name).Value.String()
