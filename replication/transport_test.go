@@ -275,6 +275,9 @@ func TestNetTransport_DeliversInOrder(t *testing.T) {
 			t.Fatalf("message %d: group %d %v", i, env.Group, env.Msg)
 		}
 	}
+	// The sender counts a frame once Send returns, which the in-memory
+	// carrier does after delivering it: poll for the last count.
+	r.waitFor(t, "the sender's stats", func() bool { return p.tr[1].Stats().MessagesOut == n })
 	if st := p.tr[1].Stats(); st.Frames == 0 || st.Frames > n || st.MessagesOut != n {
 		t.Fatalf("stats %+v", st)
 	}
