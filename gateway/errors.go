@@ -73,9 +73,14 @@ func tooLarge(msg string) *apiError {
 func toAPIError(err error, requestID string) *apiError {
 	var trunc *actors.LogTruncatedError
 	if errors.As(err, &trunc) {
+		msg := fmt.Sprintf("the change log no longer holds the entries after %d; the oldest held is %d", trunc.After, trunc.Oldest)
+		if trunc.After > trunc.Newest {
+			// A log_id the object never issued (issue 26): it lost its state
+			// and went on from a higher floor, or the client made it up.
+			msg = fmt.Sprintf("the object never issued log_id %d (its newest is %d; it may have lost its state): read its state again and follow on from its log_id", trunc.After, trunc.Newest)
+		}
 		return &apiError{status: http.StatusGone, body: map[string]any{
-			"error": fmt.Sprintf("the change log no longer holds the entries after %d; the oldest held is %d", trunc.After, trunc.Oldest), "code": "log_truncated",
-			"after": trunc.After, "oldest_log_id": trunc.Oldest,
+			"error": msg, "code": "log_truncated", "after": trunc.After, "oldest_log_id": trunc.Oldest,
 		}}
 	}
 	var off *actors.OffsetTruncatedError

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -95,25 +94,9 @@ func (s *Server) readLog(w http.ResponseWriter, r *http.Request, id actors.Objec
 	if limit > actors.MaxLogLimit {
 		limit = actors.MaxLogLimit
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
-	defer cancel()
-	reply, err := s.cfg.Node.Request(ctx, id, actors.KVReadLog{After: after, Limit: int(limit)})
-	var lt *actors.LogTruncatedError
-	if errors.As(err, &lt) && lt.After > lt.Newest {
-		// A log_id the object never issued (issue 26): it lost its state and
-		// went on from a higher floor, or the client made it up. The body is
-		// the log_truncated one (spec/objects.md), with a message that says so.
-		(&apiError{status: http.StatusGone, body: map[string]any{
-			"error": fmt.Sprintf("the object never issued log_id %d (its newest is %d; it may have lost its state): read its state again and follow on from its log_id", lt.After, lt.Newest),
-			"code":  "log_truncated", "after": lt.After, "oldest_log_id": lt.Oldest,
-		}}).write(w)
-		return
+	if reply, ok := s.call(w, r, id, actors.KVReadLog{After: after, Limit: int(limit)}); ok {
+		writeJSON(w, http.StatusOK, reply.(*actors.LogPage))
 	}
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, reply.(*actors.LogPage))
 }
 
 // queryUint parses a non-negative integer; one too large for uint64 is taken as
