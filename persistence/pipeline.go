@@ -247,14 +247,22 @@ func (p *Pipeline) Submit(w *Write) *Ticket { return p.submit(w, true) }
 // the committer and back on the write's path).
 func (p *Pipeline) Queue(w *Write) *Ticket { return p.submit(w, false) }
 
+// refusalLocked is why the pipeline takes nothing more (its failure, or
+// ErrClosed once closing), or nil. p.mu is held.
+func (p *Pipeline) refusalLocked() error {
+	if p.failErr != nil {
+		return p.failErr
+	}
+	if p.closing {
+		return ErrClosed
+	}
+	return nil
+}
+
 func (p *Pipeline) submit(w *Write, wake bool) *Ticket {
 	w.size = w.estimate() // once, outside the lock: the bounds, the batching and the applier use it
 	p.mu.Lock()
-	if p.closing || p.failErr != nil {
-		err := ErrClosed
-		if p.failErr != nil {
-			err = p.failErr
-		}
+	if err := p.refusalLocked(); err != nil {
 		p.mu.Unlock()
 		p.failed.Add(1)
 		w.ticket.complete(err)

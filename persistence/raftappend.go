@@ -105,11 +105,7 @@ func checkRaftAppend(b *raftBlock) error {
 
 func (p *Pipeline) submitRaft(j *raftJob) {
 	p.mu.Lock()
-	if p.closing || p.failErr != nil {
-		err := ErrClosed
-		if p.failErr != nil {
-			err = p.failErr
-		}
+	if err := p.refusalLocked(); err != nil {
 		p.mu.Unlock()
 		if j.done != nil {
 			j.done(err)
