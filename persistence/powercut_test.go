@@ -37,11 +37,11 @@ const (
 	powerCutCutsEnv  = "HOLDFAST_POWERCUT_CUTS"    // cuts per run of TestDB_PowerCutLosesNoAcknowledgedWrite
 	powerCutDirEnv   = "HOLDFAST_POWERCUT_DIR"     // an empty directory to work in and keep, instead of a temporary one
 
-	powerCutKeys        = 2048 // counter keys, values of counterValueSize in Badger's tree; many, so that a key's last write is often in a segment the log released
-	counterValueSize    = 2000
-	powerCutWriters     = 4  // goroutines writing the counter keys
-	powerCutBigKeys     = 16 // keys of 1 MiB values, in Badger's value log
-	powerCutBigWriters  = 2  // goroutines writing them (and the junk keys)
+	powerCutKeys       = 2048 // counter keys, values of counterValueSize in Badger's tree; many, so that a key's last write is often in a segment the log released
+	counterValueSize   = 2000
+	powerCutWriters    = 4  // goroutines writing the counter keys
+	powerCutBigKeys    = 16 // keys of 1 MiB values, in Badger's value log
+	powerCutBigWriters = 2  // goroutines writing them (and the junk keys)
 	// powerCutPlantedCuts is the cuts within which the planted bug must be
 	// caught. The run stops at the first catch: 8 of 8 runs here caught it in
 	// 1-3 cuts, but one CI run (2026-12-04) went 12 cuts without a catch, so
