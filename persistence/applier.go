@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -24,6 +25,9 @@ type applyJob struct {
 	seq    uint64
 	writes []*Write
 	size   int // estimate()
+	// raft, if set, is a replica's committed entries (replicated mode); seq
+	// and writes are then unset.
+	raft *raftApplyJob
 }
 
 // applyQueue holds the committed records the applier has not taken yet.
@@ -36,7 +40,9 @@ type applyQueue struct {
 }
 
 func (q *applyQueue) push(j applyJob) {
-	j.size = j.estimate()
+	if j.raft == nil {
+		j.size = j.estimate()
+	}
 	q.bytes.Add(int64(j.size))
 	q.mu.Lock()
 	q.jobs = append(q.jobs, j)
@@ -76,8 +82,15 @@ func (q *applyQueue) take(jobs []applyJob, size, limit int) ([]applyJob, int, bo
 }
 
 // appliedBatch is one batch the applier wrote into Badger: the records first
-// to version, all at version (see DB.releasable).
-type appliedBatch struct{ first, version uint64 }
+// to version, all at version (see DB.releasable). In replicated mode version
+// is the counter's, lastSeq the last record in the batch (zero: none), and
+// raft the replicas whose entries it applied, with their new applied index
+// (see releasableReplicated).
+type appliedBatch struct {
+	first, version uint64
+	lastSeq        uint64
+	raft           []raftMark
+}
 
 // applyLoop applies committed records to Badger in order and marks their
 // tickets applied. When records wait for it (Badger falls behind the log), it
@@ -137,6 +150,7 @@ func (p *Pipeline) applyLoop() {
 			}
 			jobs, size, _ = p.applies.take(jobs, size, applyMergeBytes)
 			if !p.applyJobs(jobs) {
+				p.failQueuedRaft()
 				p.finishApplied()
 				return
 			}
@@ -149,14 +163,28 @@ func (p *Pipeline) applyLoop() {
 // applyJobs writes jobs into Badger, retrying as applyLoop says, and marks
 // them applied. It returns false once the pipeline failed.
 func (p *Pipeline) applyJobs(jobs []applyJob) bool {
-	first, last := jobs[0].seq, jobs[len(jobs)-1].seq
+	// The records of the batch, first to last (replicated mode: zero when it
+	// holds raft entries only), and the version it goes to Badger at.
+	var first, last uint64
+	for _, j := range jobs {
+		if j.raft == nil {
+			first = cmp.Or(first, j.seq)
+			last = j.seq
+		}
+	}
+	version := last
+	if p.db.replicated {
+		version = p.db.version + 1
+	}
 	if h := p.cfg.Hooks; h != nil && h.BeforeApply != nil {
 		for _, j := range jobs {
-			h.BeforeApply(j.seq)
+			if j.raft == nil {
+				h.BeforeApply(j.seq)
+			}
 		}
 	}
 	for attempt := 1; ; attempt++ {
-		err := p.apply(jobs)
+		err := p.apply(jobs, version, last)
 		if err == nil {
 			break
 		}
@@ -167,6 +195,7 @@ func (p *Pipeline) applyJobs(jobs []applyJob) bool {
 			// The records are durable in the log; Badger lags behind it until
 			// the node restarts and replays them.
 			p.fatal(fmt.Errorf("apply seq %d..%d to badger (%d attempts): %w", first, last, attempt, err))
+			p.failRaftApplies(jobs, p.Failed())
 			return false
 		}
 		if attempt == 1 || attempt%100 == 0 {
@@ -178,6 +207,7 @@ func (p *Pipeline) applyJobs(jobs []applyJob) bool {
 		case <-p.stopGC:
 			// Closing: the log keeps these records (DB.Close sees that
 			// Badger lacks some), and the next start replays them.
+			p.failRaftApplies(jobs, ErrClosed)
 			return false
 		}
 	}
@@ -185,23 +215,63 @@ func (p *Pipeline) applyJobs(jobs []applyJob) bool {
 		p.applyUnavailable.Store(nil)
 		p.cfg.Logger.Info("Badger takes the durable writes again", "seq_to", last)
 	}
+	b := appliedBatch{first: first, version: version, lastSeq: last}
+	if p.db.replicated {
+		p.db.version = version
+		for _, j := range jobs {
+			if j.raft != nil {
+				b.raft = append(b.raft, raftMark{j.raft.key, j.raft.state})
+			}
+		}
+	}
 	p.batchMu.Lock()
-	p.batches = append(p.batches, appliedBatch{first: first, version: last})
+	p.batches = append(p.batches, b)
 	p.batchMu.Unlock()
 	p.holdMu.Lock()
-	p.discardAbove = last
+	p.discardAbove = version
 	p.updateDiscardLocked()
 	p.holdMu.Unlock()
 	for _, j := range jobs {
 		for _, w := range j.writes {
 			w.ticket.applied.Store(true)
 		}
+		if j.raft != nil && j.raft.done != nil {
+			j.raft.done(nil)
+		}
 	}
-	p.applyMu.Lock()
-	p.applied.Store(last)
-	p.applyCond.Broadcast()
-	p.applyMu.Unlock()
+	if last > 0 {
+		p.applyMu.Lock()
+		p.applied.Store(last)
+		p.applyCond.Broadcast()
+		p.applyMu.Unlock()
+	}
 	return true
+}
+
+// failQueuedRaft tells the raft jobs still queued, once the applier stops
+// early (closing while Badger refuses, or failed), that they will not be
+// applied.
+func (p *Pipeline) failQueuedRaft() {
+	err := p.Failed()
+	if err == nil {
+		err = ErrClosed
+	}
+	for {
+		jobs, _, _ := p.applies.take(nil, 0, math.MaxInt)
+		if len(jobs) == 0 {
+			return
+		}
+		p.failRaftApplies(jobs, err)
+	}
+}
+
+// failRaftApplies tells the raft jobs of a batch that will not be applied why.
+func (p *Pipeline) failRaftApplies(jobs []applyJob, err error) {
+	for _, j := range jobs {
+		if j.raft != nil && j.raft.done != nil {
+			j.raft.done(err)
+		}
+	}
 }
 
 // applyAttempts is how often the applier tries a batch Badger refuses for a
@@ -283,8 +353,10 @@ func (p *Pipeline) WaitApplied(ctx context.Context) error {
 	return nil
 }
 
-// apply writes the changes of jobs (records in sequence order) to Badger at
-// the last record's sequence number, each key once with its newest value.
+// apply writes the changes of jobs (records in sequence order, and in
+// replicated mode committed raft entries) to Badger at version (a single
+// node's: the last record's sequence number, last), each key once with its
+// newest value.
 //
 // A large batch goes to Badger in key order, through its KVLoader, which
 // writes the entries as given, without a transaction. Key order is what makes
@@ -303,7 +375,7 @@ func (p *Pipeline) WaitApplied(ctx context.Context) error {
 // crash comes from the log, not from Badger: every record here is durable in
 // the log already, and a restart replays the log over whatever part of it
 // Badger kept.
-func (p *Pipeline) apply(jobs []applyJob) error {
+func (p *Pipeline) apply(jobs []applyJob, version, last uint64) error {
 	if testApplyFault != nil {
 		if err := testApplyFault(); err != nil {
 			return err
@@ -311,6 +383,13 @@ func (p *Pipeline) apply(jobs []applyJob) error {
 	}
 	entries := p.sorted[:0]
 	for _, job := range jobs {
+		if r := job.raft; r != nil {
+			for _, c := range r.changes {
+				c.ord = len(entries)
+				entries = append(entries, c)
+			}
+			continue
+		}
 		for _, w := range job.writes {
 			for _, kv := range w.Sets {
 				entries = append(entries, applyEntry{key: kv.Key, value: kv.Value, ord: len(entries)})
@@ -335,11 +414,17 @@ func (p *Pipeline) apply(jobs []applyJob) error {
 		entries[n] = e
 		n++
 	}
+	if p.db.replicated && last > 0 {
+		// Sorts after every change above ('m' and 'p' keys), so a KVLoader
+		// that splits the batch writes it in its last request: Badger never
+		// holds it without the batch's records.
+		entries = append(entries[:n], applyEntry{key: localAppliedKey, value: binary.AppendUvarint(nil, last)})
+		n++
+	}
 	defer func() {
 		clear(entries) // do not keep the writes alive
 		p.sorted = entries[:0]
 	}()
-	version := jobs[len(jobs)-1].seq
 	if n < applyLoaderEntries {
 		err := p.applyTxn(entries[:n], version)
 		if !errors.Is(err, badger.ErrTxnTooBig) {

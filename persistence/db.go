@@ -40,6 +40,11 @@ type Config struct {
 	BlockCacheSize int64
 	// Logger receives Badger's messages. Nil means slog.Default().
 	Logger *slog.Logger
+	// Replicated opens the database of a node whose partitions are raft
+	// groups (replicated.go): Badger versions come from the applier's own
+	// counter. Fixed when Dir is created; Open refuses the other mode with
+	// ErrModeMismatch.
+	Replicated bool
 }
 
 // DefaultPartitions is the partition count of a new data directory.
@@ -65,6 +70,10 @@ type DB struct {
 	// raft is the raft logs the write-ahead log holds (raftlog.go); empty on
 	// a single node. A node holding one keeps its log on a clean close.
 	raft *raftIndex
+	// replicated is the mode (replicated.go). version is replicated mode's
+	// newest Badger version: set by Open, then owned by the applier.
+	replicated bool
+	version    uint64
 }
 
 // Open opens or creates the database in cfg.Dir and replays the write-ahead log
@@ -95,6 +104,9 @@ func open(cfg Config, acceptMissingStart bool) (*DB, error) {
 	// Every directory made here is synced into its parent: a power cut soon
 	// after the first start must not take the data directory, and every write
 	// acknowledged into it, with it.
+	if err := checkMode(cfg.Dir, cfg.Replicated); err != nil {
+		return nil, err
+	}
 	if err := durable.MkdirAll(filepath.Join(cfg.Dir, "badger"), 0o755); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
@@ -117,21 +129,40 @@ func open(cfg Config, acceptMissingStart bool) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open badger in %s: %w", cfg.Dir, err)
 	}
-	db := &DB{bdb: bdb, vlog: newValueLog(opts.Dir), log: cfg.Logger, raft: newRaftIndex()}
+	db := &DB{bdb: bdb, vlog: newValueLog(opts.Dir), log: cfg.Logger, raft: newRaftIndex(), replicated: cfg.Replicated}
 	wb := bdb.NewManagedWriteBatch()
 	replayed := 0
 	floor := bdb.MaxVersion()
+	var localApplied uint64
+	if db.replicated {
+		// The floor is the last record Badger took, and every replayed
+		// record gets the next version of the counter (replicated.go).
+		if localApplied, err = readLocalApplied(bdb); err != nil {
+			_ = bdb.Close()
+			return nil, err
+		}
+		floor, db.version = localApplied, bdb.MaxVersion()
+	}
 	if acceptMissingStart {
 		floor = math.MaxUint64 - 1
 	}
 	var rr raftReplay
 	w, last, err := openWALAt(filepath.Join(cfg.Dir, "wal"), cfg.SegmentSize, cfg.Logger, floor, func(seq uint64, at recordPlace, payload []byte) error {
 		replayed++
+		version := seq
+		if db.replicated {
+			db.version++
+			version = db.version
+		}
 		return decodeRecord(payload,
-			func(k, v []byte) error { return wb.SetEntryAt(badger.NewEntry(k, v), seq) },
-			func(k []byte) error { return wb.DeleteAt(k, seq) },
+			func(k, v []byte) error { return wb.SetEntryAt(badger.NewEntry(k, v), version) },
+			func(k []byte) error { return wb.DeleteAt(k, version) },
 			func(d *raftDecoder, op byte) error { return rr.change(db.raft, d, op, at) })
 	})
+	if err == nil && db.replicated && replayed > 0 {
+		db.version++
+		err = wb.SetEntryAt(badger.NewEntry(localAppliedKey, binary.AppendUvarint(nil, last)), db.version)
+	}
 	if err == nil {
 		if re := db.raft.finishReplay(); re != nil {
 			w.closeAll()
@@ -158,6 +189,9 @@ func open(cfg Config, acceptMissingStart bool) (*DB, error) {
 	db.wal = w
 	w.raft, db.raft.w = db.raft, w
 	db.lastSeq = max(last, bdb.MaxVersion())
+	if db.replicated {
+		db.lastSeq = max(last, localApplied)
+	}
 	if err := db.fixPartitions(cfg.Partitions); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -199,8 +233,16 @@ func (db *DB) commitDirect(w *Write) error {
 		return err
 	}
 	db.lastSeq = seq
+	version := seq
 	txn := db.bdb.NewTransactionAt(math.MaxUint64, true)
 	defer txn.Discard()
+	if db.replicated {
+		db.version++
+		version = db.version
+		if err := txn.Set(localAppliedKey, binary.AppendUvarint(nil, seq)); err != nil {
+			return err
+		}
+	}
 	for _, kv := range w.Sets {
 		if err := txn.Set(kv.Key, kv.Value); err != nil {
 			return err
@@ -211,7 +253,7 @@ func (db *DB) commitDirect(w *Write) error {
 			return err
 		}
 	}
-	return txn.CommitAt(seq, nil)
+	return txn.CommitAt(version, nil)
 }
 
 // Partitions returns the partition count fixed for this data directory.

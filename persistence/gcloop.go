@@ -79,7 +79,11 @@ func (p *Pipeline) flushBadger() error {
 	if err := txn.Set(key, nil); err != nil {
 		return err
 	}
-	if err := txn.CommitAt(p.applied.Load(), nil); err != nil {
+	version := p.applied.Load()
+	if p.db.replicated {
+		version = p.db.version // the applier's goroutine owns it: this runs there
+	}
+	if err := txn.CommitAt(version, nil); err != nil {
 		return err
 	}
 	return p.db.bdb.DropPrefix(key)

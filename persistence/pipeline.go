@@ -121,6 +121,11 @@ type Pipeline struct {
 	// ask about (see DB.releasable); guarded by batchMu.
 	batchMu sync.Mutex
 	batches []appliedBatch
+	// Replicated mode (releasableReplicated): the newest record, and each
+	// replica's newest applied state, Badger holds in synced tables; guarded
+	// by batchMu.
+	flushedSeq     uint64
+	flushedApplied map[raftKey]RaftAppliedState
 
 	// committed and applied are the sequence numbers of the last record made
 	// durable and the last one the applier is done with; applyCond signals applied.
@@ -184,6 +189,10 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 	p.committed.Store(db.lastSeq)
 	p.applied.Store(db.lastSeq)
 	p.discardAbove = db.lastSeq
+	if db.replicated {
+		p.discardAbove = db.version
+		p.flushedApplied = map[raftKey]RaftAppliedState{}
+	}
 	p.applyCond = sync.NewCond(&p.applyMu)
 	return p
 }

@@ -201,7 +201,12 @@ func flushAndRelease(t *testing.T, p *Pipeline) {
 	if err := <-reply; err != nil {
 		t.Fatal(err)
 	}
-	target := p.applied.Load()
+	p.batchMu.Lock()
+	var target uint64 // the last applied batch's version
+	if len(p.batches) > 0 {
+		target = p.batches[len(p.batches)-1].version
+	}
+	p.batchMu.Unlock()
 	waitFor(t, "the releaser to run", func() bool {
 		p.batchMu.Lock()
 		// The last batch stays (DB.releasable: it may span two memtables).

@@ -16,7 +16,15 @@ import (
 func (p *Pipeline) releaseLoop() {
 	defer p.done.Done()
 	for range p.releaseCh {
-		flushed := p.db.releasable(p.batchFirst)
+		var flushed uint64
+		if p.db.replicated {
+			var err error
+			if flushed, err = p.releasableReplicated(); err != nil {
+				p.cfg.Logger.Warn("could not release write-ahead log segments", "err", err)
+			}
+		} else {
+			flushed = p.db.releasable(p.batchFirst)
+		}
 		if testReleaseUnflushed {
 			flushed = p.applied.Load()
 		}
@@ -25,7 +33,9 @@ func (p *Pipeline) releaseLoop() {
 				p.cfg.Logger.Warn("could not release write-ahead log segments", "err", err)
 			}
 		}
-		p.forgetBatches(flushed)
+		if !p.db.replicated {
+			p.forgetBatches(flushed)
+		}
 		select {
 		case <-time.After(releaseEvery):
 		case <-p.stopGC:

@@ -1,7 +1,6 @@
 package replication
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,8 +8,8 @@ import (
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 
-	"github.com/holdfast/holdfast/internal/owner"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -18,72 +17,82 @@ import (
 // step 2): appends are raft jobs of the persistence committer, which logs
 // every queued job of every group in one record with one sync, makes the
 // entries readable through the group's persistence.RaftStorage, then calls
-// Done in queue order.
+// Done in queue order. Applies go to the persistence applier
+// (Pipeline.ApplyRaft): a normal entry's payload (after its Header) is the
+// changes persistence.AppendChanges encoded, written into Badger at the
+// applier's own versions, merged with whatever else waits for Badger.
 //
-// Applying is step 2a's stand-in: one goroutine applies jobs in order by
-// calling ApplyFunc per entry, then Done, and keeps each group's applied
-// index in memory (AppliedIndex). Step 2b moves it into Badger, at the
-// applier's own versions, with the group's applied state.
+// The database must be replicated (persistence.Config.Replicated). Badger
+// keeps no raft state: a replica restarts from the start of its log (its
+// first index - 1) and applies again every committed entry the log holds
+// (persistence/replicated.go says why that is safe and needed). Truncating a
+// replica's log, up to persistence.Pipeline.RaftFlushed + 1, comes with the
+// snapshots that let a laggard catch up past it (design step 6). Conf change
+// entries and snapshots are refused for now: the group fails (Err) and waits.
 type WALPipeline struct {
-	p     *persistence.Pipeline
-	db    *persistence.DB
-	apply func(g GroupID, ent *raftpb.Entry)
-	log   *slog.Logger
+	p       *persistence.Pipeline
+	db      *persistence.DB
+	observe func(g GroupID, ent *raftpb.Entry)
+	log     *slog.Logger
 
 	mu sync.Mutex // guards everything below
 	// synced is each group's term and vote as last handed to the committer:
 	// an append that changes neither, and carries no entries and no
 	// responses, need not be durable (raft's MustSync) and rides along.
-	synced  map[GroupID][2]uint64
-	applyQ  []Job
+	synced map[GroupID][2]uint64
+	// replica and conf are each group's local replica and its configuration
+	// (a marshalled raftpb.ConfState), from Storage.
+	replica map[GroupID]ReplicaID
+	conf    map[GroupID][]byte
 	applied map[GroupID]uint64
-	err     error // the first append the committer refused
+	err     error // the first job the pipeline could not do
 	stopped bool
-
-	applyCh chan struct{} // cap 1
-	owner   *owner.Group
 }
 
 var _ Pipeline = (*WALPipeline)(nil)
 
 // NewWALPipeline returns a pipeline over db's write-ahead log through p (a
-// started persistence pipeline over db). apply is called for every
-// committed entry, in log order per group; nil only counts them applied.
-// applied gives the groups' applied indexes to start from (nil: none).
-func NewWALPipeline(db *persistence.DB, p *persistence.Pipeline, apply func(g GroupID, ent *raftpb.Entry), applied map[GroupID]uint64, log *slog.Logger) *WALPipeline {
+// started persistence pipeline over db, which must be replicated). observe,
+// if not nil, is called for every entry once Badger holds it, in log order
+// per group (again for the entries a restart applies again).
+func NewWALPipeline(db *persistence.DB, p *persistence.Pipeline, observe func(g GroupID, ent *raftpb.Entry), log *slog.Logger) *WALPipeline {
 	if log == nil {
 		log = slog.Default()
 	}
-	w := &WALPipeline{
-		p: p, db: db, apply: apply, log: log,
+	return &WALPipeline{
+		p: p, db: db, observe: observe, log: log,
 		synced:  map[GroupID][2]uint64{},
+		replica: map[GroupID]ReplicaID{},
+		conf:    map[GroupID][]byte{},
 		applied: map[GroupID]uint64{},
-		applyCh: make(chan struct{}, 1),
-		owner:   owner.New(nil),
 	}
-	for g, i := range applied {
-		w.applied[g] = i
-	}
-	w.owner.Go(w.applyLoop)
-	return w
 }
 
 // Storage returns group g's raft.Storage for replica, and the applied index
-// to start it from. The HardState's commit is raised to the applied index:
-// a commit-only HardState need not be durable, so a crash can lose it while
-// the entries it committed were applied.
+// to start it from: one below the log's first index, so that raft hands
+// every committed entry the log holds to Apply again. confState gives the
+// group's configuration (fixed until conf changes are supported here). The
+// HardState's commit is raised to the applied index: a commit-only
+// HardState need not be durable, so a crash can lose it while the entries it
+// committed were applied and their log truncated.
 func (w *WALPipeline) Storage(g GroupID, replica ReplicaID, confState func() *raftpb.ConfState) (raft.Storage, uint64, error) {
+	if !w.db.Replicated() {
+		return nil, 0, fmt.Errorf("replication: group %d: the database is not replicated (persistence.Config.Replicated)", g)
+	}
 	s := w.db.RaftStorage(uint64(g), uint64(replica), confState)
-	w.mu.Lock()
-	applied := w.applied[g]
-	w.mu.Unlock()
-	last, _ := s.LastIndex()
-	if applied > last {
-		return nil, 0, fmt.Errorf("replication: group %d: applied index %d above the durable log (last index %d)", g, applied, last)
+	first, _ := s.FirstIndex()
+	applied := first - 1
+	var cs []byte
+	if confState != nil {
+		var err error
+		if cs, err = proto.Marshal(confState()); err != nil {
+			return nil, 0, fmt.Errorf("replication: group %d: %w", g, err)
+		}
 	}
 	hs, _, _ := s.InitialState()
 	w.mu.Lock()
 	w.synced[g] = [2]uint64{hs.GetTerm(), hs.GetVote()}
+	w.replica[g], w.conf[g], w.applied[g] = replica, cs, applied
 	w.mu.Unlock()
 	if hs.GetCommit() >= applied {
 		return s, applied, nil
@@ -140,45 +149,62 @@ func (w *WALPipeline) Append(job Job) {
 	w.p.AppendRaft(a)
 }
 
-// Apply implements Pipeline.
+// Apply implements Pipeline: the job's entries go to the persistence
+// applier as one RaftApply; Done once Badger holds them.
 func (w *WALPipeline) Apply(job Job) {
-	w.mu.Lock()
-	if !w.stopped {
-		w.applyQ = append(w.applyQ, job)
+	ents := job.Msg.GetEntries()
+	if len(ents) == 0 {
+		job.Done()
+		return
 	}
-	w.mu.Unlock()
-	select {
-	case w.applyCh <- struct{}{}:
-	default:
-	}
-}
-
-func (w *WALPipeline) applyLoop(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
+	var changes [][]byte
+	for _, ent := range ents {
+		if ent.GetType() != raftpb.EntryNormal {
+			w.fail(fmt.Errorf("replication: group %d: entry %d: conf changes are not supported by the WAL pipeline yet", job.Group, ent.GetIndex()))
 			return
-		case <-w.applyCh:
 		}
-		w.mu.Lock()
-		batch := w.applyQ
-		w.applyQ = nil
-		w.mu.Unlock()
-		for _, j := range batch {
-			if ctx.Err() != nil {
+		_, payload, ok, err := DecodeEntry(ent.GetData())
+		if err != nil {
+			w.fail(fmt.Errorf("replication: group %d: entry %d: %w", job.Group, ent.GetIndex(), err))
+			return
+		}
+		if ok && len(payload) > 0 {
+			changes = append(changes, payload)
+		}
+	}
+	last := ents[len(ents)-1]
+	w.mu.Lock()
+	replica, conf, stopped := w.replica[job.Group], w.conf[job.Group], w.stopped
+	w.mu.Unlock()
+	if stopped {
+		return
+	}
+	w.p.ApplyRaft(persistence.RaftApply{
+		Group: uint64(job.Group), Replica: uint64(replica),
+		State:   persistence.RaftAppliedState{Index: last.GetIndex(), Term: last.GetTerm(), ConfState: conf},
+		Changes: changes,
+		Done: func(err error) {
+			switch {
+			case errors.Is(err, persistence.ErrClosed):
+				return // a node stopping: the restart applies them again
+			case err != nil:
+				w.fail(fmt.Errorf("replication: group %d: apply up to entry %d: %w", job.Group, last.GetIndex(), err))
 				return
 			}
-			for _, ent := range j.Msg.GetEntries() {
-				if w.apply != nil {
-					w.apply(j.Group, ent)
+			if w.observe != nil {
+				for _, ent := range ents {
+					w.observe(job.Group, ent)
 				}
-				w.mu.Lock()
-				w.applied[j.Group] = ent.GetIndex()
-				w.mu.Unlock()
 			}
-			j.Done()
-		}
-	}
+			w.mu.Lock()
+			w.applied[job.Group] = last.GetIndex()
+			stopped := w.stopped
+			w.mu.Unlock()
+			if !stopped {
+				job.Done()
+			}
+		},
+	})
 }
 
 func (w *WALPipeline) fail(err error) {
@@ -208,12 +234,11 @@ func (w *WALPipeline) AppliedIndex() map[GroupID]uint64 {
 	return out
 }
 
-// Close stops the apply goroutine: jobs not applied yet are dropped (their
-// Done never runs). It does not close the persistence pipeline.
+// Close stops handing jobs on: the Done of applies still in the persistence
+// pipeline is not called any more. It does not close the persistence
+// pipeline.
 func (w *WALPipeline) Close() {
 	w.mu.Lock()
 	w.stopped = true
-	w.applyQ = nil
 	w.mu.Unlock()
-	_ = w.owner.Close(context.Background())
 }

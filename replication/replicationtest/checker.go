@@ -16,7 +16,10 @@ import (
 //  1. No two replicas of a group apply different entries at one index (the
 //     first replica to apply an index fixes it, for the cluster's life).
 //  2. A replica applies indexes in sequence, never going back, across its
-//     restarts (its disk keeps the applied index).
+//     restarts (its disk keeps the applied index), except that a restart may
+//     start again lower, at most where it was (Restarted): the WAL pipeline
+//     applies again every committed entry its log holds, and by 1 each must
+//     be the entry applied there before.
 //  3. Every acknowledged proposal is at its acknowledged index (same entry),
 //     and, once the cluster is healed and quiet, applied on a majority
 //     (WaitAcked). With 1, an acknowledged entry that a crash lost and a
@@ -71,6 +74,18 @@ func (c *Checker) violate(format string, args ...any) {
 	c.violations = append(c.violations, fmt.Sprintf(format, args...))
 }
 
+// restarted says node n restarts group g with applied index from: it applies
+// again from from+1. A restart above the index it reached would skip entries.
+func (c *Checker) restarted(n replication.NodeID, g replication.GroupID, from uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := [2]uint64{uint64(n), uint64(g)}
+	if last := c.lastApplied[key]; from > last {
+		c.violate("node %d group %d restarts at applied index %d, but had applied only up to %d", n, g, from, last)
+	}
+	c.lastApplied[key] = from
+}
+
 // applied is called for every entry node n applies to group g, in order.
 func (c *Checker) applied(n replication.NodeID, g replication.GroupID, ent *raftpb.Entry) {
 	c.mu.Lock()
@@ -113,6 +128,17 @@ func (c *Checker) applied(n replication.NodeID, g replication.GroupID, ent *raft
 	if a, ok := c.acks[payload]; ok && (a.res.Index != idx || a.res.Term != rec.term) {
 		c.violate("group %d: %q acknowledged at index %d term %d, applied at index %d term %d", g, payload, a.res.Index, a.res.Term, idx, rec.term)
 	}
+}
+
+// ackedPayloads returns every acknowledged payload.
+func (c *Checker) ackedPayloads() [][]byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([][]byte, 0, len(c.acks))
+	for p := range c.acks {
+		out = append(out, []byte(p))
+	}
+	return out
 }
 
 // acked records a successful Propose.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -27,8 +28,10 @@ import (
 // In process, a crash cannot drop what the kernel has not synced (the
 // persistence power-cut test does that); what a node loses here is every
 // job not yet handed to the committer and every apply not yet done, and the
-// log must give raft back exactly what it acknowledged as durable. The
-// applied index is kept beside the directory (step 2b puts it in Badger).
+// log must give raft back exactly what it acknowledged as durable. Entries
+// are applied into Badger by the persistence applier; a restart applies again
+// every committed entry the log holds (the checker allows that, and checks
+// each is the entry applied there before).
 
 type walNode struct {
 	id      replication.NodeID
@@ -84,7 +87,7 @@ func (c *walCluster) start(id replication.NodeID) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := c.nodes[id]
-	db, err := persistence.Open(persistence.Config{Dir: n.dir, SegmentSize: 64 << 10, MemTableSize: 8 << 20, BlockCacheSize: 1 << 20, ValueLogFileSize: 1 << 20, Logger: c.quiet})
+	db, err := persistence.Open(persistence.Config{Dir: n.dir, SegmentSize: 64 << 10, MemTableSize: 8 << 20, BlockCacheSize: 1 << 20, ValueLogFileSize: 1 << 20, Logger: c.quiet, Replicated: true})
 	if err != nil {
 		return fmt.Errorf("node %d: open: %w", id, err)
 	}
@@ -92,7 +95,7 @@ func (c *walCluster) start(id replication.NodeID) error {
 	pp.Start()
 	wp := replication.NewWALPipeline(db, pp, func(g replication.GroupID, ent *raftpb.Entry) {
 		c.checker.applied(id, g, ent)
-	}, n.applied, c.quiet)
+	}, c.quiet)
 	ecfg := c.ecfg
 	ecfg.Node = id
 	e, err := replication.New(ecfg, c.net.Endpoint(id), wp)
@@ -109,6 +112,7 @@ func (c *walCluster) start(id replication.NodeID) error {
 		if err != nil {
 			return fmt.Errorf("node %d restart: %w", id, err)
 		}
+		c.checker.restarted(id, g, applied)
 		if err := e.AddGroup(replication.GroupConfig{ID: g, Replica: replication.ReplicaID(id), Peers: peers, Storage: st, Applied: applied}); err != nil {
 			return err
 		}
@@ -233,7 +237,7 @@ func TestWALStorage_ModelChecksHoldAcrossCrashes(t *testing.T) {
 			wg.Go(func() {
 				for ctx.Err() == nil {
 					pctx, pcancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					c.propose(pctx, g, fmt.Appendf(nil, "g%d-%d", g, next.Add(1)))
+					c.propose(pctx, g, walPayload(g, next.Add(1)))
 					pcancel()
 				}
 			})
@@ -283,8 +287,45 @@ func TestWALStorage_ModelChecksHoldAcrossCrashes(t *testing.T) {
 	if err := c.checker.Err(); err != nil {
 		t.Fatal(err)
 	}
+	// Badger holds every acknowledged write on a majority: the applier wrote
+	// the entries' changes (on a restarted node, again from its log).
+	for _, payload := range c.checker.ackedPayloads() {
+		key := walPayloadKey(t, payload)
+		holders := 0
+		for id := range c.nodes {
+			c.mu.Lock()
+			db := c.nodes[id].db
+			c.mu.Unlock()
+			if _, found, err := db.Get(context.Background(), key); err != nil {
+				t.Fatal(err)
+			} else if found {
+				holders++
+			}
+		}
+		if holders < 2 {
+			t.Fatalf("acknowledged write %q is in Badger on %d of 3 nodes", key, holders)
+		}
+	}
 	if c.checker.Acked() < 20 {
 		t.Fatalf("only %d proposals acknowledged: the test did not exercise the log", c.checker.Acked())
 	}
 	t.Logf("%d proposals acknowledged", c.checker.Acked())
 }
+
+// walPayload is a proposal's payload: one write, as the applier takes it
+// (persistence.AppendChanges), of a key unique to n.
+func walPayload(g replication.GroupID, n uint64) []byte {
+	return persistence.AppendChanges(nil, &persistence.Write{Sets: []persistence.KV{{Key: fmt.Appendf(nil, "p/g%d-%d", g, n), Value: []byte("v")}}})
+}
+
+// walPayloadKey is the key walPayload wrote into payload.
+func walPayloadKey(t *testing.T, payload []byte) []byte {
+	t.Helper()
+	key := walKeyRE.Find(payload)
+	if key == nil {
+		t.Fatalf("payload %q holds no key", payload)
+	}
+	return key
+}
+
+var walKeyRE = regexp.MustCompile(`p/g[0-9]+-[0-9]+`)
