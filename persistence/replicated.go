@@ -226,29 +226,28 @@ func (p *Pipeline) RaftFlushed(group, replica uint64) (s RaftAppliedState, found
 func (p *Pipeline) releasableReplicated() (uint64, error) {
 	v := p.db.newestTableVersion()
 	p.batchMu.Lock()
-	n := 0
-	var marks []raftMark
+	n, marks := 0, false
 	for n < len(p.batches) && p.batches[n].version < v {
-		b := p.batches[n]
-		p.flushedSeq = max(p.flushedSeq, b.lastSeq)
-		marks = append(marks, b.raft...)
+		marks = marks || len(p.batches[n].raft) > 0
 		n++
 	}
-	p.batches = append(p.batches[:0], p.batches[n:]...)
-	flushed := p.flushedSeq
 	p.batchMu.Unlock()
-	if len(marks) == 0 {
-		return flushed, nil
+	if marks {
+		if err := p.db.vlog.syncValueLog(); err != nil {
+			return 0, fmt.Errorf("sync the value log: %w", err)
+		}
 	}
-	if err := p.db.vlog.syncValueLog(); err != nil {
-		return flushed, fmt.Errorf("sync the value log: %w", err)
-	}
+	// Only this goroutine takes batches out, so the first n are the same.
 	p.batchMu.Lock()
-	for _, m := range marks { // in apply order: the newest state wins
-		p.flushedApplied[m.key] = m.state
+	defer p.batchMu.Unlock()
+	for _, b := range p.batches[:n] { // in apply order: the newest state wins
+		p.flushedSeq = max(p.flushedSeq, b.lastSeq)
+		for _, m := range b.raft {
+			p.flushedApplied[m.key] = m.state
+		}
 	}
-	p.batchMu.Unlock()
-	return flushed, nil
+	p.batches = append(p.batches[:0], p.batches[n:]...)
+	return p.flushedSeq, nil
 }
 
 // raftMark is one replica's applied state after a batch.
