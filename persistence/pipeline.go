@@ -126,6 +126,7 @@ type Pipeline struct {
 	// by batchMu.
 	flushedSeq     uint64
 	flushedApplied map[raftKey]RaftAppliedState
+	releaseMu      sync.Mutex // held by releasableReplicated
 
 	// committed and applied are the sequence numbers of the last record made
 	// durable and the last one the applier is done with; applyCond signals applied.

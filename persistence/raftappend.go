@@ -39,6 +39,7 @@ type RaftAppend struct {
 type raftJob struct {
 	block    raftBlock
 	truncate uint64 // above zero: an op 5 change, the new first index
+	conf     logConf
 	sync     bool
 	size     int
 	done     func(error)
@@ -68,11 +69,18 @@ func (p *Pipeline) AppendRaft(a RaftAppend) {
 
 // TruncateRaft queues a truncation of a replica's log: it starts at first
 // from then on (entries below it are given up, and so are the log segments
-// that only they kept). first may be at most one above the last index. It
-// never forces a sync of its own: it rides in the next record. done, if not
-// nil, is called as AppendRaft's Done.
-func (p *Pipeline) TruncateRaft(group, replica, first uint64, done func(error)) {
-	j := &raftJob{block: raftBlock{key: raftKey{group, replica}}, truncate: first, size: 16, done: done}
+// that only they kept). first may be at most one above the last index.
+// confState, if not nil, is the replica's configuration as of first-1 (a
+// marshalled raftpb.ConfState), which RaftStorage gives from then on; nil
+// keeps the one the log has. A truncation to first 1 of an empty log with a
+// configuration starts a new replica's log (its bootstrap). It never forces
+// a sync of its own: it rides in the next record. done, if not nil, is
+// called as AppendRaft's Done.
+func (p *Pipeline) TruncateRaft(group, replica, first uint64, confState []byte, done func(error)) {
+	j := &raftJob{block: raftBlock{key: raftKey{group, replica}}, truncate: first, size: 16 + len(confState), done: done}
+	if confState != nil {
+		j.conf = logConf{set: true, cs: string(confState)}
+	}
 	if first == 0 || replica == 0 {
 		j.err = fmt.Errorf("persistence: truncation of group %d replica %d to first index %d: raft ids and indexes start at 1", group, replica, first)
 	}
@@ -168,7 +176,7 @@ func (p *Pipeline) encodeRaft(payload []byte, jobs []*raftJob, failErr error) ([
 				continue
 			}
 			pd.first = j.truncate
-			payload = appendRaftTruncate(payload, k, j.truncate)
+			payload = appendRaftTruncate(payload, k, j.truncate, j.conf)
 		} else {
 			if len(j.block.ents) > 0 {
 				i := j.block.ents[0].index
@@ -204,7 +212,7 @@ func (p *Pipeline) indexCommitted(live []*raftJob, seg uint64, payloadAt int64) 
 		l := x.replica(j.block.key, true)
 		l.mu.Lock()
 		if j.truncate > 0 {
-			l.truncate(j.truncate)
+			l.truncate(j.truncate, j.conf)
 		} else {
 			l.applyBlock(&j.block, seg, payloadAt, false)
 		}

@@ -43,6 +43,7 @@ type replicaLog struct {
 	hs              hardState
 	hasHS           bool
 	first, prevTerm uint64     // the first index kept; the term of first-1
+	conf            logConf    // the configuration as of first-1
 	ents            []entryLoc // ents[i] is index first+i
 	cached          int        // bytes of data held in ents
 	// cacheFrom: entries below this index hold no data (eviction walks up).
@@ -193,8 +194,12 @@ func (l *replicaLog) checkTruncate(k raftKey, first uint64) *raftReplayError {
 	return nil
 }
 
-// truncate makes the log start at first (checked by checkTruncate).
-func (l *replicaLog) truncate(first uint64) {
+// truncate makes the log start at first (checked by checkTruncate), with
+// configuration conf as of first-1 if set.
+func (l *replicaLog) truncate(first uint64, conf logConf) {
+	if conf.set {
+		l.conf = conf
+	}
 	if first == l.first {
 		return
 	}
@@ -213,7 +218,7 @@ func (l *replicaLog) truncate(first uint64) {
 func (l *replicaLog) state(k raftKey) replicaState {
 	last := l.last()
 	lt, _ := l.term(last)
-	return replicaState{key: k, hs: l.hs, first: l.first, prevTerm: l.prevTerm, last: last, lastTerm: lt}
+	return replicaState{key: k, hs: l.hs, first: l.first, prevTerm: l.prevTerm, last: last, lastTerm: lt, conf: l.conf}
 }
 
 // head returns the op 6 change a new segment's first record starts with, or
@@ -289,7 +294,7 @@ func (x *raftIndex) replayState(states []replicaState) *raftReplayError {
 		listed[s.key] = true
 		l := x.logs[s.key]
 		if l == nil {
-			l = &replicaLog{hs: s.hs, hasHS: s.hs != hardState{}, first: s.first, prevTerm: s.prevTerm, cacheFrom: s.last + 1}
+			l = &replicaLog{hs: s.hs, hasHS: s.hs != hardState{}, first: s.first, prevTerm: s.prevTerm, conf: s.conf, cacheFrom: s.last + 1}
 			if s.last >= s.first {
 				l.ents = make([]entryLoc, s.last-s.first+1)
 				l.ents[len(l.ents)-1].term = s.lastTerm
@@ -300,7 +305,7 @@ func (x *raftIndex) replayState(states []replicaState) *raftReplayError {
 		l.mu.Lock()
 		have := l.state(s.key)
 		l.mu.Unlock()
-		if have != s {
+		if have != s { // conf included: a state record never changes it
 			return &raftReplayError{s.key, s.last, fmt.Sprintf("the state record (first %d, last %d term %d, HardState term %d commit %d) disagrees with the log before it (first %d, last %d term %d, HardState term %d commit %d)",
 				s.first, s.last, s.lastTerm, s.hs.term, s.hs.commit, have.first, have.last, have.lastTerm, have.hs.term, have.hs.commit)}
 		}
@@ -335,14 +340,14 @@ func (x *raftIndex) replayBlock(b *raftBlock, seg uint64, base int64) *raftRepla
 }
 
 // replayTruncate checks and applies an op 5 change.
-func (x *raftIndex) replayTruncate(k raftKey, first uint64) *raftReplayError {
+func (x *raftIndex) replayTruncate(k raftKey, first uint64, conf logConf) *raftReplayError {
 	l := x.replica(k, true)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.checkTruncate(k, first); err != nil {
 		return err
 	}
-	l.truncate(first)
+	l.truncate(first, conf)
 	return nil
 }
 
@@ -383,11 +388,11 @@ func (r *raftReplay) change(x *raftIndex, d *raftDecoder, op byte, at recordPlac
 			return re
 		}
 	case opRaftTruncate:
-		k, first, err := d.truncate()
+		k, first, conf, err := d.truncate()
 		if err != nil {
 			return err
 		}
-		if re := x.replayTruncate(k, first); re != nil {
+		if re := x.replayTruncate(k, first, conf); re != nil {
 			return re
 		}
 	case opRaftState:

@@ -11,9 +11,15 @@ import (
 //	op 4  raft block  group | replica | flags (1 byte)
 //	                  [term | vote | commit]                            if flags&1 (HardState)
 //	                  [count | count x (index | term | type | len | data)] if flags&2 (entries)
-//	op 5  truncate    group | replica | first index kept
+//	op 5  truncate    group | replica | first index kept | conf
 //	op 6  state       count | count x (group | replica | term | vote | commit |
-//	                  first | term of first-1 | last | term of last)
+//	                  first | term of first-1 | last | term of last | conf)
+//
+// conf is the replica's configuration as of first-1 (a marshalled
+// raftpb.ConfState): its length + 1 and its bytes, or 0 when the log has
+// none (a truncation that keeps the one before). A replica restarts from
+// first-1 with it (replication.WALPipeline): raft's snapshot metadata, with
+// no snapshot data (Badger has it).
 //
 // Every number is a uvarint. A block's entries are consecutive (index+1 each)
 // with terms that never go down; entry data is the raft entry's bytes as is
@@ -71,6 +77,23 @@ type replicaState struct {
 	hs              hardState
 	first, prevTerm uint64 // first index kept, the term of first-1
 	last, lastTerm  uint64
+	conf            logConf
+}
+
+// logConf is a replica's configuration as of its first index - 1 (a
+// marshalled raftpb.ConfState), if its log has one. A string, so that
+// replicaState stays comparable.
+type logConf struct {
+	set bool
+	cs  string
+}
+
+func appendConf(p []byte, c logConf) []byte {
+	if !c.set {
+		return binary.AppendUvarint(p, 0)
+	}
+	p = binary.AppendUvarint(p, uint64(len(c.cs))+1)
+	return append(p, c.cs...)
 }
 
 // appendRaftBlock appends b as an op 4 change, and sets each entry's dataOff
@@ -107,12 +130,14 @@ func appendRaftBlock(p []byte, b *raftBlock) []byte {
 	return p
 }
 
-// appendRaftTruncate appends an op 5 change: k's log starts at first.
-func appendRaftTruncate(p []byte, k raftKey, first uint64) []byte {
+// appendRaftTruncate appends an op 5 change: k's log starts at first, with
+// configuration conf as of first-1 (unset: the one it had).
+func appendRaftTruncate(p []byte, k raftKey, first uint64, conf logConf) []byte {
 	p = append(p, opRaftTruncate)
 	p = binary.AppendUvarint(p, k.group)
 	p = binary.AppendUvarint(p, k.replica)
-	return binary.AppendUvarint(p, first)
+	p = binary.AppendUvarint(p, first)
+	return appendConf(p, conf)
 }
 
 // appendRaftState appends an op 6 change holding states.
@@ -124,6 +149,7 @@ func appendRaftState(p []byte, states []replicaState) []byte {
 		for _, v := range [...]uint64{s.key.group, s.key.replica, s.hs.term, s.hs.vote, s.hs.commit, s.first, s.prevTerm, s.last, s.lastTerm} {
 			p = binary.AppendUvarint(p, v)
 		}
+		p = appendConf(p, s.conf)
 	}
 	return p
 }
@@ -223,17 +249,35 @@ func (d *raftDecoder) block(b *raftBlock) error {
 	return nil
 }
 
+// conf decodes a conf (appendConf).
+func (d *raftDecoder) conf() (logConf, error) {
+	n, err := d.uvarint()
+	if err != nil {
+		return logConf{}, err
+	}
+	if n == 0 {
+		return logConf{}, nil
+	}
+	if n-1 > uint64(len(d.p)-d.pos) {
+		return logConf{}, errCorrupt
+	}
+	c := logConf{set: true, cs: string(d.p[d.pos : d.pos+int(n-1)])}
+	d.pos += int(n - 1)
+	return c, nil
+}
+
 // truncate decodes the body of an op 5 change.
-func (d *raftDecoder) truncate() (raftKey, uint64, error) {
+func (d *raftDecoder) truncate() (raftKey, uint64, logConf, error) {
 	k, err := d.key()
 	if err != nil {
-		return k, 0, err
+		return k, 0, logConf{}, err
 	}
 	first, err := d.uvarint()
 	if err != nil || first == 0 {
-		return k, 0, errCorrupt
+		return k, 0, logConf{}, errCorrupt
 	}
-	return k, first, nil
+	c, err := d.conf()
+	return k, first, c, err
 }
 
 // state decodes the body of an op 6 change, appending to states. Each
@@ -244,7 +288,7 @@ func (d *raftDecoder) state(states []replicaState) ([]replicaState, error) {
 	if err != nil {
 		return states, err
 	}
-	if n == 0 || n > uint64(len(d.p)-d.pos)/9 {
+	if n == 0 || n > uint64(len(d.p)-d.pos)/10 {
 		return states, errCorrupt
 	}
 	for i := uint64(0); i < n; i++ {
@@ -256,6 +300,9 @@ func (d *raftDecoder) state(states []replicaState) ([]replicaState, error) {
 			if *v, err = d.uvarint(); err != nil {
 				return states, err
 			}
+		}
+		if s.conf, err = d.conf(); err != nil {
+			return states, err
 		}
 		if s.first == 0 || s.last+1 < s.first || s.lastTerm < s.prevTerm || s.hs.commit > s.last ||
 			(s.last+1 == s.first && s.lastTerm != s.prevTerm) {

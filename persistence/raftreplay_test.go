@@ -81,8 +81,8 @@ func TestRaftReplay_RefusesALogThatDoesNotContinue(t *testing.T) {
 		{"an overwrite with a lower term", [][]byte{block(3, 1, nil, 1, 1, 2, 2), block(3, 1, nil, 3, 1)}, 1, 3, 1, 3, "the term goes down"},
 		{"a HardState term going down", [][]byte{block(3, 1, hs(5, 1, 0), 1, 1), block(3, 1, hs(4, 1, 0), 2, 4)}, 1, 3, 1, 2, "HardState's term goes down"},
 		{"a commit past the last index", [][]byte{block(3, 1, nil, 1, 1), block(3, 1, hs(1, 1, 3), 2, 1)}, 1, 3, 1, 3, "commit index 3 passes the last index 2"},
-		{"a truncation past the last index", [][]byte{block(3, 1, nil, 1, 1), appendRaftTruncate(nil, raftKey{3, 1}, 3)}, 1, 3, 1, 3, "passes the last index"},
-		{"an entry below the first index", [][]byte{block(3, 1, nil, 1, 1, 1), appendRaftTruncate(nil, raftKey{3, 1}, 3), block(3, 1, nil, 2, 2)}, 2, 3, 1, 2, "below the log's first index 3"},
+		{"a truncation past the last index", [][]byte{block(3, 1, nil, 1, 1), appendRaftTruncate(nil, raftKey{3, 1}, 3, logConf{})}, 1, 3, 1, 3, "passes the last index"},
+		{"an entry below the first index", [][]byte{block(3, 1, nil, 1, 1, 1), appendRaftTruncate(nil, raftKey{3, 1}, 3, logConf{}), block(3, 1, nil, 2, 2)}, 2, 3, 1, 2, "below the log's first index 3"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()

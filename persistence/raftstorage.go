@@ -20,8 +20,9 @@ type RaftStorage struct {
 
 var _ raft.Storage = (*RaftStorage)(nil)
 
-// RaftStorage returns the raft.Storage of replica's log in group. confState
-// gives InitialState's ConfState (the group's applied configuration; nil
+// RaftStorage returns the raft.Storage of replica's log in group. Its
+// ConfState (InitialState's, and the snapshot metadata's) is the one the log
+// holds as of its first index - 1 (TruncateRaft), or else confState's (nil
 // func or result: an empty one). A replica without a log yet has an empty
 // one: first index 1, last index 0.
 func (db *DB) RaftStorage(group, replica uint64, confState func() *raftpb.ConfState) *RaftStorage {
@@ -38,18 +39,35 @@ func (s *RaftStorage) log() *replicaLog {
 	return l
 }
 
-// InitialState implements raft.Storage.
-func (s *RaftStorage) InitialState() (*raftpb.HardState, *raftpb.ConfState, error) {
+// conf returns the replica's configuration as of first-1 (see RaftStorage),
+// l locked or nil.
+func (s *RaftStorage) conf(l *replicaLog) (*raftpb.ConfState, error) {
+	if l != nil && l.conf.set {
+		cs := &raftpb.ConfState{}
+		if err := proto.Unmarshal([]byte(l.conf.cs), cs); err != nil {
+			return nil, fmt.Errorf("persistence: group %d replica %d: the log's configuration: %w", s.key.group, s.key.replica, err)
+		}
+		return cs, nil
+	}
 	var cs *raftpb.ConfState
 	if s.confState != nil {
 		cs = s.confState()
 	}
-	cs = raftpb.EnsureConfState(cs)
+	return raftpb.EnsureConfState(cs), nil
+}
+
+// InitialState implements raft.Storage.
+func (s *RaftStorage) InitialState() (*raftpb.HardState, *raftpb.ConfState, error) {
 	l := s.log()
 	if l == nil {
+		cs, _ := s.conf(nil)
 		return &raftpb.HardState{}, cs, nil
 	}
 	defer l.mu.Unlock()
+	cs, err := s.conf(l)
+	if err != nil {
+		return nil, nil, err
+	}
 	if !l.hasHS {
 		return &raftpb.HardState{}, cs, nil
 	}
@@ -145,9 +163,13 @@ func (s *RaftStorage) Snapshot() (*raftpb.Snapshot, error) {
 	if first > 1 {
 		return nil, raft.ErrSnapshotTemporarilyUnavailable
 	}
-	var cs *raftpb.ConfState
-	if s.confState != nil {
-		cs = s.confState()
+	l := s.log()
+	if l != nil {
+		defer l.mu.Unlock()
 	}
-	return &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{ConfState: raftpb.EnsureConfState(cs), Index: new(uint64(0)), Term: new(uint64(0))}}, nil
+	cs, err := s.conf(l)
+	if err != nil {
+		return nil, err
+	}
+	return &raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{ConfState: cs, Index: new(uint64(0)), Term: new(uint64(0))}}, nil
 }

@@ -53,7 +53,7 @@ func appendRaft(t testing.TB, p *Pipeline, g, r uint64, hs *raftpb.HardState, en
 func truncateRaft(t testing.TB, p *Pipeline, g, r, first uint64) error {
 	t.Helper()
 	ch := make(chan error, 1)
-	p.TruncateRaft(g, r, first, func(err error) { ch <- err })
+	p.TruncateRaft(g, r, first, nil, func(err error) { ch <- err })
 	if err := p.Barrier(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -358,4 +358,93 @@ func TestRaftStorage_ReadsEntriesBeyondTheCacheFromTheLog(t *testing.T) {
 	}
 	defer db.Close()
 	check(db)
+}
+
+// truncateRaftConf is truncateRaft with the configuration as of first-1.
+func truncateRaftConf(t testing.TB, p *Pipeline, g, r, first uint64, cs *raftpb.ConfState) {
+	t.Helper()
+	b, err := proto.Marshal(cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan error, 1)
+	p.TruncateRaft(g, r, first, b, func(err error) { ch <- err })
+	if err := p.Barrier(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitDone(t, "a raft truncation", ch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRaftStorage_TheTruncationPointKeepsItsConfiguration: a truncation
+// records the replica's configuration as of its new first index - 1, which
+// InitialState and the snapshot metadata give from then on (a replica
+// restarts from there), and which survives a reopen whose replay starts
+// after the truncation's own record (the state record every segment starts
+// with carries it). A truncation without one keeps the one before; a
+// bootstrap is a truncation of an empty log to index 1.
+func TestRaftStorage_TheTruncationPointKeepsItsConfiguration(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, SegmentSize: 4096}
+	db, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPipeline(t, db, PipelineConfig{ValueLogGCEvery: -1})
+	fallback := &raftpb.ConfState{Voters: []uint64{9}}
+	storage := func(db *DB) *RaftStorage {
+		return db.RaftStorage(1, 1, func() *raftpb.ConfState { return fallback })
+	}
+	wantConf := func(db *DB, want *raftpb.ConfState) {
+		t.Helper()
+		_, cs, err := storage(db).InitialState()
+		if err != nil || !proto.Equal(cs, want) {
+			t.Fatalf("InitialState's ConfState %v (%v), want %v", cs, err, want)
+		}
+	}
+	wantConf(db, fallback) // nothing logged yet
+	boot := &raftpb.ConfState{Voters: []uint64{1, 2, 3}}
+	truncateRaftConf(t, p, 1, 1, 1, boot)
+	wantConf(db, boot)
+	if snap, err := storage(db).Snapshot(); err != nil || !proto.Equal(snap.GetMetadata().GetConfState(), boot) {
+		t.Fatalf("Snapshot of the bootstrapped log: %v %v", snap, err)
+	}
+	for i := uint64(1); i <= 40; i++ {
+		mustAppend(t, p, 1, 1, pbHS(1, 1, i-1), paddedEnt(i, 1))
+	}
+	moved := &raftpb.ConfState{Voters: []uint64{1, 2, 4}, Learners: []uint64{5}}
+	truncateRaftConf(t, p, 1, 1, 21, moved)
+	wantConf(db, moved)
+	for i := uint64(41); i <= 80; i++ {
+		mustAppend(t, p, 1, 1, pbHS(1, 1, i-1), paddedEnt(i, 1))
+	}
+	if err := truncateRaft(t, p, 1, 1, 61); err != nil { // keeps moved
+		t.Fatal(err)
+	}
+	wantConf(db, moved)
+	segs := db.wal.segments()
+	flushAndRelease(t, p)
+	if got := db.wal.segments(); got >= segs-2 {
+		t.Fatalf("%d segments of %d after the truncation: the record of the truncation to 21 was not released", got, segs)
+	}
+	db = reopen(t, p, db, cfg)
+	wantConf(db, moved)
+	if first, _ := storage(db).FirstIndex(); first != 61 {
+		t.Fatalf("first index %d after reopen, want 61", first)
+	}
+}
+
+// TestRaftRecord_AConfigurationPastThePayloadDoesNotDecode: a truncation whose
+// configuration claims more bytes than the record holds is corruption.
+func TestRaftRecord_AConfigurationPastThePayloadDoesNotDecode(t *testing.T) {
+	p := appendRaftTruncate(nil, raftKey{1, 1}, 3, logConf{set: true, cs: "abc"})
+	if _, _, _, _, err := decodeAll(p); err != nil {
+		t.Fatalf("a good truncation: %v", err)
+	}
+	bad := append([]byte(nil), p[:len(p)-4]...) // the length says 3 bytes, none follow
+	bad = append(bad, 4)
+	if _, _, _, _, err := decodeAll(bad); !errors.Is(err, errCorrupt) {
+		t.Fatalf("a configuration past the payload: %v, want errCorrupt", err)
+	}
 }

@@ -224,6 +224,8 @@ func (p *Pipeline) RaftFlushed(group, replica uint64) (s RaftAppliedState, found
 // The replicas' applied states of those batches are published for
 // RaftFlushed only after the value log is synced: a table may point into it.
 func (p *Pipeline) releasableReplicated() (uint64, error) {
+	p.releaseMu.Lock() // the releaser and Flush
+	defer p.releaseMu.Unlock()
 	v := p.db.newestTableVersion()
 	p.batchMu.Lock()
 	n, marks := 0, false
@@ -237,7 +239,7 @@ func (p *Pipeline) releasableReplicated() (uint64, error) {
 			return 0, fmt.Errorf("sync the value log: %w", err)
 		}
 	}
-	// Only this goroutine takes batches out, so the first n are the same.
+	// Only releaseMu's holder takes batches out: the first n are the same.
 	p.batchMu.Lock()
 	defer p.batchMu.Unlock()
 	for _, b := range p.batches[:n] { // in apply order: the newest state wins
@@ -277,4 +279,21 @@ func readLocalApplied(bdb *badger.DB) (uint64, error) {
 		return nil
 	})
 	return seq, err
+}
+
+// Flush has Badger write its memtables to synced tables and waits for it;
+// ErrClosed if the pipeline closes first. In replicated mode it then
+// publishes the replicas' flushed states (RaftFlushed), so that their logs
+// can be truncated at once; the releaser, which runs after commits (at most
+// once a second), gives up the log segments. A replicated node whose log
+// grows past its budget calls it, as do tests.
+func (p *Pipeline) Flush() error {
+	err := p.flushMemtables()
+	if errors.Is(err, errGCStopped) {
+		return ErrClosed
+	}
+	if err == nil && p.db.replicated {
+		_, err = p.releasableReplicated()
+	}
+	return err
 }

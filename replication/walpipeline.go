@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,11 +25,18 @@ import (
 //
 // The database must be replicated (persistence.Config.Replicated). Badger
 // keeps no raft state: a replica restarts from the start of its log (its
-// first index - 1) and applies again every committed entry the log holds
-// (persistence/replicated.go says why that is safe and needed). Truncating a
-// replica's log, up to persistence.Pipeline.RaftFlushed + 1, comes with the
-// snapshots that let a laggard catch up past it (design step 6). Conf change
-// entries and snapshots are refused for now: the group fails (Err) and waits.
+// first index - 1, with the configuration the log records there) and
+// applies again every committed entry the log holds
+// (persistence/replicated.go says why that is safe and needed).
+//
+// Truncation: once Badger holds a replica's entries up to F in synced tables
+// (persistence.Pipeline.RaftFlushed) and the replica has applied at least
+// KeepEntries beyond F, its log is truncated to start at F+1, with F's
+// configuration. So a restart applies again at most what Badger had not
+// flushed plus about KeepEntries, and a follower up to KeepEntries behind
+// catches up from the log; one further behind needs a snapshot, which comes
+// with design step 6 (until then it waits). Conf change entries and
+// snapshots are refused for now: the group fails (Err) and waits.
 type WALPipeline struct {
 	p       *persistence.Pipeline
 	db      *persistence.DB
@@ -45,54 +53,93 @@ type WALPipeline struct {
 	replica map[GroupID]ReplicaID
 	conf    map[GroupID][]byte
 	applied map[GroupID]uint64
+	first   map[GroupID]uint64 // the log's first index, as this pipeline last set it
+	keep    uint64
 	err     error // the first job the pipeline could not do
 	stopped bool
 }
 
 var _ Pipeline = (*WALPipeline)(nil)
 
+// DefaultKeepEntries is how many applied entries a replica's log keeps
+// beyond what Badger flushed, for followers that lag. Each costs the log's
+// index about 56 bytes: 2,000 entries x 256 replicas is about 28 MiB.
+const DefaultKeepEntries = 2000
+
 // NewWALPipeline returns a pipeline over db's write-ahead log through p (a
 // started persistence pipeline over db, which must be replicated). observe,
 // if not nil, is called for every entry once Badger holds it, in log order
-// per group (again for the entries a restart applies again).
-func NewWALPipeline(db *persistence.DB, p *persistence.Pipeline, observe func(g GroupID, ent *raftpb.Entry), log *slog.Logger) *WALPipeline {
+// per group (again for the entries a restart applies again). keep is
+// KeepEntries (zero: DefaultKeepEntries).
+func NewWALPipeline(db *persistence.DB, p *persistence.Pipeline, observe func(g GroupID, ent *raftpb.Entry), keep uint64, log *slog.Logger) *WALPipeline {
 	if log == nil {
 		log = slog.Default()
 	}
+	if keep == 0 {
+		keep = DefaultKeepEntries
+	}
 	return &WALPipeline{
-		p: p, db: db, observe: observe, log: log,
+		p: p, db: db, observe: observe, log: log, keep: keep,
 		synced:  map[GroupID][2]uint64{},
 		replica: map[GroupID]ReplicaID{},
 		conf:    map[GroupID][]byte{},
 		applied: map[GroupID]uint64{},
+		first:   map[GroupID]uint64{},
+	}
+}
+
+// Bootstrap starts the log of a new group's replica with cs as its
+// configuration (the founding voters), durably, before Storage is asked for
+// it. A replica that joins an existing group is not bootstrapped: it starts
+// empty and is sent a snapshot.
+func (w *WALPipeline) Bootstrap(ctx context.Context, g GroupID, replica ReplicaID, cs *raftpb.ConfState) error {
+	b, err := proto.Marshal(cs)
+	if err != nil {
+		return fmt.Errorf("replication: group %d: %w", g, err)
+	}
+	s := w.db.RaftStorage(uint64(g), uint64(replica), nil)
+	if last, _ := s.LastIndex(); last > 0 {
+		return fmt.Errorf("replication: group %d replica %d: bootstrap of a log that holds entries (up to %d)", g, replica, last)
+	}
+	done := make(chan error, 1)
+	w.p.TruncateRaft(uint64(g), uint64(replica), 1, b, func(err error) { done <- err })
+	if err := w.p.Barrier(ctx); err != nil { // a truncation rides along: make a record
+		return err
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
 // Storage returns group g's raft.Storage for replica, and the applied index
 // to start it from: one below the log's first index, so that raft hands
-// every committed entry the log holds to Apply again. confState gives the
-// group's configuration (fixed until conf changes are supported here). The
-// HardState's commit is raised to the applied index: a commit-only
-// HardState need not be durable, so a crash can lose it while the entries it
-// committed were applied and their log truncated.
-func (w *WALPipeline) Storage(g GroupID, replica ReplicaID, confState func() *raftpb.ConfState) (raft.Storage, uint64, error) {
+// every committed entry the log holds to Apply again. The configuration is
+// the one the log records as of that index (Bootstrap, truncations); a
+// replica that has none starts with an empty one. The HardState's commit is
+// raised to the applied index: a commit-only HardState need not be durable,
+// so a crash can lose it while the entries it committed were applied and
+// their log truncated.
+func (w *WALPipeline) Storage(g GroupID, replica ReplicaID) (raft.Storage, uint64, error) {
 	if !w.db.Replicated() {
 		return nil, 0, fmt.Errorf("replication: group %d: the database is not replicated (persistence.Config.Replicated)", g)
 	}
-	s := w.db.RaftStorage(uint64(g), uint64(replica), confState)
+	s := w.db.RaftStorage(uint64(g), uint64(replica), nil)
 	first, _ := s.FirstIndex()
 	applied := first - 1
-	var cs []byte
-	if confState != nil {
-		var err error
-		if cs, err = proto.Marshal(confState()); err != nil {
-			return nil, 0, fmt.Errorf("replication: group %d: %w", g, err)
-		}
+	hs, conf, err := s.InitialState()
+	if err != nil {
+		return nil, 0, err
 	}
-	hs, _, _ := s.InitialState()
+	cs, err := proto.Marshal(conf)
+	if err != nil {
+		return nil, 0, fmt.Errorf("replication: group %d: %w", g, err)
+	}
 	w.mu.Lock()
 	w.synced[g] = [2]uint64{hs.GetTerm(), hs.GetVote()}
-	w.replica[g], w.conf[g], w.applied[g] = replica, cs, applied
+	w.replica[g], w.conf[g], w.applied[g], w.first[g] = replica, cs, applied, first
 	w.mu.Unlock()
 	if hs.GetCommit() >= applied {
 		return s, applied, nil
@@ -201,9 +248,32 @@ func (w *WALPipeline) Apply(job Job) {
 			stopped := w.stopped
 			w.mu.Unlock()
 			if !stopped {
+				w.maybeTruncate(job.Group, replica, last.GetIndex())
 				job.Done()
 			}
 		},
+	})
+}
+
+// maybeTruncate truncates g's log to start after what Badger flushed, once
+// the replica applied KeepEntries beyond it (see WALPipeline). Called after
+// an apply, on the persistence applier's goroutine: it only queues.
+func (w *WALPipeline) maybeTruncate(g GroupID, replica ReplicaID, applied uint64) {
+	f, ok := w.p.RaftFlushed(uint64(g), uint64(replica))
+	if !ok || applied < f.Index+w.keep {
+		return
+	}
+	w.mu.Lock()
+	if f.Index+1 <= w.first[g] {
+		w.mu.Unlock()
+		return
+	}
+	w.first[g] = f.Index + 1
+	w.mu.Unlock()
+	w.p.TruncateRaft(uint64(g), uint64(replica), f.Index+1, f.ConfState, func(err error) {
+		if err != nil && !errors.Is(err, persistence.ErrClosed) {
+			w.fail(fmt.Errorf("replication: group %d: truncate the log to %d: %w", g, f.Index+1, err))
+		}
 	})
 }
 

@@ -37,6 +37,7 @@ type walNode struct {
 	id      replication.NodeID
 	dir     string
 	applied map[replication.GroupID]uint64 // survives crashes
+	booted  bool                           // the groups' logs are bootstrapped
 
 	db *persistence.DB
 	pp *persistence.Pipeline
@@ -51,6 +52,7 @@ type walCluster struct {
 	groups  []replication.GroupID
 	ecfg    replication.Config
 	voters  []uint64
+	keep    uint64 // the WAL pipelines' KeepEntries
 	quiet   *slog.Logger
 
 	mu    sync.Mutex
@@ -66,6 +68,7 @@ func newWALCluster(t *testing.T, nodes, groups int, seed uint64) *walCluster {
 		nodes:   map[replication.NodeID]*walNode{},
 	}
 	c.ecfg = replication.Config{TickInterval: 2 * time.Millisecond, ElectionTick: 10, Workers: 2, Logger: c.quiet}
+	c.keep = 20 // truncate often (flushBadgers makes Badger flush)
 	for g := 1; g <= groups; g++ {
 		c.groups = append(c.groups, replication.GroupID(g))
 	}
@@ -95,7 +98,7 @@ func (c *walCluster) start(id replication.NodeID) error {
 	pp.Start()
 	wp := replication.NewWALPipeline(db, pp, func(g replication.GroupID, ent *raftpb.Entry) {
 		c.checker.applied(id, g, ent)
-	}, c.quiet)
+	}, c.keep, c.quiet)
 	ecfg := c.ecfg
 	ecfg.Node = id
 	e, err := replication.New(ecfg, c.net.Endpoint(id), wp)
@@ -106,9 +109,13 @@ func (c *walCluster) start(id replication.NodeID) error {
 	for _, v := range c.voters {
 		peers[replication.ReplicaID(v)] = replication.NodeID(v)
 	}
-	conf := func() *raftpb.ConfState { return &raftpb.ConfState{Voters: c.voters} }
 	for _, g := range c.groups {
-		st, applied, err := wp.Storage(g, replication.ReplicaID(id), conf)
+		if !n.booted {
+			if err := wp.Bootstrap(context.Background(), g, replication.ReplicaID(id), &raftpb.ConfState{Voters: c.voters}); err != nil {
+				return fmt.Errorf("node %d: %w", id, err)
+			}
+		}
+		st, applied, err := wp.Storage(g, replication.ReplicaID(id))
 		if err != nil {
 			return fmt.Errorf("node %d restart: %w", id, err)
 		}
@@ -120,7 +127,7 @@ func (c *walCluster) start(id replication.NodeID) error {
 	if err := e.Start(); err != nil {
 		return err
 	}
-	n.db, n.pp, n.wp, n.e = db, pp, wp, e
+	n.db, n.pp, n.wp, n.e, n.booted = db, pp, wp, e, true
 	c.net.Attach(id, e)
 	c.net.SetDown(id, false)
 	return nil
@@ -211,6 +218,24 @@ func isNotWritten(err error) bool {
 	return errors.Is(err, replication.ErrNotWritten)
 }
 
+// flushBadgers has every running node's Badger flush its memtables every
+// 20 ms until ctx ends, so that their logs get truncated.
+func (c *walCluster) flushBadgers(ctx context.Context) {
+	for sleepCtx(ctx, 20*time.Millisecond) == nil {
+		c.mu.Lock()
+		var pps []*persistence.Pipeline
+		for _, n := range c.nodes {
+			if n.pp != nil {
+				pps = append(pps, n.pp)
+			}
+		}
+		c.mu.Unlock()
+		for _, pp := range pps {
+			_ = pp.Flush() // ErrClosed when the node crashed meanwhile
+		}
+	}
+}
+
 func (c *walCluster) close() {
 	for id := range c.nodes {
 		c.crash(id)
@@ -243,6 +268,7 @@ func TestWALStorage_ModelChecksHoldAcrossCrashes(t *testing.T) {
 			})
 		}
 	}
+	wg.Go(func() { c.flushBadgers(ctx) })
 	rounds := 12
 	if testing.Short() {
 		rounds = 5
@@ -305,6 +331,22 @@ func TestWALStorage_ModelChecksHoldAcrossCrashes(t *testing.T) {
 		if holders < 2 {
 			t.Fatalf("acknowledged write %q is in Badger on %d of 3 nodes", key, holders)
 		}
+	}
+	// The logs were truncated (so restarts began past index 1 with the
+	// configuration the truncation recorded) while every node restarted.
+	truncated := 0
+	for id := range c.nodes {
+		c.mu.Lock()
+		db := c.nodes[id].db
+		c.mu.Unlock()
+		for _, g := range c.groups {
+			if first, _ := db.RaftStorage(uint64(g), uint64(id), nil).FirstIndex(); first > 1 {
+				truncated++
+			}
+		}
+	}
+	if truncated == 0 {
+		t.Fatal("no replica's log was truncated: the test did not exercise truncation")
 	}
 	if c.checker.Acked() < 20 {
 		t.Fatalf("only %d proposals acknowledged: the test did not exercise the log", c.checker.Acked())
