@@ -230,6 +230,7 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 		if m.GetType() == raftpb.MsgStorageApplyResp {
 			g.resolveApplied(m.GetEntries(), e.incarnation)
 			g.releaseReads()
+			g.noteConfApplied(m.GetEntries())
 		}
 		if g.holdVote(m, e.cfg.ElectionTick) {
 			continue // lease.go: a replica that just started grants no vote yet

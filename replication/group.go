@@ -98,6 +98,7 @@ type group struct {
 	startTicks   int
 	transferring bool
 	transferWait []*transferReq
+	confApplied  bool // a conf change entry was applied: the lease's voters may differ
 
 	lease leaseState // its own lock (lease.go)
 

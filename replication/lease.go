@@ -181,11 +181,11 @@ func (e *Engine) LeaseValid(g GroupID) (term uint64, ok bool) {
 	if grp == nil || grp.stFailed.Load() != nil || e.closed.Load() {
 		return 0, false
 	}
-	now := e.now()
 	l := &grp.lease
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.term == 0 || now >= l.expiry {
+	// The clock is read under the lock: the answer is about one moment.
+	if l.term == 0 || e.now() >= l.expiry {
 		return 0, false
 	}
 	return l.term, true
@@ -243,6 +243,10 @@ func (e *Engine) leaseStep(g *group) {
 		clear(l.acks)
 		l.recomputeLocked(e.leaseLength())
 	}
+	if leader && g.confApplied {
+		l.voters = g.voterSets()
+		l.recomputeLocked(e.leaseLength())
+	}
 	if leader && !l.appliedTerm && g.appliedTerm == g.term {
 		l.appliedTerm = true
 		l.recomputeLocked(e.leaseLength())
@@ -257,12 +261,27 @@ func (e *Engine) leaseStep(g *group) {
 		}
 	}
 	l.mu.Unlock()
+	g.confApplied = false
 	g.transferring = leader && transferee != 0
 	g.settleTransfers(transferee)
 }
 
+// noteConfApplied notes that ents, just applied, hold a configuration change
+// (worker only): the next leaseStep takes the voters again. It assumes the
+// change was handed to RawNode.ApplyConfChange in the same pass, before
+// leaseStep; until then the old voters count, which is safe while the
+// configuration is joint (every election needs a majority of both halves).
+func (g *group) noteConfApplied(ents []*raftpb.Entry) {
+	for _, ent := range ents {
+		if ent.GetType() != raftpb.EntryNormal {
+			g.confApplied = true
+			return
+		}
+	}
+}
+
 // voterSets returns the group's majority configurations (worker only; once
-// per term: Status copies the progress map).
+// per term and after each conf change: Status copies the progress map).
 func (g *group) voterSets() [][]ReplicaID {
 	cfg := g.rn.Status().Config
 	var out [][]ReplicaID

@@ -1,8 +1,12 @@
 package replication
 
 import (
+	"log/slog"
 	"testing"
 	"time"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // leaseEngine returns an engine with one group (replica 1) whose lease is in
@@ -127,5 +131,42 @@ func TestLease_Blocked(t *testing.T) {
 	e.OnBeatAck(1, 2, e.epoch) // sent before since
 	if valid() {
 		t.Fatal("lease from an ack sent before since")
+	}
+}
+
+// TestLease_VotersAfterConfChange: applying a conf change entry makes the
+// lease take the voters again (a fourth voter raises the quorum to three).
+func TestLease_VotersAfterConfChange(t *testing.T) {
+	cfg, err := Config{Node: 1, Logger: slog.New(slog.DiscardHandler)}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Engine{cfg: cfg, clock: time.Now, epoch: time.Now(), groups: make(map[GroupID]*group)}
+	st := raft.NewMemoryStorage()
+	if err := st.ApplySnapshot(&raftpb.Snapshot{Metadata: &raftpb.SnapshotMetadata{
+		Index: new(uint64(1)), Term: new(uint64(1)), ConfState: &raftpb.ConfState{Voters: []uint64{1, 2, 3}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := newGroup(GroupConfig{ID: 1, Replica: 1, Peers: map[ReplicaID]NodeID{1: 1, 2: 2, 3: 3, 4: 4}, Storage: st, Applied: 1}, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.groups[1] = g
+	g.role, g.term, g.appliedTerm = raft.StateLeader, 3, 3
+	e.leaseStep(g) // a new term: voters {1, 2, 3}
+	e.OnBeatAck(1, 2, time.Now())
+	if _, ok := e.LeaseValid(1); !ok {
+		t.Fatal("no lease with 2 of 3 voters")
+	}
+	g.rn.ApplyConfChange(&raftpb.ConfChange{Type: raftpb.ConfChangeAddNode.Enum(), NodeId: new(uint64(4))})
+	g.noteConfApplied([]*raftpb.Entry{{Type: raftpb.EntryConfChange.Enum(), Index: new(uint64(2)), Term: new(uint64(3))}})
+	e.leaseStep(g)
+	if _, ok := e.LeaseValid(1); ok {
+		t.Fatal("lease with 2 of 4 voters after the conf change")
+	}
+	e.OnBeatAck(1, 4, time.Now())
+	if _, ok := e.LeaseValid(1); !ok {
+		t.Fatal("no lease with 3 of 4 voters")
 	}
 }
