@@ -391,3 +391,23 @@ func TestLease_RestartedReplicaHoldsVotes(t *testing.T) {
 	c.Heal()
 	checkClean(t, c)
 }
+
+// TestLease_ClockJump: the lease is measured on the leader's clock (the test
+// knob): when that clock jumps ahead by more than a lease, every ack it holds
+// is too old at once; acks of heartbeats stamped on the new clock bring it
+// back.
+func TestLease_ClockJump(t *testing.T) {
+	c := newCluster(t, replicationtest.Config{Nodes: 3, Groups: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := leaseGroup
+	l, term := waitLease(ctx, t, c, g)
+	c.SkewClock(l, time.Second)
+	if _, ok := c.Engine(l).LeaseValid(g); ok {
+		t.Fatal("lease valid after the leader's clock jumped a second ahead")
+	}
+	if l2, term2 := waitLease(ctx, t, c, g); l2 != l || term2 != term {
+		t.Fatalf("lease on node %d term %d after the jump, want node %d term %d", l2, term2, l, term)
+	}
+	checkClean(t, c)
+}

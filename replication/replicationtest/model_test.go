@@ -417,7 +417,7 @@ func TestModel(t *testing.T) {
 	if !t.Failed() && reads.Load() == 0 {
 		t.Fatal("no read succeeded in any run: the read checks checked nothing")
 	}
-	if !t.Failed() && leaseReads.Load() == 0 {
+	if !t.Failed() && !testing.Short() && leaseReads.Load() == 0 { // -short runs 8 checks: too few to require one
 		t.Fatal("no lease read succeeded in any run: the lease checks checked nothing")
 	}
 	t.Logf("%d reads checked, %d of them from a lease", reads.Load(), leaseReads.Load())
