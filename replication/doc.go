@@ -68,8 +68,24 @@
 // ErrReadNotConfirmed, never a success, when the replica stops leading or
 // changes term (raft drops its rounds then), at Close, or when its context
 // ends; a confirmed read waiting for apply stays valid after a step-down.
-// A leader lease (section 3 of the design; NetConfig.OnBeatAck) is not built
-// yet: every read costs a quorum round.
+//
+// The leader lease (lease.go, design section 3) makes most reads free of that
+// round: LeaseValid(g) (any goroutine, a locked snapshot) holds while no
+// other replica can lead a later term, and this replica has applied an entry
+// of its own term, so its applied state holds every write acknowledged
+// before the call. It runs until the quorum-th newest acknowledged heartbeat
+// SEND time + (ElectionTick-1) ticks - (one tick + 10%), this replica
+// counting as now (CheckQuorum's followers refuse votes for ElectionTick
+// ticks after hearing from the leader). Send times come back through
+// OnBeatAck (NetConfig.OnBeatAck; replicationtest's Network stamps them the
+// same way). Acks of heartbeats sent before the term began or before a
+// transfer ended never count; a step-down ends the lease in the pass that
+// sees it, before that pass's messages leave; TransferLeader ends it when
+// the transfer starts, and after an abandoned transfer it stays off until
+// the transferee acked a later heartbeat (its MsgTimeoutNow may still be on
+// its way). A replica that starts grants no vote of a higher term for
+// ElectionTick ticks (it may have acked a heartbeat a lease counts). Without
+// a lease, reads take ReadIndex.
 //
 // # Invariants (checked by replicationtest's model test)
 //
@@ -81,6 +97,8 @@
 //   - A proposal reported ErrNotWritten is never applied.
 //   - A successful ReadIndex's index covers every proposal acknowledged
 //     before the read was issued, and the replica has applied it.
+//   - While LeaseValid holds on a replica, no replica leads a later term,
+//     and its applied index covers every proposal acknowledged before.
 //
 // A raft panic (a broken invariant, e.g. a log that lost acknowledged
 // entries) fails that group only (ErrGroupFailed, Engine.Err); the node and

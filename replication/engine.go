@@ -45,6 +45,13 @@ type Engine struct {
 
 	// staleReads is the planted stale-read bug (testknobs.StaleReads).
 	staleReads atomic.Bool
+
+	// The lease's clock (lease.go): clock is time.Now unless a test set
+	// another before Start (testknobs.LeaseClock); times are ns since epoch.
+	clock func() time.Time
+	epoch time.Time
+	// leaseIgnoresTransfer is the planted bug testknobs.LeaseIgnoresTransfer.
+	leaseIgnoresTransfer atomic.Bool
 }
 
 // New returns an engine for cfg.Node that sends through transport and stores
@@ -67,6 +74,8 @@ func New(cfg Config, transport Transport, pipeline Pipeline) (*Engine, error) {
 		incarnation: binary.LittleEndian.Uint64(b[:]) | 1,
 		sched:       newScheduler(cfg.MaxQueuedTicks),
 		groups:      make(map[GroupID]*group),
+		clock:       time.Now,
+		epoch:       time.Now(),
 	}
 	e.list.Store(new([]*group))
 	return e, nil
@@ -137,6 +146,7 @@ func (e *Engine) Close() error {
 	for _, g := range *e.list.Load() {
 		g.failAll(fmt.Errorf("%w: %w", ErrOutcomeUnknown, ErrClosed), fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten))
 		g.failReads(fmt.Errorf("%w: %w", ErrReadNotConfirmed, ErrClosed))
+		g.failTransfers(ErrClosed)
 	}
 	return nil
 }
@@ -200,6 +210,7 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	if g.failed != nil {
 		g.failAll(g.failed, g.failed)
 		g.failReads(g.failed)
+		g.failTransfers(g.failed)
 		return
 	}
 	defer func() {
@@ -210,6 +221,7 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	for range ticks {
 		g.rn.Tick()
 	}
+	g.startTicks += ticks
 	for _, r := range g.takeUnreachable() {
 		g.rn.ReportUnreachable(uint64(r))
 	}
@@ -218,6 +230,10 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 		if m.GetType() == raftpb.MsgStorageApplyResp {
 			g.resolveApplied(m.GetEntries(), e.incarnation)
 			g.releaseReads()
+			g.noteConfApplied(m.GetEntries())
+		}
+		if g.holdVote(m, e.cfg.ElectionTick) {
+			continue // lease.go: a replica that just started grants no vote yet
 		}
 		if err := g.rn.Step(m); err != nil {
 			e.log.Debug("replication: step", "group", uint64(g.id), "type", m.GetType().String(), "from", m.GetFrom(), "err", err)
@@ -230,7 +246,11 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	if reads := g.takeReads(); len(reads) > 0 {
 		e.issueReads(g, reads)
 	}
+	if ts := g.takeTransfers(); len(ts) > 0 {
+		e.startTransfers(g, ts)
+	}
 	if !g.rn.HasReady() {
+		e.leaseStep(g)
 		return
 	}
 	rd := g.rn.Ready()
@@ -241,6 +261,7 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 		g.term = rd.HardState.GetTerm()
 	}
 	g.publish()
+	e.leaseStep(g) // before any message of this Ready leaves
 	if len(rd.ReadStates) > 0 || len(g.readPending) > 0 {
 		g.readStates(rd.ReadStates)
 	}
@@ -383,6 +404,8 @@ func (e *Engine) failGroup(w *worker, g *group, r any) {
 	clear(w.out) // nothing of a broken pass leaves
 	g.failAll(err, err)
 	g.failReads(err)
+	g.failTransfers(err)
+	g.endLease()
 	e.failMu.Lock()
 	e.failures = append(e.failures, err)
 	e.failMu.Unlock()

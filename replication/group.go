@@ -78,6 +78,7 @@ type group struct {
 	spare   []*raftpb.Message // the previous inbox's backing array, reused
 	unreach []ReplicaID       // peers the transport could not reach (ReportUnreachable)
 	reads   []*readReq        // reads not yet handed to raft (reads.go)
+	xfers   []*transferReq    // TransferLeader calls not yet handed to raft (lease.go)
 
 	// Worker-owned.
 	rn      *raft.RawNode
@@ -91,6 +92,15 @@ type group struct {
 	role        raft.StateType
 	term        uint64
 	failed      error
+	// Lease and transfers (lease.go): the term of the last applied entry,
+	// ticks since the replica started, a transfer in progress, its waiters.
+	appliedTerm  uint64
+	startTicks   int
+	transferring bool
+	transferWait []*transferReq
+	confApplied  bool // a conf change entry was applied: the lease's voters may differ
+
+	lease leaseState // its own lock (lease.go)
 
 	// Published by the holder for Propose and Status.
 	stLead    atomic.Uint64 // ReplicaID
@@ -145,6 +155,7 @@ func newGroup(cfg GroupConfig, e *Engine) (*group, error) {
 		applied:     cfg.Applied,
 		role:        raft.StateFollower,
 	}
+	g.lease.self, g.lease.expiry, g.lease.acks = cfg.Replica, never, make(map[ReplicaID]int64)
 	g.stApplied.Store(cfg.Applied)
 	return g, nil
 }
@@ -208,7 +219,7 @@ func (g *group) resolveApplied(ents []*raftpb.Entry, incarnation uint64) {
 				}
 			}
 		}
-		g.applied = idx
+		g.applied, g.appliedTerm = idx, ent.GetTerm()
 	}
 	g.stApplied.Store(g.applied)
 	for seq, p := range g.pending {

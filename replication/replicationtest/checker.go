@@ -30,7 +30,9 @@ import (
 //     succeeds on node n with index i, i covers every proposal of the group
 //     acknowledged before the read was issued, and n had applied at least i
 //     when it returned; so the applied prefix n's state machine then shows
-//     holds them all (with 1, at their acknowledged indexes).
+//     holds them all (with 1, at their acknowledged indexes). A read served
+//     from a leader lease (Cluster.LeaseRead) is checked the same way, with
+//     n's applied index after LeaseValid held as its index.
 //
 // Payloads are compared as bytes, so each must be unique.
 type Checker struct {
@@ -43,6 +45,7 @@ type Checker struct {
 	notWrit     map[string]bool
 	maxAcked    map[replication.GroupID]uint64 // the highest acknowledged index per group
 	reads       int                            // reads that returned
+	leaseReads  int                            // of which served from a lease
 	violations  []string
 }
 
@@ -184,6 +187,20 @@ func (c *Checker) readStart(g replication.GroupID) uint64 {
 func (c *Checker) readDone(n replication.NodeID, g replication.GroupID, start, index, applied uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.readDoneLocked(n, g, start, index, applied)
+}
+
+// leaseReadDone records a read of group g that node n served from its lease
+// with applied its applied index after LeaseValid held: the state it shows
+// must hold every proposal acknowledged before the read began.
+func (c *Checker) leaseReadDone(n replication.NodeID, g replication.GroupID, start, applied uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.leaseReads++
+	c.readDoneLocked(n, g, start, applied, applied)
+}
+
+func (c *Checker) readDoneLocked(n replication.NodeID, g replication.GroupID, start, index, applied uint64) {
 	c.reads++
 	if index < start {
 		c.violate("group %d: stale read on node %d: read index %d, but index %d was acknowledged before the read was issued", g, n, index, start)
@@ -193,7 +210,14 @@ func (c *Checker) readDone(n replication.NodeID, g replication.GroupID, start, i
 	}
 }
 
-// Reads returns the number of reads that returned.
+// LeaseReads returns the number of reads served from a lease.
+func (c *Checker) LeaseReads() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leaseReads
+}
+
+// Reads returns the number of reads that returned (lease reads included).
 func (c *Checker) Reads() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -39,6 +40,9 @@ type Config struct {
 	// staleReads plants the bug "ReadIndex answered from the replica's own
 	// commit index, without a quorum round" in every node's engine.
 	staleReads bool
+	// leaseIgnoresTransfer plants the bug "the lease is not ended when a
+	// leadership transfer starts" in every node's engine.
+	leaseIgnoresTransfer bool
 }
 
 // Node is one member: its disk survives crashes, its pipeline and engine do not.
@@ -57,6 +61,10 @@ type Cluster struct {
 	cfg     Config
 	Net     *Network
 	Checker *Checker
+
+	// skew is each node's clock offset (SkewClock): a node's clock, for its
+	// lease and its heartbeat stamps alike, is time.Now() + skew.
+	skew map[replication.NodeID]*atomic.Int64
 
 	mu    sync.Mutex
 	nodes map[replication.NodeID]*Node
@@ -84,8 +92,13 @@ func NewCluster(cfg Config) (*Cluster, error) {
 		Net:     NewNetwork(cfg.Seed),
 		Checker: newChecker(cfg.Nodes),
 		nodes:   make(map[replication.NodeID]*Node),
+		skew:    make(map[replication.NodeID]*atomic.Int64),
 	}
 	c.Net.SetFaults(cfg.Faults)
+	for i := 1; i <= cfg.Nodes; i++ {
+		c.skew[replication.NodeID(i)] = new(atomic.Int64)
+		c.Net.SetClock(replication.NodeID(i), c.clock(replication.NodeID(i)))
+	}
 	voters := make([]replication.ReplicaID, cfg.Nodes)
 	for i := range voters {
 		voters[i] = replication.ReplicaID(i + 1)
@@ -151,6 +164,10 @@ func (c *Cluster) start(id replication.NodeID) error {
 	if c.cfg.staleReads {
 		testknobs.StaleReads(e)
 	}
+	if c.cfg.leaseIgnoresTransfer {
+		testknobs.LeaseIgnoresTransfer(e)
+	}
+	testknobs.LeaseClock(e, c.clock(id))
 	peers := make(map[replication.ReplicaID]replication.NodeID, c.cfg.Nodes)
 	for _, p := range c.NodeIDs() {
 		peers[replication.ReplicaID(p)] = p
@@ -337,6 +354,43 @@ func (c *Cluster) Read(ctx context.Context, id replication.NodeID, g replication
 	}
 	c.Checker.readDone(id, g, start, idx, st.Applied)
 	return idx, nil
+}
+
+// ErrNoLease: LeaseRead found no valid lease on the node.
+var ErrNoLease = errors.New("replicationtest: no lease")
+
+// LeaseRead serves a read of group g on node id from its leader lease: if
+// Engine.LeaseValid holds, the read sees node id's applied state, and the
+// checker checks that it covers every proposal acknowledged before the read
+// began (as for ReadIndex). It returns that applied index, or ErrNoLease.
+func (c *Cluster) LeaseRead(id replication.NodeID, g replication.GroupID) (uint64, error) {
+	e := c.Engine(id)
+	if e == nil {
+		return 0, fmt.Errorf("replicationtest: node %d is down", id)
+	}
+	start := c.Checker.readStart(g)
+	if _, ok := e.LeaseValid(g); !ok {
+		return 0, ErrNoLease
+	}
+	// The state machine is read after LeaseValid: applied only grows.
+	st, err := e.Status(g)
+	if err != nil {
+		return 0, err
+	}
+	c.Checker.leaseReadDone(id, g, start, st.Applied)
+	return st.Applied, nil
+}
+
+// clock returns node id's clock: time.Now() plus its skew (monotonic).
+func (c *Cluster) clock(id replication.NodeID) func() time.Time {
+	skew := c.skew[id]
+	return func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+}
+
+// SkewClock moves node id's clock by d (its lease and its heartbeat stamps;
+// the engine's raft ticks keep real time).
+func (c *Cluster) SkewClock(id replication.NodeID, d time.Duration) {
+	c.skew[id].Add(int64(d))
 }
 
 // Partition cuts the links between sides (see Network.Partition).

@@ -3,6 +3,7 @@ package replicationtest
 import (
 	"container/heap"
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -28,6 +29,12 @@ type Receiver interface {
 	Receive(batch []replication.Envelope)
 }
 
+// BeatAcker is a Receiver that takes heartbeat acknowledgements for the
+// leader lease: an engine (Engine.OnBeatAck).
+type BeatAcker interface {
+	OnBeatAck(g replication.GroupID, from replication.ReplicaID, sent time.Time)
+}
+
 // Network is a simulated network between engines in one process: it copies
 // every message (marshal and unmarshal, as a wire would), and drops,
 // duplicates, delays and reorders them as its Faults say, with a seeded
@@ -37,6 +44,16 @@ type Receiver interface {
 //
 // One delivery goroutine, owned by the network (Start/Close), hands messages
 // to receivers; Send never calls a receiver.
+//
+// Heartbeat send times, for the leader lease, as NetTransport does them
+// (replication/heartbeat.go): a MsgHeartbeat is stamped when it is sent, on
+// the sending node's clock (SetClock; default time.Now), in its Context
+// (tag | uvarint ns since the network's epoch | the original context). Raft
+// echoes a heartbeat's Context in its MsgHeartbeatResp, so when a response
+// is delivered the network strips the stamp, tells the receiver (a
+// BeatAcker) which send time it acknowledges, and delivers the response with
+// the original context (ReadIndex rounds key on it). The stamp is never later
+// than the follower's receipt, so the lease is never overstated.
 type Network struct {
 	mu      sync.Mutex
 	rng     *rand.Rand
@@ -50,6 +67,8 @@ type Network struct {
 	owner   *owner.Group
 	sent    uint64
 	dropped uint64
+	epoch   time.Time
+	clocks  map[replication.NodeID]func() time.Time
 }
 
 // NewNetwork returns a perfect network seeded with seed.
@@ -61,7 +80,25 @@ func NewNetwork(seed uint64) *Network {
 		nodes:  make(map[replication.NodeID]Receiver),
 		wakeCh: make(chan struct{}, 1),
 		owner:  owner.New(nil),
+		epoch:  time.Now(),
+		clocks: make(map[replication.NodeID]func() time.Time),
 	}
+}
+
+// SetClock makes now node id's clock for stamping its heartbeats (the same
+// clock its engine's lease uses; see Cluster.SkewClock).
+func (n *Network) SetClock(id replication.NodeID, now func() time.Time) {
+	n.mu.Lock()
+	n.clocks[id] = now
+	n.mu.Unlock()
+}
+
+// Cut cuts the directed link from -> to (messages already in flight on it
+// are dropped). Partition and Heal clear it.
+func (n *Network) Cut(from, to replication.NodeID) {
+	n.mu.Lock()
+	n.cut[[2]replication.NodeID{from, to}] = true
+	n.mu.Unlock()
 }
 
 // Start starts the delivery goroutine.
@@ -145,6 +182,12 @@ func (n *Network) blockedLocked(from, to replication.NodeID) bool {
 }
 
 func (n *Network) send(from, to replication.NodeID, batch []replication.Envelope) {
+	n.mu.Lock()
+	clock := n.clocks[from]
+	n.mu.Unlock()
+	if clock == nil {
+		clock = time.Now
+	}
 	// Copy as a wire would, outside the lock: the receiver never shares the
 	// sender's messages.
 	copies := make([]replication.Envelope, len(batch))
@@ -156,6 +199,9 @@ func (n *Network) send(from, to replication.NodeID, batch []replication.Envelope
 		m := new(raftpb.Message)
 		if err := proto.Unmarshal(b, m); err != nil {
 			panic(err)
+		}
+		if m.GetType() == raftpb.MsgHeartbeat {
+			m.Context = stampBeat(m.GetContext(), clock().Sub(n.epoch))
 		}
 		copies[i] = replication.Envelope{Group: env.Group, Msg: m}
 	}
@@ -222,7 +268,7 @@ func (n *Network) deliverLoop(ctx context.Context) {
 		}
 		n.mu.Unlock()
 		for _, f := range ready {
-			f.recv.Receive(f.batch)
+			f.recv.Receive(n.unstampAcks(f.recv, f.batch))
 		}
 		if len(ready) > 0 {
 			continue
@@ -235,6 +281,64 @@ func (n *Network) deliverLoop(ctx context.Context) {
 		case <-timer.C:
 		}
 	}
+}
+
+// beatTag starts a heartbeat context the network stamped.
+const beatTag = 0xb7
+
+// stampBeat returns a heartbeat's context carrying its send time.
+func stampBeat(ctx []byte, sent time.Duration) []byte {
+	out := make([]byte, 0, 1+binary.MaxVarintLen64+len(ctx))
+	out = append(out, beatTag)
+	out = binary.AppendUvarint(out, uint64(sent))
+	return append(out, ctx...)
+}
+
+// unstampAcks reports the send time each stamped MsgHeartbeatResp in batch
+// acknowledges to r (if it takes acks) and replaces the response by one with
+// the original context (a new message: a duplicated delivery shares the
+// stamped one). Responses without a stamp are dropped: every heartbeat a
+// follower answers came through this network, which stamped it.
+func (n *Network) unstampAcks(r Receiver, batch []replication.Envelope) []replication.Envelope {
+	var out []replication.Envelope // nil until a response is replaced
+	for i, env := range batch {
+		m := env.Msg
+		if m.GetType() != raftpb.MsgHeartbeatResp {
+			if out != nil {
+				out = append(out, env)
+			}
+			continue
+		}
+		if out == nil {
+			out = append(make([]replication.Envelope, 0, len(batch)), batch[:i]...)
+		}
+		ctx := m.GetContext()
+		if len(ctx) == 0 || ctx[0] != beatTag {
+			continue
+		}
+		sent, k := binary.Uvarint(ctx[1:])
+		if k <= 0 {
+			continue
+		}
+		var orig []byte
+		if rest := ctx[1+k:]; len(rest) > 0 {
+			orig = rest
+		}
+		if a, ok := r.(BeatAcker); ok {
+			a.OnBeatAck(env.Group, replication.ReplicaID(m.GetFrom()), n.epoch.Add(time.Duration(sent)))
+		}
+		out = append(out, replication.Envelope{Group: env.Group, Msg: &raftpb.Message{
+			Type:    raftpb.MsgHeartbeatResp.Enum(),
+			From:    new(m.GetFrom()),
+			To:      new(m.GetTo()),
+			Term:    new(m.GetTerm()),
+			Context: orig,
+		}})
+	}
+	if out == nil {
+		return batch
+	}
+	return out
 }
 
 type flight struct {

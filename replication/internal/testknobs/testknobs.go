@@ -3,9 +3,22 @@
 // Package replication fills the hooks at init. Nothing else may call them.
 package testknobs
 
+import "time"
+
 // StaleReads, set by package replication, plants the stale-read bug in an
 // engine (a *replication.Engine) before its Start: ReadIndex is answered from
 // the replica's own commit index, without a quorum round, so a leader cut off
 // from the majority keeps serving reads while a new leader takes writes. The
 // model test must catch it.
 var StaleReads func(engine any)
+
+// LeaseClock, set by package replication, replaces an engine's lease clock
+// (time.Now) before its Start, so that a test can skew it.
+var LeaseClock func(engine any, now func() time.Time)
+
+// LeaseIgnoresTransfer, set by package replication, plants the bug "the lease
+// is not ended when a leadership transfer starts" in an engine before its
+// Start: the transferee's forced campaign bypasses the followers' lease, so
+// the old leader serves lease reads while the new one takes writes. The model
+// test must catch it.
+var LeaseIgnoresTransfer func(engine any)
