@@ -142,8 +142,34 @@ func (t *Ticket) complete(err error) {
 }
 
 // Chain links the writes of one writer; see Write.Chain. Only the goroutine
-// holding the pipeline's commitMu touches it.
+// holding the pipeline's commitMu touches it (another pipeline's, such as
+// replication.Proposer, serializes its own access: Failed and Fail).
 type Chain struct{ err error }
+
+// Failed returns the error of the chain's first failed write, or nil. For a
+// pipeline other than Pipeline (replication.Proposer).
+func (c *Chain) Failed() error { return c.err }
+
+// Fail records err as the chain's failure unless it has one. For a pipeline
+// other than Pipeline (replication.Proposer).
+func (c *Chain) Fail(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+}
+
+// Ticket returns w's ticket, for a pipeline other than Pipeline
+// (replication.Proposer), which settles it with Resolve and MarkApplied.
+func (w *Write) Ticket() *Ticket { return &w.ticket }
+
+// Resolve completes t: nil once its write is durable, else why it is lost
+// (which also counts it applied: nothing will show it). Once only, and never
+// on the ticket of a write a Pipeline took.
+func (t *Ticket) Resolve(err error) { t.complete(err) }
+
+// MarkApplied records that the database shows t's write (Applied). Never on
+// the ticket of a write a Pipeline took.
+func (t *Ticket) MarkApplied() { t.applied.Store(true) }
 
 // fail records w's failure on its chain.
 func (w *Write) fail(err error) {

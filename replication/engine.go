@@ -306,6 +306,16 @@ func (e *Engine) propose(g *group, props []*proposal) {
 		if !p.state.CompareAndSwap(propQueued, propProposed) {
 			continue // abandoned by its caller
 		}
+		if p.term != 0 && p.term != g.term {
+			p.finish(Result{}, fmt.Errorf("%w: group %d: the proposal is for term %d, this replica leads term %d", ErrNotWritten, g.id, p.term, g.term))
+			continue
+		}
+		if p.guard != nil {
+			if err := p.guard(); err != nil {
+				p.finish(Result{}, fmt.Errorf("%w: group %d: %w", ErrNotWritten, g.id, err))
+				continue
+			}
+		}
 		p.seq = e.seq.Add(1)
 		h := Header{Proposer: g.replica, Incarnation: e.incarnation, Seq: p.seq}
 		data := appendEntry(make([]byte, 0, maxHeaderLen+len(p.payload)), h, p.payload)
@@ -450,6 +460,42 @@ func (e *Engine) Propose(ctx context.Context, id GroupID, payload []byte) (Resul
 			return Result{}, fmt.Errorf("%w: %w", ErrNotWritten, ctx.Err())
 		}
 		return Result{}, fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+	}
+}
+
+// ProposeAsync is Propose without waiting: cb gets its outcome, once, on
+// an engine goroutine (it must not block). term, if not zero, is the term the
+// proposal belongs to: when the group is handed it in another term (or this
+// replica does not lead), it fails with ErrNotWritten and is never in the
+// log. guard, if set, runs on the group's worker as the proposal is handed
+// to raft, after every earlier proposal of the group was handed over or
+// failed; an error refuses it (ErrNotWritten). A proposal cannot be
+// abandoned: at Close it fails like Propose's.
+func (e *Engine) ProposeAsync(id GroupID, term uint64, payload []byte, guard func() error, cb func(Result, error)) {
+	if e.closed.Load() {
+		cb(Result{}, fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten))
+		return
+	}
+	g := e.group(id)
+	if g == nil {
+		cb(Result{}, fmt.Errorf("%w: %w: %d", ErrNotWritten, ErrUnknownGroup, id))
+		return
+	}
+	if f := g.stFailed.Load(); f != nil {
+		cb(Result{}, *f)
+		return
+	}
+	if raft.StateType(g.stRole.Load()) != raft.StateLeader {
+		cb(Result{}, g.notLeader())
+		return
+	}
+	p := &proposal{payload: payload, cb: cb, term: term, guard: guard}
+	g.mu.Lock()
+	g.props = append(g.props, p)
+	g.mu.Unlock()
+	e.sched.enqueue(g, flagPropose)
+	if e.closed.Load() && p.state.CompareAndSwap(propQueued, propAbandoned) {
+		cb(Result{}, fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten)) // Close may have drained the buffer before we queued
 	}
 }
 

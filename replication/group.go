@@ -45,6 +45,11 @@ type proposal struct {
 	payload []byte
 	state   atomic.Int32
 	done    chan outcome // buffered 1: finish never blocks
+	// ProposeAsync's: cb replaces done; term, if not zero, is the term the
+	// proposal is for; guard, if set, may refuse it as it is handed to raft.
+	cb    func(Result, error)
+	term  uint64
+	guard func() error
 
 	// Worker-owned, once proposed.
 	seq   uint64
@@ -56,7 +61,13 @@ type outcome struct {
 	err error
 }
 
-func (p *proposal) finish(res Result, err error) { p.done <- outcome{res, err} }
+func (p *proposal) finish(res Result, err error) {
+	if p.cb != nil {
+		p.cb(res, err)
+		return
+	}
+	p.done <- outcome{res, err}
+}
 
 // group is the local replica of one raft group.
 //
