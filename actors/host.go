@@ -112,7 +112,7 @@ func newBoot() string {
 // when idle. Request may be called from any goroutine.
 type Host struct {
 	db   *persistence.DB
-	pipe *persistence.Pipeline
+	pipe Pipeline
 	cfg  Config
 	log  *slog.Logger
 
@@ -194,7 +194,7 @@ type activation struct {
 }
 
 // NewHost returns a host over db and pipe; register types, then Start it.
-func NewHost(db *persistence.DB, pipe *persistence.Pipeline, cfg Config) *Host {
+func NewHost(db *persistence.DB, pipe Pipeline, cfg Config) *Host {
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 60 * time.Second
 	}

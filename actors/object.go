@@ -146,7 +146,7 @@ func (o *object) handle(c actor.Context, env *envelope) {
 		// An earlier activation's writes may be durable but not yet in Badger
 		// (after a failed write, the next activation starts at once). The wait
 		// ends when the pipeline stops, failed or closed.
-		if err := o.h.pipe.WaitApplied(context.Background()); err != nil {
+		if err := o.h.pipe.WaitPartition(context.Background(), o.part); err != nil {
 			o.broken = fmt.Errorf("the database cannot show every acknowledged write: %w", err)
 			o.h.forget(o.act)
 		} else {

@@ -353,6 +353,10 @@ func (p *Pipeline) WaitApplied(ctx context.Context) error {
 	return nil
 }
 
+// WaitPartition is WaitApplied: on a single node every partition shares
+// one log (replication.Proposer waits for the partition's own group).
+func (p *Pipeline) WaitPartition(ctx context.Context, _ uint32) error { return p.WaitApplied(ctx) }
+
 // apply writes the changes of jobs (records in sequence order, and in
 // replicated mode committed raft entries) to Badger at version (a single
 // node's: the last record's sequence number, last), each key once with its

@@ -499,6 +499,16 @@ func (e *Engine) ProposeAsync(id GroupID, term uint64, payload []byte, guard fun
 	}
 }
 
+// Groups returns the groups this engine hosts a replica of.
+func (e *Engine) Groups() []GroupID {
+	list := *e.list.Load()
+	out := make([]GroupID, len(list))
+	for i, g := range list {
+		out[i] = g.id
+	}
+	return out
+}
+
 // Status is a snapshot of the local replica of a group.
 type Status struct {
 	Group   GroupID

@@ -82,12 +82,27 @@ func (p *Proposer) Kick()                          {}
 func (p *Proposer) Help()                          {}
 func (p *Proposer) KickStale(_ time.Duration) bool { return false }
 
-// WaitApplied waits until this replica of group part has applied every
+// WaitApplied is WaitPartition for every group this replica leads (the
+// node's alarm scheduler and queue depth read what they serve).
+func (p *Proposer) WaitApplied(ctx context.Context) error {
+	for _, g := range p.e.Groups() {
+		if st, err := p.e.Status(g); err != nil || !st.IsLeader {
+			continue
+		}
+		var nl *NotLeaderError
+		if err := p.WaitPartition(ctx, uint32(g)); err != nil && !errors.As(err, &nl) {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitPartition waits until this replica of group part has applied every
 // entry in its log when the call was made (every write of an earlier
 // activation, committed or not yet): it proposes an empty entry and waits
 // for it to apply, which raft does only after everything before it. It
 // fails on a replica that does not lead part (*NotLeaderError).
-func (p *Proposer) WaitApplied(ctx context.Context, part uint32) error {
+func (p *Proposer) WaitPartition(ctx context.Context, part uint32) error {
 	if err := p.pipe.Failed(); err != nil {
 		return err
 	}

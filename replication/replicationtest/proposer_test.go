@@ -58,7 +58,7 @@ func (c *walCluster) inBadger(t *testing.T, key string) int {
 func TestProposer_WritesCommitOnAMajorityThenComplete(t *testing.T) {
 	c := newWALCluster(t, 3, 2, uint64(time.Now().UnixNano()))
 	defer c.close()
-	const g = replication.GroupID(2)
+	const g = replication.GroupID(1)
 	lead, term := c.leaderOf(t, g)
 	c.mu.Lock()
 	n := c.nodes[lead]
@@ -121,7 +121,7 @@ func TestProposer_WritesCommitOnAMajorityThenComplete(t *testing.T) {
 	if err := fprop.Queue(proposerWrite(uint32(g), term, nil, "p/follower")).Wait(ctx); !errors.As(err, &nl) {
 		t.Fatalf("a write on a follower: %v, want *NotLeaderError", err)
 	}
-	if err := prop.WaitApplied(ctx, uint32(g)); err != nil {
+	if err := prop.WaitPartition(ctx, uint32(g)); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"p/stale", "p/chain-0", "p/chain-1", "p/follower"} {
@@ -131,13 +131,13 @@ func TestProposer_WritesCommitOnAMajorityThenComplete(t *testing.T) {
 	}
 	// WaitApplied covers the writes queued before it.
 	last := prop.Queue(proposerWrite(uint32(g), term, nil, "p/last"))
-	if err := prop.WaitApplied(ctx, uint32(g)); err != nil {
+	if err := prop.WaitPartition(ctx, uint32(g)); err != nil {
 		t.Fatal(err)
 	}
 	if !last.Done() || !last.Applied() {
 		t.Fatal("WaitApplied returned before an earlier write was applied")
 	}
-	if err := fprop.WaitApplied(ctx, uint32(g)); !errors.As(err, &nl) {
+	if err := fprop.WaitPartition(ctx, uint32(g)); !errors.As(err, &nl) {
 		t.Fatalf("WaitApplied on a follower: %v, want *NotLeaderError", err)
 	}
 }

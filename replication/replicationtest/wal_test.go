@@ -55,8 +55,9 @@ type walCluster struct {
 	keep    uint64 // the WAL pipelines' KeepEntries
 	quiet   *slog.Logger
 
-	mu    sync.Mutex
-	nodes map[replication.NodeID]*walNode
+	mu     sync.Mutex
+	nodes  map[replication.NodeID]*walNode
+	moveMu sync.Mutex // one leadAll at a time
 }
 
 func newWALCluster(t *testing.T, nodes, groups int, seed uint64) *walCluster {
@@ -68,8 +69,8 @@ func newWALCluster(t *testing.T, nodes, groups int, seed uint64) *walCluster {
 		nodes:   map[replication.NodeID]*walNode{},
 	}
 	c.ecfg = replication.Config{TickInterval: 2 * time.Millisecond, ElectionTick: 10, Workers: 2, Logger: c.quiet}
-	c.keep = 20 // truncate often (flushBadgers makes Badger flush)
-	for g := 1; g <= groups; g++ {
+	c.keep = 20             // truncate often (flushBadgers makes Badger flush)
+	for g := range groups { // group = partition, 0..groups-1
 		c.groups = append(c.groups, replication.GroupID(g))
 	}
 	for i := 1; i <= nodes; i++ {
@@ -90,7 +91,7 @@ func (c *walCluster) start(id replication.NodeID) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := c.nodes[id]
-	db, err := persistence.Open(persistence.Config{Dir: n.dir, SegmentSize: 64 << 10, MemTableSize: 8 << 20, BlockCacheSize: 1 << 20, ValueLogFileSize: 1 << 20, Logger: c.quiet, Replicated: true})
+	db, err := persistence.Open(persistence.Config{Dir: n.dir, Partitions: len(c.groups), SegmentSize: 64 << 10, MemTableSize: 8 << 20, BlockCacheSize: 1 << 20, ValueLogFileSize: 1 << 20, Logger: c.quiet, Replicated: true})
 	if err != nil {
 		return fmt.Errorf("node %d: open: %w", id, err)
 	}
