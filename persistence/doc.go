@@ -18,6 +18,7 @@
 //	raftlog.go    the raft index: each replica's log as the WAL holds it
 //	raftstorage.go RaftStorage, a replica's log as a raft.Storage
 //	raftappend.go AppendRaft, TruncateRaft: raft jobs through the committer
+//	replicated.go replicated mode: the version counter, ApplyRaft, RaftFlushed, Flush
 //	repair.go     RepairWAL, the operator's explicit way past damage
 //	valuelog.go   syncing and collecting Badger's value log
 //	db.go         Open, Close, reads, releasable
@@ -84,7 +85,17 @@
 // append of every group with the local writes, one sync for all. A segment
 // is then released only once, besides the rule above, every replica's
 // entries in it are below its first index (TruncateRaft), and a clean Close
-// keeps the log. Replay rebuilds each replica's log strictly.
+// keeps the log. Replay rebuilds each replica's log strictly. A truncation
+// records the replica's configuration as of its new first index - 1, the
+// point the replica restarts from.
+//
+// Such a node's database is replicated (Config.Replicated, fixed when the
+// directory is made; replicated.go): committed raft entries reach Badger
+// through the same applier (ApplyRaft), merged with whatever else waits, at
+// versions of the applier's own counter instead of record sequence numbers.
+// Badger holds no raft state: a replica restarts from the start of its log
+// and applies again every committed entry it holds, and may truncate its log
+// only past what Badger holds in synced tables (RaftFlushed).
 //
 // Values of 1 MiB and more live in Badger's value log, which Badger does not
 // reclaim on its own: the pipeline runs the value-log GC, and a rewritten file
