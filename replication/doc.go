@@ -54,6 +54,25 @@
 // proposal fails with ErrNotWritten: a proposal is never reported applied
 // unless its own entry was.
 //
+// # Storage and the actors
+//
+// WALPipeline (walpipeline.go) is the Pipeline over persistence's
+// write-ahead log: appends are raft jobs of the persistence committer (one
+// record and one sync for every group's appends and local writes), applies
+// go to its applier (a normal entry's payload is a write's changes,
+// persistence.AppendChanges), into a database opened replicated. Badger keeps
+// no raft state: a replica restarts from the start of its log, with the
+// configuration recorded there (Bootstrap, truncations), and applies again
+// every committed entry the log holds; its log is truncated to just above
+// what Badger holds in synced tables (persistence.Pipeline.RaftFlushed) once
+// KeepEntries more were applied.
+//
+// Proposer (proposer.go) is what the actors' host takes instead of a single
+// node's persistence.Pipeline: a Write goes to its partition's group, in the
+// term its Epoch names; its Ticket completes when the entry is committed and
+// applied here; a failed write refuses the rest of its chain (ProposeAsync's
+// guard, on the group's worker).
+//
 // # Reads
 //
 // ReadIndex (reads.go) works on the leader only (elsewhere *NotLeaderError)
