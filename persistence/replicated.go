@@ -1,12 +1,14 @@
 package persistence
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/holdfast/holdfast/internal/durable"
@@ -296,4 +298,42 @@ func (p *Pipeline) Flush() error {
 		_, err = p.releasableReplicated()
 	}
 	return err
+}
+
+// RaftPinners returns the replicas whose entries keep the log's oldest
+// segment (they hold entries in it at or above their first index), as
+// (group, replica) pairs, and the log's size in segments. A replicated node
+// whose log outgrows its budget has them truncate (replication.WALPipeline).
+func (db *DB) RaftPinners() (pinners [][2]uint64, segments int) {
+	w := db.wal
+	w.mu.Lock()
+	segments = len(w.full) + 1
+	var oldest uint64
+	if len(w.full) > 0 {
+		oldest = w.full[0].id
+	}
+	w.mu.Unlock()
+	if oldest == 0 {
+		return nil, segments
+	}
+	x := db.raft
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for k, maxIndex := range x.segMax[oldest] {
+		if l := x.logs[k]; l != nil {
+			l.mu.Lock()
+			first := l.first
+			l.mu.Unlock()
+			if maxIndex >= first {
+				pinners = append(pinners, [2]uint64{k.group, k.replica})
+			}
+		}
+	}
+	slices.SortFunc(pinners, func(a, b [2]uint64) int {
+		if c := cmp.Compare(a[0], b[0]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a[1], b[1])
+	})
+	return pinners, segments
 }

@@ -1,16 +1,19 @@
 package replication
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/holdfast/holdfast/internal/owner"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -35,8 +38,17 @@ import (
 // configuration. So a restart applies again at most what Badger had not
 // flushed plus about KeepEntries, and a follower up to KeepEntries behind
 // catches up from the log; one further behind needs a snapshot, which comes
-// with design step 6 (until then it waits). Conf change entries and
-// snapshots are refused for now: the group fails (Err) and waits.
+// with design step 6 (until then it waits).
+//
+// The log's budget: a replica that stops applying (an idle group) would keep
+// its last entries, and the segments that hold them, for ever, while the
+// other groups fill the log. Once a second, when the log holds more than
+// MaxLogSegments segments, the pipeline flushes Badger and truncates every
+// replica that keeps the oldest segment to just above what Badger flushed,
+// whatever KeepEntries says (the design's WAL budget, 1.7).
+//
+// Conf change entries and snapshots are refused for now: the group fails
+// (Err) and waits.
 type WALPipeline struct {
 	p       *persistence.Pipeline
 	db      *persistence.DB
@@ -54,37 +66,90 @@ type WALPipeline struct {
 	conf    map[GroupID][]byte
 	applied map[GroupID]uint64
 	first   map[GroupID]uint64 // the log's first index, as this pipeline last set it
-	keep    uint64
-	err     error // the first job the pipeline could not do
+	cfg     WALConfig
+	owner   *owner.Group // the budget sweeper
+	err     error        // the first job the pipeline could not do
 	stopped bool
 }
 
 var _ Pipeline = (*WALPipeline)(nil)
 
-// DefaultKeepEntries is how many applied entries a replica's log keeps
-// beyond what Badger flushed, for followers that lag. Each costs the log's
-// index about 56 bytes: 2,000 entries x 256 replicas is about 28 MiB.
-const DefaultKeepEntries = 2000
+// WALConfig configures a WALPipeline; zero fields take DefaultWALConfig's.
+type WALConfig struct {
+	// KeepEntries is how many applied entries a replica's log keeps beyond
+	// what Badger flushed, for followers that lag. Each costs the log's index
+	// about 56 bytes: 2,000 entries x 256 replicas is about 28 MiB.
+	KeepEntries uint64
+	// MaxLogSegments is the log's budget, in segments (see WALPipeline).
+	// Default 64: 4 GiB at the default 64 MiB segments.
+	MaxLogSegments int
+	// BudgetEvery is how often the budget is checked. Default 1 s.
+	BudgetEvery time.Duration
+	// Observe, if not nil, is called for every entry once Badger holds it, in
+	// log order per group (again for the entries a restart applies again).
+	Observe func(g GroupID, ent *raftpb.Entry)
+	// Logger: default slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultWALConfig returns the defaults.
+func DefaultWALConfig() WALConfig {
+	return WALConfig{KeepEntries: 2000, MaxLogSegments: 64, BudgetEvery: time.Second}
+}
 
 // NewWALPipeline returns a pipeline over db's write-ahead log through p (a
-// started persistence pipeline over db, which must be replicated). observe,
-// if not nil, is called for every entry once Badger holds it, in log order
-// per group (again for the entries a restart applies again). keep is
-// KeepEntries (zero: DefaultKeepEntries).
-func NewWALPipeline(db *persistence.DB, p *persistence.Pipeline, observe func(g GroupID, ent *raftpb.Entry), keep uint64, log *slog.Logger) *WALPipeline {
-	if log == nil {
-		log = slog.Default()
+// started persistence pipeline over db, which must be replicated), and
+// starts its budget sweeper (Close stops it).
+func NewWALPipeline(db *persistence.DB, p *persistence.Pipeline, cfg WALConfig) *WALPipeline {
+	d := DefaultWALConfig()
+	cfg.KeepEntries = cmp.Or(cfg.KeepEntries, d.KeepEntries)
+	cfg.MaxLogSegments = cmp.Or(cfg.MaxLogSegments, d.MaxLogSegments)
+	cfg.BudgetEvery = cmp.Or(cfg.BudgetEvery, d.BudgetEvery)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
-	if keep == 0 {
-		keep = DefaultKeepEntries
-	}
-	return &WALPipeline{
-		p: p, db: db, observe: observe, log: log, keep: keep,
+	w := &WALPipeline{
+		p: p, db: db, observe: cfg.Observe, log: cfg.Logger, cfg: cfg,
 		synced:  map[GroupID][2]uint64{},
 		replica: map[GroupID]ReplicaID{},
 		conf:    map[GroupID][]byte{},
 		applied: map[GroupID]uint64{},
 		first:   map[GroupID]uint64{},
+		owner:   owner.New(nil),
+	}
+	w.owner.Go(w.budgetLoop)
+	return w
+}
+
+// budgetLoop enforces the log's budget (see WALPipeline) every BudgetEvery.
+func (w *WALPipeline) budgetLoop(ctx context.Context) {
+	t := time.NewTicker(w.cfg.BudgetEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pinners, segments := w.db.RaftPinners()
+		if segments <= w.cfg.MaxLogSegments || len(pinners) == 0 {
+			continue
+		}
+		if err := w.p.Flush(); err != nil {
+			if !errors.Is(err, persistence.ErrClosed) {
+				w.log.Warn("could not flush Badger for the log's budget", "err", err)
+			}
+			continue
+		}
+		for _, k := range pinners {
+			g, r := GroupID(k[0]), ReplicaID(k[1])
+			w.mu.Lock()
+			ours := w.replica[g] == r
+			w.mu.Unlock()
+			if ours {
+				w.truncate(g, r)
+			}
+		}
 	}
 }
 
@@ -259,8 +324,16 @@ func (w *WALPipeline) Apply(job Job) {
 // the replica applied KeepEntries beyond it (see WALPipeline). Called after
 // an apply, on the persistence applier's goroutine: it only queues.
 func (w *WALPipeline) maybeTruncate(g GroupID, replica ReplicaID, applied uint64) {
+	if f, ok := w.p.RaftFlushed(uint64(g), uint64(replica)); ok && applied >= f.Index+w.cfg.KeepEntries {
+		w.truncate(g, replica)
+	}
+}
+
+// truncate truncates g's log to start just above what Badger flushed, if
+// that is above where it starts. It only queues.
+func (w *WALPipeline) truncate(g GroupID, replica ReplicaID) {
 	f, ok := w.p.RaftFlushed(uint64(g), uint64(replica))
-	if !ok || applied < f.Index+w.keep {
+	if !ok {
 		return
 	}
 	w.mu.Lock()
@@ -304,11 +377,12 @@ func (w *WALPipeline) AppliedIndex() map[GroupID]uint64 {
 	return out
 }
 
-// Close stops handing jobs on: the Done of applies still in the persistence
-// pipeline is not called any more. It does not close the persistence
-// pipeline.
+// Close stops handing jobs on (the Done of applies still in the persistence
+// pipeline is not called any more) and stops the budget sweeper. It does not
+// close the persistence pipeline.
 func (w *WALPipeline) Close() {
 	w.mu.Lock()
 	w.stopped = true
 	w.mu.Unlock()
+	_ = w.owner.Close(context.Background())
 }

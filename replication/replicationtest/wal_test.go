@@ -52,7 +52,7 @@ type walCluster struct {
 	groups  []replication.GroupID
 	ecfg    replication.Config
 	voters  []uint64
-	keep    uint64 // the WAL pipelines' KeepEntries
+	wcfg    replication.WALConfig // the WAL pipelines' (Observe and Logger set per node)
 	quiet   *slog.Logger
 
 	mu     sync.Mutex
@@ -60,7 +60,7 @@ type walCluster struct {
 	moveMu sync.Mutex // one leadAll at a time
 }
 
-func newWALCluster(t *testing.T, nodes, groups int, seed uint64) *walCluster {
+func newWALCluster(t *testing.T, nodes, groups int, seed uint64, opts ...func(*walCluster)) *walCluster {
 	c := &walCluster{
 		t:       t,
 		net:     NewNetwork(seed),
@@ -69,7 +69,7 @@ func newWALCluster(t *testing.T, nodes, groups int, seed uint64) *walCluster {
 		nodes:   map[replication.NodeID]*walNode{},
 	}
 	c.ecfg = replication.Config{TickInterval: 2 * time.Millisecond, ElectionTick: 10, Workers: 2, Logger: c.quiet}
-	c.keep = 20             // truncate often (flushBadgers makes Badger flush)
+	c.wcfg.KeepEntries = 20 // truncate often (flushBadgers makes Badger flush)
 	for g := range groups { // group = partition, 0..groups-1
 		c.groups = append(c.groups, replication.GroupID(g))
 	}
@@ -77,6 +77,9 @@ func newWALCluster(t *testing.T, nodes, groups int, seed uint64) *walCluster {
 		c.voters = append(c.voters, uint64(i))
 		id := replication.NodeID(i)
 		c.nodes[id] = &walNode{id: id, dir: t.TempDir(), applied: map[replication.GroupID]uint64{}}
+	}
+	for _, o := range opts {
+		o(c)
 	}
 	c.net.Start()
 	for i := 1; i <= nodes; i++ {
@@ -97,9 +100,10 @@ func (c *walCluster) start(id replication.NodeID) error {
 	}
 	pp := persistence.NewPipeline(db, persistence.PipelineConfig{Logger: c.quiet, ValueLogGCEvery: -1})
 	pp.Start()
-	wp := replication.NewWALPipeline(db, pp, func(g replication.GroupID, ent *raftpb.Entry) {
-		c.checker.applied(id, g, ent)
-	}, c.keep, c.quiet)
+	wcfg := c.wcfg
+	wcfg.Observe = func(g replication.GroupID, ent *raftpb.Entry) { c.checker.applied(id, g, ent) }
+	wcfg.Logger = c.quiet
+	wp := replication.NewWALPipeline(db, pp, wcfg)
 	ecfg := c.ecfg
 	ecfg.Node = id
 	e, err := replication.New(ecfg, c.net.Endpoint(id), wp)
@@ -372,3 +376,55 @@ func walPayloadKey(t *testing.T, payload []byte) []byte {
 }
 
 var walKeyRE = regexp.MustCompile(`p/g[0-9]+-[0-9]+`)
+
+// TestWALStorage_AnIdleGroupDoesNotHoldTheLog: a group that stops taking
+// writes keeps its last entries (KeepEntries is far above what it has), and
+// so the segment that holds them, while another group fills the log; past
+// the log's budget the pipeline flushes Badger and truncates the replicas
+// that keep the oldest segment, and the log stays near its budget.
+func TestWALStorage_AnIdleGroupDoesNotHoldTheLog(t *testing.T) {
+	const budget = 6
+	c := newWALCluster(t, 1, 2, uint64(time.Now().UnixNano()), func(c *walCluster) {
+		c.wcfg.KeepEntries = 1 << 30 // never by the keep rule: only the budget truncates
+		c.wcfg.MaxLogSegments = budget
+		c.wcfg.BudgetEvery = 20 * time.Millisecond
+	})
+	defer c.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	idle, busy := c.groups[0], c.groups[1]
+	c.leaderOf(t, idle)
+	c.leaderOf(t, busy)
+	e := c.engine(1)
+	pad := string(make([]byte, 1000))
+	propose := func(g replication.GroupID, i int) {
+		t.Helper()
+		w := &persistence.Write{Sets: []persistence.KV{{Key: fmt.Appendf(nil, "p/%d-%d", g, i), Value: []byte(pad)}}}
+		if _, err := e.Propose(ctx, g, persistence.AppendChanges(nil, w)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 30 {
+		propose(idle, i)
+	}
+	c.mu.Lock()
+	db := c.nodes[1].db
+	c.mu.Unlock()
+	peak := 0
+	for i := 0; ; i++ {
+		propose(busy, i)
+		_, segs := db.RaftPinners()
+		peak = max(peak, segs)
+		first, _ := db.RaftStorage(uint64(idle), 1, nil).FirstIndex()
+		if i >= 1000 && first > 1 && segs <= budget+2 {
+			t.Logf("after %d writes: %d segments (peak %d), the idle group's log starts at %d", i+1, segs, peak, first)
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("after %d writes: %d segments (budget %d), the idle group's log starts at %d", i+1, segs, budget, first)
+		}
+	}
+	if peak <= budget {
+		t.Fatalf("the log never passed its budget (peak %d segments): the test shows nothing", peak)
+	}
+}
