@@ -6,13 +6,19 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/holdfast/holdfast/persistence"
+	"github.com/holdfast/holdfast/replication/internal/testknobs"
 )
+
+func init() {
+	testknobs.TruncateApplied = func(w any) { w.(*WALPipeline).truncateApplied.Store(true) }
+}
 
 // WALPipeline is the Pipeline over persistence's write-ahead log (design
 // step 2): appends are raft jobs of the persistence committer, which logs
@@ -57,6 +63,9 @@ type WALPipeline struct {
 	keep    uint64
 	err     error // the first job the pipeline could not do
 	stopped bool
+
+	// truncateApplied is the planted truncation bug (testknobs.TruncateApplied).
+	truncateApplied atomic.Bool
 }
 
 var _ Pipeline = (*WALPipeline)(nil)
@@ -262,6 +271,9 @@ func (w *WALPipeline) maybeTruncate(g GroupID, replica ReplicaID, applied uint64
 	f, ok := w.p.RaftFlushed(uint64(g), uint64(replica))
 	if !ok || applied < f.Index+w.keep {
 		return
+	}
+	if w.truncateApplied.Load() {
+		f.Index = applied // planted: gives up entries Badger may hold only in memtables
 	}
 	w.mu.Lock()
 	if f.Index+1 <= w.first[g] {

@@ -9,3 +9,10 @@ package testknobs
 // from the majority keeps serving reads while a new leader takes writes. The
 // model test must catch it.
 var StaleReads func(engine any)
+
+// TruncateApplied, set by package replication, plants the truncation bug in
+// a pipeline (a *replication.WALPipeline) before its first apply: a replica's
+// log is truncated to start after its APPLIED index instead of after what
+// Badger holds in synced tables (RaftFlushed), so entries Badger holds only
+// in memtables leave the log. The power-cut test must catch it.
+var TruncateApplied func(pipeline any)
