@@ -39,6 +39,7 @@ type RaftAppend struct {
 type raftJob struct {
 	block    raftBlock
 	truncate uint64 // above zero: an op 5 change, the new first index
+	prevTerm uint64 // with truncate: the term of entry truncate-1
 	conf     logConf
 	sync     bool
 	size     int
@@ -70,19 +71,25 @@ func (p *Pipeline) AppendRaft(a RaftAppend) {
 // TruncateRaft queues a truncation of a replica's log: it starts at first
 // from then on (entries below it are given up, and so are the log segments
 // that only they kept). first may be at most one above the last index.
-// confState, if not nil, is the replica's configuration as of first-1 (a
+// prevTerm is the term of entry first-1 (0 for first 1), which the log
+// records: replay may not know it otherwise (raftrecord.go); a term that
+// disagrees with an entry the log holds is refused. confState, if not nil,
+// is the replica's configuration as of first-1 (a
 // marshalled raftpb.ConfState), which RaftStorage gives from then on; nil
 // keeps the one the log has. A truncation to first 1 of an empty log with a
 // configuration starts a new replica's log (its bootstrap). It never forces
 // a sync of its own: it rides in the next record. done, if not nil, is
 // called as AppendRaft's Done.
-func (p *Pipeline) TruncateRaft(group, replica, first uint64, confState []byte, done func(error)) {
-	j := &raftJob{block: raftBlock{key: raftKey{group, replica}}, truncate: first, size: 16 + len(confState), done: done}
+func (p *Pipeline) TruncateRaft(group, replica, first, prevTerm uint64, confState []byte, done func(error)) {
+	j := &raftJob{block: raftBlock{key: raftKey{group, replica}}, truncate: first, prevTerm: prevTerm, size: 24 + len(confState), done: done}
 	if confState != nil {
 		j.conf = logConf{set: true, cs: string(confState)}
 	}
-	if first == 0 || replica == 0 {
+	switch {
+	case first == 0 || replica == 0:
 		j.err = fmt.Errorf("persistence: truncation of group %d replica %d to first index %d: raft ids and indexes start at 1", group, replica, first)
+	case (first == 1) != (prevTerm == 0):
+		j.err = fmt.Errorf("persistence: truncation of group %d replica %d to first index %d: entry %d cannot have term %d", group, replica, first, first-1, prevTerm)
 	}
 	p.submitRaft(j)
 }
@@ -143,7 +150,10 @@ func (p *Pipeline) submitRaft(j *raftJob) {
 // raftPending is a replica's log bounds as the jobs of one record leave them,
 // before the record is written: later jobs of the same replica in the record
 // are checked against it.
-type raftPending struct{ first, last uint64 }
+type raftPending struct {
+	first, last uint64
+	from        uint64 // the lowest index this record appends (0: none yet)
+}
 
 // encodeRaft appends the raft changes of jobs to payload and returns the jobs
 // it logged. A job that cannot follow its log (its entries would leave a gap
@@ -162,9 +172,10 @@ func (p *Pipeline) encodeRaft(payload []byte, jobs []*raftJob, failErr error) ([
 		}
 		k := j.block.key
 		pd, ok := pending[k]
+		l := p.db.raft.replica(k, false)
 		if !ok {
 			pd = raftPending{first: 1}
-			if l := p.db.raft.replica(k, false); l != nil {
+			if l != nil {
 				l.mu.Lock()
 				pd = raftPending{first: l.first, last: l.last()}
 				l.mu.Unlock()
@@ -175,8 +186,19 @@ func (p *Pipeline) encodeRaft(payload []byte, jobs []*raftJob, failErr error) ([
 				j.err = fmt.Errorf("persistence: truncation of group %d replica %d to first index %d: the log holds %d..%d", k.group, k.replica, j.truncate, pd.first, pd.last)
 				continue
 			}
+			if l != nil {
+				// The term of an entry this record appends is not in the
+				// index yet: only a term the index holds is checked.
+				l.mu.Lock()
+				t, known := l.term(j.truncate - 1)
+				l.mu.Unlock()
+				if known && (pd.from == 0 || j.truncate-1 < pd.from) && t != j.prevTerm {
+					j.err = fmt.Errorf("persistence: truncation of group %d replica %d to first index %d: entry %d has term %d, not %d", k.group, k.replica, j.truncate, j.truncate-1, t, j.prevTerm)
+					continue
+				}
+			}
 			pd.first = j.truncate
-			payload = appendRaftTruncate(payload, k, j.truncate, j.conf)
+			payload = appendRaftTruncate(payload, raftTruncation{key: k, first: j.truncate, prevTerm: j.prevTerm, conf: j.conf})
 		} else {
 			if len(j.block.ents) > 0 {
 				i := j.block.ents[0].index
@@ -185,6 +207,9 @@ func (p *Pipeline) encodeRaft(payload []byte, jobs []*raftJob, failErr error) ([
 					continue
 				}
 				pd.last = j.block.ents[len(j.block.ents)-1].index
+				if pd.from == 0 || i < pd.from {
+					pd.from = i
+				}
 			}
 			if j.block.hasHS && j.block.hs.commit > pd.last {
 				j.err = fmt.Errorf("persistence: raft append of group %d replica %d: commit index %d past the last index %d", k.group, k.replica, j.block.hs.commit, pd.last)
@@ -212,7 +237,7 @@ func (p *Pipeline) indexCommitted(live []*raftJob, seg uint64, payloadAt int64) 
 		l := x.replica(j.block.key, true)
 		l.mu.Lock()
 		if j.truncate > 0 {
-			l.truncate(j.truncate, j.conf)
+			l.truncate(j.truncate, j.prevTerm, j.conf)
 		} else {
 			l.applyBlock(&j.block, seg, payloadAt, false)
 		}

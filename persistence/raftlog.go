@@ -184,26 +184,31 @@ func (l *replicaLog) evict() {
 }
 
 // checkTruncate says why k's log cannot start at first.
-func (l *replicaLog) checkTruncate(k raftKey, first uint64) *raftReplayError {
+func (l *replicaLog) checkTruncate(k raftKey, first, prevTerm uint64) *raftReplayError {
 	switch {
 	case first < l.first:
 		return &raftReplayError{k, first, fmt.Sprintf("a truncation to first index %d goes back below %d", first, l.first)}
 	case first > l.last()+1:
 		return &raftReplayError{k, first, fmt.Sprintf("a truncation to first index %d passes the last index %d", first, l.last())}
 	}
+	if t, known := l.term(first - 1); known && t != prevTerm {
+		return &raftReplayError{k, first - 1, fmt.Sprintf("a truncation to first index %d says entry %d has term %d; the log holds it with term %d", first, first-1, prevTerm, t)}
+	}
 	return nil
 }
 
-// truncate makes the log start at first (checked by checkTruncate), with
+// truncate makes the log start at first, entry first-1 having term
+// prevTerm (checked by checkTruncate), with
 // configuration conf as of first-1 if set.
-func (l *replicaLog) truncate(first uint64, conf logConf) {
+func (l *replicaLog) truncate(first, prevTerm uint64, conf logConf) {
 	if conf.set {
 		l.conf = conf
 	}
 	if first == l.first {
+		l.prevTerm = prevTerm
 		return
 	}
-	t, _ := l.term(first - 1)
+	t := prevTerm
 	n := first - l.first
 	for j := uint64(0); j < n; j++ {
 		l.cached -= len(l.ents[j].data)
@@ -306,8 +311,8 @@ func (x *raftIndex) replayState(states []replicaState) *raftReplayError {
 		have := l.state(s.key)
 		l.mu.Unlock()
 		if have != s { // conf included: a state record never changes it
-			return &raftReplayError{s.key, s.last, fmt.Sprintf("the state record (first %d, last %d term %d, HardState term %d commit %d) disagrees with the log before it (first %d, last %d term %d, HardState term %d commit %d)",
-				s.first, s.last, s.lastTerm, s.hs.term, s.hs.commit, have.first, have.last, have.lastTerm, have.hs.term, have.hs.commit)}
+			return &raftReplayError{s.key, s.last, fmt.Sprintf("the state record (first %d after term %d, last %d term %d, HardState term %d vote %d commit %d, conf %q) disagrees with the log before it (first %d after term %d, last %d term %d, HardState term %d vote %d commit %d, conf %q)",
+				s.first, s.prevTerm, s.last, s.lastTerm, s.hs.term, s.hs.vote, s.hs.commit, s.conf.cs, have.first, have.prevTerm, have.last, have.lastTerm, have.hs.term, have.hs.vote, have.hs.commit, have.conf.cs)}
 		}
 	}
 	for k, l := range x.logs {
@@ -340,14 +345,14 @@ func (x *raftIndex) replayBlock(b *raftBlock, seg uint64, base int64) *raftRepla
 }
 
 // replayTruncate checks and applies an op 5 change.
-func (x *raftIndex) replayTruncate(k raftKey, first uint64, conf logConf) *raftReplayError {
-	l := x.replica(k, true)
+func (x *raftIndex) replayTruncate(t raftTruncation) *raftReplayError {
+	l := x.replica(t.key, true)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.checkTruncate(k, first); err != nil {
+	if err := l.checkTruncate(t.key, t.first, t.prevTerm); err != nil {
 		return err
 	}
-	l.truncate(first, conf)
+	l.truncate(t.first, t.prevTerm, t.conf)
 	return nil
 }
 
@@ -388,11 +393,11 @@ func (r *raftReplay) change(x *raftIndex, d *raftDecoder, op byte, at recordPlac
 			return re
 		}
 	case opRaftTruncate:
-		k, first, conf, err := d.truncate()
+		t, err := d.truncate()
 		if err != nil {
 			return err
 		}
-		if re := x.replayTruncate(k, first, conf); re != nil {
+		if re := x.replayTruncate(t); re != nil {
 			return re
 		}
 	case opRaftState:

@@ -11,7 +11,7 @@ import (
 //	op 4  raft block  group | replica | flags (1 byte)
 //	                  [term | vote | commit]                            if flags&1 (HardState)
 //	                  [count | count x (index | term | type | len | data)] if flags&2 (entries)
-//	op 5  truncate    group | replica | first index kept | conf
+//	op 5  truncate    group | replica | first index kept | term of first-1 | conf
 //	op 6  state       count | count x (group | replica | term | vote | commit |
 //	                  first | term of first-1 | last | term of last | conf)
 //
@@ -19,7 +19,10 @@ import (
 // raftpb.ConfState): its length + 1 and its bytes, or 0 when the log has
 // none (a truncation that keeps the one before). A replica restarts from
 // first-1 with it (replication.WALPipeline): raft's snapshot metadata, with
-// no snapshot data (Badger has it).
+// no snapshot data (Badger has it). A truncation carries the term of first-1
+// because replay may not know it: an entry known only from the state record
+// a segment starts with, whose own record was in a segment released since,
+// has no term of its own (a power-cut test found replay guessing 0).
 //
 // Every number is a uvarint. A block's entries are consecutive (index+1 each)
 // with terms that never go down; entry data is the raft entry's bytes as is
@@ -130,14 +133,23 @@ func appendRaftBlock(p []byte, b *raftBlock) []byte {
 	return p
 }
 
-// appendRaftTruncate appends an op 5 change: k's log starts at first, with
-// configuration conf as of first-1 (unset: the one it had).
-func appendRaftTruncate(p []byte, k raftKey, first uint64, conf logConf) []byte {
+// raftTruncation is one op 5 change: k's log starts at first; entry first-1
+// has term prevTerm; conf is the configuration as of first-1 (unset: the
+// one the log had).
+type raftTruncation struct {
+	key             raftKey
+	first, prevTerm uint64
+	conf            logConf
+}
+
+// appendRaftTruncate appends t as an op 5 change.
+func appendRaftTruncate(p []byte, t raftTruncation) []byte {
 	p = append(p, opRaftTruncate)
-	p = binary.AppendUvarint(p, k.group)
-	p = binary.AppendUvarint(p, k.replica)
-	p = binary.AppendUvarint(p, first)
-	return appendConf(p, conf)
+	p = binary.AppendUvarint(p, t.key.group)
+	p = binary.AppendUvarint(p, t.key.replica)
+	p = binary.AppendUvarint(p, t.first)
+	p = binary.AppendUvarint(p, t.prevTerm)
+	return appendConf(p, t.conf)
 }
 
 // appendRaftState appends an op 6 change holding states.
@@ -267,17 +279,20 @@ func (d *raftDecoder) conf() (logConf, error) {
 }
 
 // truncate decodes the body of an op 5 change.
-func (d *raftDecoder) truncate() (raftKey, uint64, logConf, error) {
-	k, err := d.key()
-	if err != nil {
-		return k, 0, logConf{}, err
+func (d *raftDecoder) truncate() (raftTruncation, error) {
+	var t raftTruncation
+	var err error
+	if t.key, err = d.key(); err != nil {
+		return t, err
 	}
-	first, err := d.uvarint()
-	if err != nil || first == 0 {
-		return k, 0, logConf{}, errCorrupt
+	if t.first, err = d.uvarint(); err != nil || t.first == 0 {
+		return t, errCorrupt
 	}
-	c, err := d.conf()
-	return k, first, c, err
+	if t.prevTerm, err = d.uvarint(); err != nil || (t.first == 1) != (t.prevTerm == 0) {
+		return t, errCorrupt // entry 0 has term 0, and only it
+	}
+	t.conf, err = d.conf()
+	return t, err
 }
 
 // state decodes the body of an op 6 change, appending to states. Each

@@ -23,11 +23,11 @@ func decodeAll(payload []byte) (sets []string, blocks []raftBlock, truncs [][2]u
 				}
 				blocks = append(blocks, b)
 			case opRaftTruncate:
-				k, first, _, err := d.truncate()
+				tr, err := d.truncate()
 				if err != nil {
 					return err
 				}
-				truncs = append(truncs, [2]uint64{k.group<<32 | k.replica, first})
+				truncs = append(truncs, [2]uint64{tr.key.group<<32 | tr.key.replica, tr.first})
 			case opRaftState:
 				s, err := d.state(nil)
 				if err != nil {
@@ -63,7 +63,7 @@ func TestRaftRecord_RoundTripsBesideLocalChanges(t *testing.T) {
 	p = appendWrite(p, set("k", "v"))
 	p = appendRaftBlock(p, &hsOnly)
 	p = appendRaftBlock(p, &entsOnly)
-	p = appendRaftTruncate(p, raftKey{7, 1}, 4, logConf{})
+	p = appendRaftTruncate(p, raftTruncation{key: raftKey{7, 1}, first: 4, prevTerm: 1})
 	p = appendWrite(p, &Write{Deletes: [][]byte{[]byte("gone")}})
 	p = appendRaftBlock(p, &both)
 
@@ -155,7 +155,7 @@ func TestRaftRecord_DecoderRefusesWhatWasNeverWritten(t *testing.T) {
 func FuzzRaftRecordDecode(f *testing.F) {
 	b := raftBlock{key: raftKey{3, 1}, hs: hardState{2, 1, 1}, hasHS: true, ents: ents(1, 1, 2)}
 	p := appendRaftBlock(nil, &b)
-	p = appendRaftTruncate(p, raftKey{3, 1}, 2, logConf{})
+	p = appendRaftTruncate(p, raftTruncation{key: raftKey{3, 1}, first: 2, prevTerm: 1})
 	p = appendRaftState(p, []replicaState{{key: raftKey{3, 1}, hs: hardState{2, 1, 1}, first: 2, prevTerm: 1, last: 2, lastTerm: 2}})
 	f.Add(p)
 	f.Add(appendWrite(appendRaftBlock(nil, &b), set("k", "v")))

@@ -48,12 +48,23 @@ func appendRaft(t testing.TB, p *Pipeline, g, r uint64, hs *raftpb.HardState, en
 	return waitDone(t, "a raft append", ch)
 }
 
+// termOf returns the term of entry i of group g replica r (0 for index 0, or
+// an index the log does not hold: a truncation test may want it refused).
+func termOf(t testing.TB, p *Pipeline, g, r, i uint64) uint64 {
+	t.Helper()
+	term, err := p.db.RaftStorage(g, r, nil).Term(i)
+	if err != nil {
+		return 0
+	}
+	return term
+}
+
 // truncateRaft truncates group g replica r's log to first through p and
 // waits (it rides along: a barrier makes the committer commit).
 func truncateRaft(t testing.TB, p *Pipeline, g, r, first uint64) error {
 	t.Helper()
 	ch := make(chan error, 1)
-	p.TruncateRaft(g, r, first, nil, func(err error) { ch <- err })
+	p.TruncateRaft(g, r, first, termOf(t, p, g, r, first-1), nil, func(err error) { ch <- err })
 	if err := p.Barrier(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +379,7 @@ func truncateRaftConf(t testing.TB, p *Pipeline, g, r, first uint64, cs *raftpb.
 		t.Fatal(err)
 	}
 	ch := make(chan error, 1)
-	p.TruncateRaft(g, r, first, b, func(err error) { ch <- err })
+	p.TruncateRaft(g, r, first, termOf(t, p, g, r, first-1), b, func(err error) { ch <- err })
 	if err := p.Barrier(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +449,7 @@ func TestRaftStorage_TheTruncationPointKeepsItsConfiguration(t *testing.T) {
 // TestRaftRecord_AConfigurationPastThePayloadDoesNotDecode: a truncation whose
 // configuration claims more bytes than the record holds is corruption.
 func TestRaftRecord_AConfigurationPastThePayloadDoesNotDecode(t *testing.T) {
-	p := appendRaftTruncate(nil, raftKey{1, 1}, 3, logConf{set: true, cs: "abc"})
+	p := appendRaftTruncate(nil, raftTruncation{key: raftKey{1, 1}, first: 3, prevTerm: 1, conf: logConf{set: true, cs: "abc"}})
 	if _, _, _, _, err := decodeAll(p); err != nil {
 		t.Fatalf("a good truncation: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -15,7 +16,12 @@ import (
 
 	"github.com/holdfast/holdfast/internal/owner"
 	"github.com/holdfast/holdfast/persistence"
+	"github.com/holdfast/holdfast/replication/internal/testknobs"
 )
+
+func init() {
+	testknobs.TruncateApplied = func(w any) { w.(*WALPipeline).truncateApplied.Store(true) }
+}
 
 // WALPipeline is the Pipeline over persistence's write-ahead log (design
 // step 2): appends are raft jobs of the persistence committer, which logs
@@ -70,6 +76,9 @@ type WALPipeline struct {
 	owner   *owner.Group // the budget sweeper
 	err     error        // the first job the pipeline could not do
 	stopped bool
+
+	// truncateApplied is the planted truncation bug (testknobs.TruncateApplied).
+	truncateApplied atomic.Bool
 }
 
 var _ Pipeline = (*WALPipeline)(nil)
@@ -167,7 +176,7 @@ func (w *WALPipeline) Bootstrap(ctx context.Context, g GroupID, replica ReplicaI
 		return fmt.Errorf("replication: group %d replica %d: bootstrap of a log that holds entries (up to %d)", g, replica, last)
 	}
 	done := make(chan error, 1)
-	w.p.TruncateRaft(uint64(g), uint64(replica), 1, b, func(err error) { done <- err })
+	w.p.TruncateRaft(uint64(g), uint64(replica), 1, 0, b, func(err error) { done <- err })
 	if err := w.p.Barrier(ctx); err != nil { // a truncation rides along: make a record
 		return err
 	}
@@ -313,7 +322,7 @@ func (w *WALPipeline) Apply(job Job) {
 			stopped := w.stopped
 			w.mu.Unlock()
 			if !stopped {
-				w.maybeTruncate(job.Group, replica, last.GetIndex())
+				w.maybeTruncate(job.Group, replica, last.GetIndex(), last.GetTerm())
 				job.Done()
 			}
 		},
@@ -323,19 +332,29 @@ func (w *WALPipeline) Apply(job Job) {
 // maybeTruncate truncates g's log to start after what Badger flushed, once
 // the replica applied KeepEntries beyond it (see WALPipeline). Called after
 // an apply, on the persistence applier's goroutine: it only queues.
-func (w *WALPipeline) maybeTruncate(g GroupID, replica ReplicaID, applied uint64) {
-	if f, ok := w.p.RaftFlushed(uint64(g), uint64(replica)); ok && applied >= f.Index+w.cfg.KeepEntries {
-		w.truncate(g, replica)
+func (w *WALPipeline) maybeTruncate(g GroupID, replica ReplicaID, applied, appliedTerm uint64) {
+	f, ok := w.p.RaftFlushed(uint64(g), uint64(replica))
+	if !ok || applied < f.Index+w.cfg.KeepEntries {
+		return
 	}
+	if w.truncateApplied.Load() {
+		// Planted: gives up entries Badger may hold only in memtables.
+		f.Index, f.Term = applied, appliedTerm
+	}
+	w.truncateTo(g, replica, f)
 }
 
 // truncate truncates g's log to start just above what Badger flushed, if
 // that is above where it starts. It only queues.
 func (w *WALPipeline) truncate(g GroupID, replica ReplicaID) {
-	f, ok := w.p.RaftFlushed(uint64(g), uint64(replica))
-	if !ok {
-		return
+	if f, ok := w.p.RaftFlushed(uint64(g), uint64(replica)); ok {
+		w.truncateTo(g, replica, f)
 	}
+}
+
+// truncateTo truncates g's log to start after f.Index, with f's term and
+// configuration as of that index, if that is above where it starts.
+func (w *WALPipeline) truncateTo(g GroupID, replica ReplicaID, f persistence.RaftAppliedState) {
 	w.mu.Lock()
 	if f.Index+1 <= w.first[g] {
 		w.mu.Unlock()
@@ -343,7 +362,7 @@ func (w *WALPipeline) truncate(g GroupID, replica ReplicaID) {
 	}
 	w.first[g] = f.Index + 1
 	w.mu.Unlock()
-	w.p.TruncateRaft(uint64(g), uint64(replica), f.Index+1, f.ConfState, func(err error) {
+	w.p.TruncateRaft(uint64(g), uint64(replica), f.Index+1, f.Term, f.ConfState, func(err error) {
 		if err != nil && !errors.Is(err, persistence.ErrClosed) {
 			w.fail(fmt.Errorf("replication: group %d: truncate the log to %d: %w", g, f.Index+1, err))
 		}

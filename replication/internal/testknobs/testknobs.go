@@ -22,3 +22,10 @@ var LeaseClock func(engine any, now func() time.Time)
 // the old leader serves lease reads while the new one takes writes. The model
 // test must catch it.
 var LeaseIgnoresTransfer func(engine any)
+
+// TruncateApplied, set by package replication, plants the truncation bug in
+// a pipeline (a *replication.WALPipeline) before its first apply: a replica's
+// log is truncated to start after its APPLIED index instead of after what
+// Badger holds in synced tables (RaftFlushed), so entries Badger holds only
+// in memtables leave the log. The power-cut test must catch it.
+var TruncateApplied func(pipeline any)
