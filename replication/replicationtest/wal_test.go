@@ -54,11 +54,23 @@ type walCluster struct {
 	nodes map[replication.NodeID]*walNode
 }
 
+// newWALChecker is the checker of a WAL cluster: every node a voter (replica
+// id = node id), the log bootstrapped at index 0.
+func newWALChecker(nodes int) *Checker {
+	cs := &raftpb.ConfState{}
+	for i := 1; i <= nodes; i++ {
+		cs.Voters = append(cs.Voters, uint64(i))
+	}
+	ch := newChecker(nodes, cs)
+	ch.base = 0
+	return ch
+}
+
 func newWALCluster(t *testing.T, nodes, groups int, seed uint64) *walCluster {
 	c := &walCluster{
 		t:       t,
 		net:     NewNetwork(seed),
-		checker: newChecker(nodes),
+		checker: newWALChecker(nodes),
 		quiet:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 		nodes:   map[replication.NodeID]*walNode{},
 	}
@@ -91,7 +103,7 @@ func (c *walCluster) start(id replication.NodeID) error {
 	pp := persistence.NewPipeline(db, persistence.PipelineConfig{Logger: c.quiet, ValueLogGCEvery: -1})
 	pp.Start()
 	wp := replication.NewWALPipeline(db, pp, func(g replication.GroupID, ent *raftpb.Entry) {
-		c.checker.applied(id, g, ent)
+		c.checker.appliedEntry(id, g, ent)
 	}, n.applied, c.quiet)
 	ecfg := c.ecfg
 	ecfg.Node = id
@@ -272,7 +284,7 @@ func TestWALStorage_ModelChecksHoldAcrossCrashes(t *testing.T) {
 	deadline, dcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer dcancel()
 	for {
-		err := c.checker.underReplicated(c.applied)
+		err := c.checker.underReplicated(func(r replication.ReplicaID, g replication.GroupID) uint64 { return c.applied(replication.NodeID(r), g) })
 		if err == nil {
 			break
 		}
