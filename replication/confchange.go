@@ -50,6 +50,83 @@ type memberState struct {
 	snapReports []snapReport
 	calls       []func(*raft.RawNode)
 	onRemoved   func(GroupID, ReplicaID)
+	// Worker-owned: the log (for goodbyes) and the replicas this leader
+	// removed that may not know it yet.
+	storage  raft.Storage
+	goodbyes []goodbye
+}
+
+// goodbye is a replica this leader removed: once its removal is applied the
+// leader stops replicating to it, so it might never learn that the entry
+// removing it committed. For a few ticks the leader sends it the entries
+// from its last known Match up to that entry in a MsgApp carrying their
+// commit (a message raft itself could have sent: the replica appends them
+// only if its log matches at Match, so it never commits what it lacks); a
+// replica that applies them retires. One that is further behind (or whose
+// entries were compacted) stays until its owner removes it (design section
+// 5, step 4).
+type goodbye struct {
+	to    ReplicaID
+	node  NodeID
+	match uint64 // its Match when it was removed (where its log is known to match)
+	index uint64 // the entry that removed it
+	tries int
+}
+
+// goodbyeTries bounds the goodbyes per removed replica (one per ticking
+// pass); maxGoodbyeBytes bounds one goodbye's entries.
+const (
+	goodbyeTries    = 20
+	maxGoodbyeBytes = 1 << 20
+)
+
+// goodbyeMsg is a MsgApp to b.to of the entries above prev up to b.index,
+// committing them; nil if the log no longer has them.
+func (g *group) goodbyeMsg(b goodbye, prev uint64) *raftpb.Message {
+	prevTerm, err := g.member.storage.Term(prev)
+	if err != nil {
+		return nil
+	}
+	var ents []*raftpb.Entry
+	if prev < b.index {
+		if ents, err = g.member.storage.Entries(prev+1, b.index+1, maxGoodbyeBytes); err != nil || len(ents) == 0 {
+			return nil
+		}
+	}
+	commit := prev
+	if len(ents) > 0 {
+		commit = ents[len(ents)-1].GetIndex()
+	}
+	return &raftpb.Message{
+		Type: raftpb.MsgApp.Enum(), To: new(uint64(b.to)), From: new(uint64(g.replica)), Term: new(g.term),
+		Index: new(prev), LogTerm: new(prevTerm), Entries: ents, Commit: new(commit),
+	}
+}
+
+// sayGoodbyes sends the pending goodbyes (worker only, on a ticking pass).
+func (g *group) sayGoodbyes(w *worker) {
+	if len(g.member.goodbyes) == 0 {
+		return
+	}
+	if g.role != raft.StateLeader {
+		g.member.goodbyes = nil
+		return
+	}
+	keep := g.member.goodbyes[:0]
+	for _, b := range g.member.goodbyes {
+		// Raft ignores a MsgApp below the receiver's commit index, which
+		// the leader does not know: send from its Match, from just below
+		// the entry, and the commit alone (each refused if it does not fit).
+		for _, prev := range slices.Compact([]uint64{min(b.match, b.index), b.index - 1, b.index}) {
+			if m := g.goodbyeMsg(b, prev); m != nil {
+				w.out[b.node] = append(w.out[b.node], Envelope{Group: g.id, Msg: m})
+			}
+		}
+		if b.tries--; b.tries > 0 {
+			keep = append(keep, b)
+		}
+	}
+	g.member.goodbyes = keep
 }
 
 // peer returns the node replica r lives on (0, false if unknown).
@@ -186,6 +263,9 @@ func confHas(cs *raftpb.ConfState, r ReplicaID) bool {
 func (g *group) setConf(cs *raftpb.ConfState, learned map[ReplicaID]NodeID) {
 	g.member.conf = cs
 	g.member.stConf.Store(cs)
+	if len(confMembers(cs)) == 0 {
+		return
+	}
 	old := *g.member.peers.Load()
 	peers := make(map[ReplicaID]NodeID, len(old)+len(learned))
 	for _, id := range confMembers(cs) {
@@ -201,7 +281,8 @@ func (g *group) setConf(cs *raftpb.ConfState, learned map[ReplicaID]NodeID) {
 	peers[g.replica] = old[g.replica]
 	g.member.peers.Store(&peers)
 	// A replica that has never been in a config (a new, empty learner before
-	// its snapshot) is not "removed": its empty ConfState is its start.
+	// its snapshot) is not "removed": its empty ConfState is its start, and
+	// its address book (its creator's) stays as it is until it has a config.
 	if len(confMembers(cs)) > 0 && !confHas(cs, g.replica) {
 		g.member.removed = true
 	}
@@ -221,7 +302,28 @@ func (g *group) applyConfChanges(ents []*raftpb.Entry) {
 		if err != nil {
 			panic(err) // raft itself cannot apply it either: fail the group
 		}
+		old, oldPeers := g.member.conf, *g.member.peers.Load()
+		var prs map[uint64]tracker.Progress
+		if g.role == raft.StateLeader {
+			prs = g.rn.Status().Progress // conf changes are rare: the copy is cheap enough
+		}
 		cs := g.rn.ApplyConfChange(cc)
+		if g.role == raft.StateLeader {
+			for _, id := range confMembers(old) {
+				r := ReplicaID(id)
+				pr, tracked := prs[id]
+				node, known := oldPeers[r]
+				if r != g.replica && !confHas(cs, r) && tracked && known {
+					// From its Match; if it never acknowledged anything,
+					// from where raft was probing it (a mismatch is refused).
+					from := pr.Match
+					if from == 0 && pr.Next > 0 {
+						from = pr.Next - 1
+					}
+					g.member.goodbyes = append(g.member.goodbyes, goodbye{to: r, node: node, match: from, index: ent.GetIndex(), tries: goodbyeTries})
+				}
+			}
+		}
 		var learned map[ReplicaID]NodeID
 		if _, payload, ok, err := DecodeEntry(cc.AsV2().GetContext()); ok && err == nil {
 			learned, _ = decodePeers(payload)

@@ -213,6 +213,9 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	for range ticks {
 		g.rn.Tick()
 	}
+	if ticks > 0 {
+		g.sayGoodbyes(w)
+	}
 	for _, r := range g.takeUnreachable() {
 		g.rn.ReportUnreachable(uint64(r))
 	}

@@ -160,6 +160,7 @@ func newGroup(cfg GroupConfig, e *Engine) (*group, error) {
 	g.stApplied.Store(cfg.Applied)
 	g.member.peers.Store(&peers)
 	g.member.onRemoved = cfg.OnRemoved
+	g.member.storage = cfg.Storage
 	g.setConf(raftpb.EnsureConfState(cs), nil)
 	return g, nil
 }

@@ -159,6 +159,23 @@ type diskStorage struct {
 	dg *diskGroup
 }
 
+// Snapshot is the state machine as it is now (design section 6: index =
+// the applied index, its term, its config; the data, the digest, travel
+// inline here): a fresh snapshot, never older than the last config change
+// applied, so a learner added after the last compaction finds itself in it.
+func (s diskStorage) Snapshot() (*raftpb.Snapshot, error) {
+	s.d.mu.Lock()
+	applied, d, cs := s.dg.applied, s.dg.digest, s.dg.conf
+	s.d.mu.Unlock()
+	term, err := s.MemoryStorage.Term(applied)
+	if err != nil {
+		return s.MemoryStorage.Snapshot() // compacted past it meanwhile: the log's own
+	}
+	return &raftpb.Snapshot{Data: d[:], Metadata: &raftpb.SnapshotMetadata{
+		Index: new(applied), Term: new(term), ConfState: cs,
+	}}, nil
+}
+
 func (s diskStorage) InitialState() (*raftpb.HardState, *raftpb.ConfState, error) {
 	hs, _, err := s.MemoryStorage.InitialState()
 	s.d.mu.Lock()

@@ -231,7 +231,7 @@ func reportSnaps(sender Receiver, envs []replication.Envelope, status raft.Snaps
 	}
 	for _, env := range envs {
 		if env.Msg.GetType() == raftpb.MsgSnap {
-			r.ReportSnapshot(env.Group, replication.ReplicaID(env.Msg.GetFrom()), status)
+			r.ReportSnapshot(env.Group, replication.ReplicaID(env.Msg.GetTo()), status)
 		}
 	}
 }
