@@ -52,11 +52,11 @@ type Checker struct {
 	lastApplied map[[2]uint64]uint64                        // (replica, group) -> index
 	digests     map[replication.GroupID]map[uint64]Digest   // the state machine after each index
 	confs       map[replication.GroupID]map[uint64]*raftpb.ConfState
-	lastConf    map[replication.GroupID]uint64               // the highest conf change index seen
-	learner     map[[2]uint64]bool                          // (replica, group): named as a learner by some config
-	voter       map[[2]uint64]bool                          // (replica, group): made a voter by some config
-	newRep      map[[2]uint64]bool                          // (replica, group): created empty
-	learned     map[[2]uint64]bool                          // (replica, group): has learned a config naming it
+	lastConf    map[replication.GroupID]uint64 // the highest conf change index seen
+	learner     map[[2]uint64]bool             // (replica, group): named as a learner by some config
+	voter       map[[2]uint64]bool             // (replica, group): made a voter by some config
+	newRep      map[[2]uint64]bool             // (replica, group): created empty
+	learned     map[[2]uint64]bool             // (replica, group): has learned a config naming it
 	acks        map[string]ack
 	notWrit     map[string]bool
 	maxAcked    map[replication.GroupID]uint64 // the highest acknowledged index per group

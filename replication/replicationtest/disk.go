@@ -33,15 +33,15 @@ type diskGroup struct {
 	// uses it. Open rebuilds storage from it.
 	durable *raft.MemoryStorage
 	// Guarded by MemDisk.mu: the state machine.
-	applied  uint64
-	digest   Digest
-	conf     *raftpb.ConfState
-	removed  bool // the replica was removed from the group: its data are gone
+	applied uint64
+	digest  Digest
+	conf    *raftpb.ConfState
+	removed bool // the replica was removed from the group: its data are gone
 	// replica, when set (CreateEmpty), is the replica these data belong to:
 	// the pipeline ignores jobs of an earlier replica of the group on this
 	// node that were still queued when it was removed.
-	replica replication.ReplicaID
-	installs int  // snapshots installed
+	replica  replication.ReplicaID
+	installs int // snapshots installed
 }
 
 // Digest is a state machine's state: a hash chain over the entries it

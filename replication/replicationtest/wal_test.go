@@ -284,7 +284,9 @@ func TestWALStorage_ModelChecksHoldAcrossCrashes(t *testing.T) {
 	deadline, dcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer dcancel()
 	for {
-		err := c.checker.underReplicated(func(r replication.ReplicaID, g replication.GroupID) uint64 { return c.applied(replication.NodeID(r), g) })
+		err := c.checker.underReplicated(func(r replication.ReplicaID, g replication.GroupID) uint64 {
+			return c.applied(replication.NodeID(r), g)
+		})
 		if err == nil {
 			break
 		}
