@@ -61,6 +61,7 @@ type Checker struct {
 	notWrit     map[string]bool
 	maxAcked    map[replication.GroupID]uint64 // the highest acknowledged index per group
 	reads       int                            // reads that returned
+	installs    int                            // snapshots installed
 	violations  []string
 }
 
@@ -267,6 +268,7 @@ func (c *Checker) restored(n replication.NodeID, r replication.ReplicaID, g repl
 		c.violate("node %d group %d replica %d installed a snapshot at %d, having applied %d", n, g, r, idx, last)
 	}
 	c.lastApplied[key] = idx
+	c.installs++
 	var d Digest
 	copy(d[:], snap.GetData())
 	if want, ok := c.digests[g][idx]; !ok {
@@ -353,6 +355,13 @@ func (c *Checker) readDone(n replication.NodeID, g replication.GroupID, start, i
 	if applied < index {
 		c.violate("group %d: read on node %d returned at read index %d with only %d applied", g, n, index, applied)
 	}
+}
+
+// Installs returns the number of snapshots replicas installed.
+func (c *Checker) Installs() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.installs
 }
 
 // Reads returns the number of reads that returned.
