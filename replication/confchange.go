@@ -412,7 +412,8 @@ func (e *Engine) onWorker(ctx context.Context, id GroupID, f func(*raft.RawNode)
 }
 
 // Membership returns the local replica's view of group id's configuration:
-// the ConfState at its applied index and the address book it routes by.
+// the ConfState at its applied index (shared: do not modify it) and a copy
+// of the address book it routes by.
 func (e *Engine) Membership(id GroupID) (*raftpb.ConfState, map[ReplicaID]NodeID, error) {
 	g := e.group(id)
 	if g == nil {
