@@ -106,6 +106,54 @@
 // ElectionTick ticks (it may have acked a heartbeat a lease counts). Without
 // a lease, reads take ReadIndex.
 //
+// # Membership and snapshots (confchange.go, snapshot.go)
+//
+// Raft's ConfState is authoritative. ProposeConfChange (leader only) checks a
+// ConfChangeV2 against the applied config with NextConfState (a change raft
+// could not apply fails with ErrNotWritten instead of panicking every
+// replica), proposes it, and returns when it is applied here, like Propose;
+// raft drops a second change while one is unapplied or a joint config is not
+// left (ErrNotWritten). A conf change entry's Context is the proposal header
+// followed by PeersContext (replica -> node of the replicas it adds), so
+// every replica learns where new replicas live. When an apply job is Done,
+// the worker calls RawNode.ApplyConfChange for each conf change entry, in
+// order, before stepping the job's MsgStorageApplyResp, and keeps the group's
+// config and address book (GroupConfig.Peers at first) current; Membership
+// shows them. NextConfState gives the same ConfState as raft (tested on
+// random sequences): the persistent applier stores it with the applied index,
+// and a restart gives it back through Storage.InitialState.
+//
+// ReplaceVoter is the leader's move (design section 5): add a learner, wait
+// until its Match reaches the commit index, then one ConfChangeV2 that
+// promotes it and removes the replaced voter with ConfChangeTransitionAuto
+// (raft leaves the joint config by itself). A new replica starts empty (no
+// log, empty ConfState): it cannot campaign, and it learns the group only
+// from a snapshot whose config lists it as a learner. A group's initial
+// configuration must therefore be in a snapshot at an index of at least 1
+// (replicationtest's Bootstrap), never only in an index-0 snapshot a leader
+// could answer with log entries from index 1.
+//
+// StepDownOnRemoval is set. A replica that applies a config without itself
+// stops: its proposals and reads fail, the group leaves the engine (Status
+// and Propose then answer ErrUnknownGroup) and GroupConfig.OnRemoved tells
+// the owner, which deletes its data. Since a leader stops replicating to a
+// replica once its removal is applied, it sends a removed replica the entries
+// up to its removal, with their commit, a few more times (a MsgApp raft could
+// have sent: refused if the log does not match). A removed replica that still
+// misses it stays until its owner asks the leader (design section 5, step 4;
+// not built).
+//
+// Snapshots travel inline for now: raft's MsgSnap carries Storage.Snapshot()
+// (state, index, term, ConfState); the transport calls ReportSnapshot when
+// the send ended; the receiver's MsgStorageAppend carries the snapshot and
+// the Pipeline installs it (state machine and log replaced, applied index =
+// the snapshot's) before Done; the worker then moves the group's applied
+// index and config to the snapshot's, and proposals at or below it end with
+// ErrOutcomeUnknown. Storage.Snapshot() must describe the state at the
+// applied index (a snapshot older than the change that added a learner is
+// refused by the learner). Streaming the data out of band replaces only the
+// inline data.
+//
 // # Invariants (checked by replicationtest's model test)
 //
 //   - No two replicas of a group apply different entries at one index.
@@ -118,6 +166,11 @@
 //     before the read was issued, and the replica has applied it.
 //   - While LeaseValid holds on a replica, no replica leads a later term,
 //     and its applied index covers every proposal acknowledged before.
+//   - Replicas at one applied index hold the same state and config; an
+//     installed snapshot holds the group's state and config at its index.
+//   - A replica is a learner in the first config naming it (and in the
+//     first config a new replica learns), and never campaigns before a
+//     config made it a voter.
 //
 // A raft panic (a broken invariant, e.g. a log that lost acknowledged
 // entries) fails that group only (ErrGroupFailed, Engine.Err); the node and

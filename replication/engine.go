@@ -207,6 +207,9 @@ func (e *Engine) flush(w *worker) {
 // transport. Advance is never called (AsyncStorageWrites). A raft panic fails
 // the group, not the node.
 func (e *Engine) process(w *worker, g *group, ticks int) {
+	if g.member.retired.Load() {
+		return // removed from the group: late storage responses land here
+	}
 	if g.failed != nil {
 		g.failAll(g.failed, g.failed)
 		g.failReads(g.failed)
@@ -222,15 +225,27 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 		g.rn.Tick()
 	}
 	g.startTicks += ticks
+	if ticks > 0 {
+		g.sayGoodbyes(w)
+	}
 	for _, r := range g.takeUnreachable() {
 		g.rn.ReportUnreachable(uint64(r))
 	}
+	g.reportSnapshots()
+	g.runCalls()
 	msgs, props := g.take()
 	for _, m := range msgs {
-		if m.GetType() == raftpb.MsgStorageApplyResp {
+		switch m.GetType() {
+		case raftpb.MsgStorageApplyResp:
+			g.applyConfChanges(m.GetEntries())
 			g.resolveApplied(m.GetEntries(), e.incarnation)
 			g.releaseReads()
-			g.noteConfApplied(m.GetEntries())
+			g.noteConfApplied(m.GetEntries()) // lease.go: after applyConfChanges
+		case raftpb.MsgStorageAppendResp:
+			if snap := m.GetSnapshot(); snap != nil {
+				g.installedSnapshot(snap)
+				g.releaseReads()
+			}
 		}
 		if g.holdVote(m, e.cfg.ElectionTick) {
 			continue // lease.go: a replica that just started grants no vote yet
@@ -248,6 +263,9 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	}
 	if ts := g.takeTransfers(); len(ts) > 0 {
 		e.startTransfers(g, ts)
+	}
+	if g.member.removed {
+		defer e.retire(g) // after this pass's Ready: its messages still leave
 	}
 	if !g.rn.HasReady() {
 		e.leaseStep(g)
@@ -278,7 +296,7 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 		default:
 			// MsgHeartbeat and MsgHeartbeatResp go with the rest: the network
 			// transport coalesces them per node pair (heartbeat.go).
-			node, ok := g.peers[ReplicaID(to)]
+			node, ok := g.peer(ReplicaID(to))
 			if !ok {
 				e.log.Warn("replication: message to an unknown replica dropped", "group", uint64(g.id), "to", to)
 				continue
@@ -318,6 +336,16 @@ func (e *Engine) propose(g *group, props []*proposal) {
 		}
 		p.seq = e.seq.Add(1)
 		h := Header{Proposer: g.replica, Incarnation: e.incarnation, Seq: p.seq}
+		if p.cc != nil {
+			ent, err := g.confEntry(h, p.cc)
+			if err != nil {
+				p.finish(Result{}, err)
+				continue
+			}
+			ents = append(ents, ent)
+			taken = append(taken, p)
+			continue
+		}
 		data := appendEntry(make([]byte, 0, maxHeaderLen+len(p.payload)), h, p.payload)
 		ents = append(ents, &raftpb.Entry{Data: data})
 		taken = append(taken, p)
@@ -333,7 +361,13 @@ func (e *Engine) propose(g *group, props []*proposal) {
 		}
 		return
 	}
-	for _, p := range taken {
+	for i, p := range taken {
+		if p.cc != nil && ents[i].GetType() == raftpb.EntryNormal {
+			// raft replaced a conf change it refuses by an empty entry
+			// (m.Entries[i], our slice): it will never be applied.
+			p.finish(Result{}, fmt.Errorf("%w: group %d: %w", ErrNotWritten, g.id, errConfRefused))
+			continue
+		}
 		g.pending[p.seq] = p
 	}
 }
@@ -352,7 +386,11 @@ func (e *Engine) deliver(g *group, resps []*raftpb.Message) {
 		return
 	}
 	self := false
-	var out [][]Envelope // this job's responses per destination node (usually one MsgAppResp)
+	type nodeBatch struct {
+		node  NodeID
+		batch []Envelope
+	}
+	var out []nodeBatch // this job's responses per destination node (usually one MsgAppResp)
 	for _, m := range resps {
 		to := m.GetTo()
 		if to == uint64(g.replica) {
@@ -360,22 +398,22 @@ func (e *Engine) deliver(g *group, resps []*raftpb.Message) {
 			self = true
 			continue
 		}
-		node, ok := g.peers[ReplicaID(to)]
+		node, ok := g.peer(ReplicaID(to))
 		if !ok {
 			continue
 		}
 		env := Envelope{Group: g.id, Msg: m}
 		i := 0
-		for i < len(out) && g.peers[ReplicaID(out[i][0].Msg.GetTo())] != node {
+		for i < len(out) && out[i].node != node {
 			i++
 		}
 		if i == len(out) {
-			out = append(out, nil)
+			out = append(out, nodeBatch{node: node})
 		}
-		out[i] = append(out[i], env)
+		out[i].batch = append(out[i].batch, env)
 	}
-	for _, batch := range out {
-		e.transport.Send(g.peers[ReplicaID(batch[0].Msg.GetTo())], batch)
+	for _, b := range out {
+		e.transport.Send(b.node, b.batch)
 	}
 	if self {
 		e.sched.enqueue(g, flagMessage)
@@ -431,6 +469,11 @@ func (e *Engine) failGroup(w *worker, g *group, r any) {
 // commit (ctx ended, or Close). ErrUnknownGroup, ErrClosed, ErrGroupFailed as
 // named.
 func (e *Engine) Propose(ctx context.Context, id GroupID, payload []byte) (Result, error) {
+	return e.propose1(ctx, id, payload, nil)
+}
+
+// propose1 is Propose for a payload or (cc set) a conf change.
+func (e *Engine) propose1(ctx context.Context, id GroupID, payload []byte, cc *raftpb.ConfChangeV2) (Result, error) {
 	if e.closed.Load() {
 		return Result{}, ErrClosed
 	}
@@ -444,7 +487,7 @@ func (e *Engine) Propose(ctx context.Context, id GroupID, payload []byte) (Resul
 	if raft.StateType(g.stRole.Load()) != raft.StateLeader {
 		return Result{}, g.notLeader()
 	}
-	p := &proposal{payload: payload, done: make(chan outcome, 1)}
+	p := &proposal{payload: payload, cc: cc, done: make(chan outcome, 1)}
 	g.mu.Lock()
 	g.props = append(g.props, p)
 	g.mu.Unlock()
@@ -529,10 +572,11 @@ func (e *Engine) Status(id GroupID) (Status, error) {
 	if g == nil {
 		return Status{}, fmt.Errorf("%w: %d", ErrUnknownGroup, id)
 	}
+	leaderNode, _ := g.peer(ReplicaID(g.stLead.Load()))
 	st := Status{
 		Group:    id,
 		Replica:  g.replica,
-		Leader:   g.peers[ReplicaID(g.stLead.Load())],
+		Leader:   leaderNode,
 		IsLeader: raft.StateType(g.stRole.Load()) == raft.StateLeader,
 		Term:     g.stTerm.Load(),
 		Applied:  g.stApplied.Load(),

@@ -15,15 +15,22 @@ type GroupConfig struct {
 	// Replica is the local replica's raft id (non-zero).
 	Replica ReplicaID
 	// Peers maps every replica of the group (the local one included) to its
-	// node. In step 1 membership is fixed; step 4 changes it through raft.
+	// node: the starting address book. Conf changes applied later update it
+	// (their Context names the nodes of the replicas they add; confchange.go).
 	Peers map[ReplicaID]NodeID
 	// Storage is the group's log as the pipeline made it durable: raft reads
 	// it, the pipeline writes it (before calling an append job's Done). Its
 	// InitialState gives the HardState and the ConfState (the voters).
 	Storage raft.Storage
 	// Applied is the index the state machine has applied (durably): raft
-	// re-emits committed entries above it.
+	// re-emits committed entries above it. Storage's ConfState must be the
+	// config at this index.
 	Applied uint64
+	// OnRemoved, if set, is called once when this replica applies a config
+	// that no longer lists it: the group has then stopped and left the
+	// engine, and the owner deletes the replica's data. It runs on an engine
+	// worker: it must not block or call the engine back synchronously.
+	OnRemoved func(GroupID, ReplicaID)
 }
 
 // Result is a proposal's outcome: its entry's index and term, committed and
@@ -43,6 +50,7 @@ const (
 // proposal is one Propose call waiting for its outcome.
 type proposal struct {
 	payload []byte
+	cc      *raftpb.ConfChangeV2 // set for a conf change (ProposeConfChange)
 	state   atomic.Int32
 	done    chan outcome // buffered 1: finish never blocks
 	// ProposeAsync's: cb replaces done; term, if not zero, is the term the
@@ -79,7 +87,7 @@ func (p *proposal) finish(res Result, err error) {
 type group struct {
 	id      GroupID
 	replica ReplicaID
-	peers   map[ReplicaID]NodeID // immutable
+	member  memberState // peers, config, removal (confchange.go)
 
 	sched schedState // guarded by scheduler.mu
 
@@ -135,6 +143,10 @@ func newGroup(cfg GroupConfig, e *Engine) (*group, error) {
 	for r, n := range cfg.Peers {
 		peers[r] = n
 	}
+	_, cs, err := cfg.Storage.InitialState()
+	if err != nil {
+		return nil, fmt.Errorf("replication: group %d: storage: %w", cfg.ID, err)
+	}
 	c := e.cfg
 	rn, err := raft.NewRawNode(&raft.Config{
 		ID:                        uint64(cfg.Replica),
@@ -151,6 +163,7 @@ func newGroup(cfg GroupConfig, e *Engine) (*group, error) {
 		CheckQuorum:               true,
 		PreVote:                   true,
 		DisableProposalForwarding: true,
+		StepDownOnRemoval:         true,
 		Logger:                    raftLogger{c.Logger.With("group", uint64(cfg.ID), "replica", uint64(cfg.Replica))},
 	})
 	if err != nil {
@@ -159,7 +172,6 @@ func newGroup(cfg GroupConfig, e *Engine) (*group, error) {
 	g := &group{
 		id:          cfg.ID,
 		replica:     cfg.Replica,
-		peers:       peers,
 		rn:          rn,
 		pending:     make(map[uint64]*proposal),
 		readPending: make(map[string]*readReq),
@@ -168,6 +180,10 @@ func newGroup(cfg GroupConfig, e *Engine) (*group, error) {
 	}
 	g.lease.self, g.lease.expiry, g.lease.acks = cfg.Replica, never, make(map[ReplicaID]int64)
 	g.stApplied.Store(cfg.Applied)
+	g.member.peers.Store(&peers)
+	g.member.onRemoved = cfg.OnRemoved
+	g.member.storage = cfg.Storage
+	g.setConf(raftpb.EnsureConfState(cs), nil)
 	return g, nil
 }
 
@@ -200,7 +216,8 @@ func (g *group) recycle(msgs []*raftpb.Message) {
 // notLeader builds the error for a proposal on a non-leader.
 func (g *group) notLeader() *NotLeaderError {
 	lead := ReplicaID(g.stLead.Load())
-	return &NotLeaderError{Group: g.id, Leader: g.peers[lead], Term: g.stTerm.Load()}
+	node, _ := g.peer(lead)
+	return &NotLeaderError{Group: g.id, Leader: node, Term: g.stTerm.Load()}
 }
 
 // publish makes the worker's view of leadership visible to Propose and Status.
@@ -221,16 +238,15 @@ func (g *group) publish() {
 func (g *group) resolveApplied(ents []*raftpb.Entry, incarnation uint64) {
 	for _, ent := range ents {
 		idx := ent.GetIndex()
-		if ent.GetType() == raftpb.EntryNormal {
-			if h, _, ok, err := DecodeEntry(ent.GetData()); ok && err == nil &&
-				h.Proposer == g.replica && h.Incarnation == incarnation {
-				if p := g.pending[h.Seq]; p != nil {
-					delete(g.pending, h.Seq)
-					p.finish(Result{Index: idx, Term: ent.GetTerm()}, nil)
-				}
+		if h, ok := entryHeader(ent); ok && h.Proposer == g.replica && h.Incarnation == incarnation {
+			if p := g.pending[h.Seq]; p != nil {
+				delete(g.pending, h.Seq)
+				p.finish(Result{Index: idx, Term: ent.GetTerm()}, nil)
 			}
 		}
-		g.applied, g.appliedTerm = idx, ent.GetTerm()
+		if idx > g.applied { // a snapshot may have covered it already
+			g.applied, g.appliedTerm = idx, ent.GetTerm()
+		}
 	}
 	g.stApplied.Store(g.applied)
 	for seq, p := range g.pending {
@@ -248,11 +264,8 @@ func (g *group) noteAppended(ents []*raftpb.Entry, incarnation uint64) {
 		return
 	}
 	for _, ent := range ents {
-		if ent.GetType() != raftpb.EntryNormal {
-			continue
-		}
-		h, _, ok, err := DecodeEntry(ent.GetData())
-		if !ok || err != nil || h.Proposer != g.replica || h.Incarnation != incarnation {
+		h, ok := entryHeader(ent)
+		if !ok || h.Proposer != g.replica || h.Incarnation != incarnation {
 			continue
 		}
 		if p := g.pending[h.Seq]; p != nil {

@@ -374,7 +374,7 @@ func (e *Engine) TransferLeader(ctx context.Context, g GroupID, to ReplicaID) er
 	if raft.StateType(grp.stRole.Load()) != raft.StateLeader {
 		return grp.notLeader()
 	}
-	if _, ok := grp.peers[to]; !ok {
+	if _, ok := grp.peer(to); !ok {
 		return fmt.Errorf("replication: transfer leadership of group %d: replica %d is not a member", g, to)
 	}
 	if to == grp.replica {

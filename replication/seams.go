@@ -46,7 +46,10 @@ type Transport interface {
 type Pipeline interface {
 	// Append queues job.Msg, a MsgStorageAppend: its Entries (which may
 	// overwrite a suffix of the log), its HardState fields (Term, Vote,
-	// Commit: all set or all unset) and its Snapshot. Once all of it is
+	// Commit: all set or all unset) and its Snapshot (installed: the state
+	// machine, its ConfState and applied index become the snapshot's, the
+	// log restarts after it; entries of earlier apply jobs at or below its
+	// index are then skipped). Once all of it is
 	// durable AND visible through the group's raft.Storage, call job.Done
 	// exactly once; the engine then delivers job.Msg.Responses. Jobs that
 	// are never durable (a crash, Close) never see Done.
@@ -54,7 +57,10 @@ type Pipeline interface {
 	// Apply queues job.Msg, a MsgStorageApply: its Entries are committed and
 	// locally durable; apply them to the state machine in order, then call
 	// job.Done exactly once. Entries whose Type is not EntryNormal are
-	// configuration changes (not used before step 4).
+	// configuration changes: the state machine keeps the ConfState after
+	// them (NextConfState) with its applied index (the engine hands them to
+	// raft after Done). The group's raft.Storage must return that ConfState
+	// from InitialState, and from Snapshot the state at the applied index.
 	Apply(job Job)
 }
 

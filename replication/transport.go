@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/holdfast/holdfast/internal/owner"
@@ -222,7 +223,11 @@ type peer struct {
 	beatBytes int    // bytes of the queued beats (bounded with the messages)
 	beatsDue  bool   // the beat loop asked for the beats to go
 	unreach   []target
-	spare     []byte // the sender's previous buffer, reused
+	// snaps: the MsgSnaps queued (their senders hear SnapshotFinish or
+	// SnapshotFailure once the frame is sent or not); snapsLost: those a
+	// full queue dropped (SnapshotFailure). Told by the sender goroutine.
+	snaps, snapsLost []target
+	spare            []byte // the sender's previous buffer, reused
 }
 
 // frameReserve is the room kept at the front of a queue buffer for the frame
@@ -241,7 +246,7 @@ func (t *NetTransport) Send(to NodeID, batch []Envelope) {
 	// Encode outside the lock: workers sending to one node do not wait on
 	// each other's marshalling.
 	var enc []byte
-	var targets []target
+	var targets, snaps []target
 	var beats, resps []beat
 	for _, env := range batch {
 		m := env.Msg
@@ -259,6 +264,9 @@ func (t *NetTransport) Send(to NodeID, batch []Envelope) {
 			continue
 		}
 		targets = append(targets, target{env.Group, ReplicaID(m.GetTo())})
+		if m.GetType() == raftpb.MsgSnap {
+			snaps = append(snaps, target{env.Group, ReplicaID(m.GetTo())})
+		}
 	}
 	size := len(enc)
 	for i := range beats {
@@ -272,6 +280,7 @@ func (t *NetTransport) Send(to NodeID, batch []Envelope) {
 		// Full: drop it all. raft retransmits; telling the groups makes
 		// their leaders probe instead of streaming into a full queue.
 		p.unreach = append(p.unreach, targets...)
+		p.snapsLost = append(p.snapsLost, snaps...)
 		p.mu.Unlock()
 		t.stats.dropped.Add(uint64(len(batch)))
 		wake(p.wake)
@@ -283,6 +292,7 @@ func (t *NetTransport) Send(to NodeID, batch []Envelope) {
 	p.buf = append(p.buf, enc...)
 	p.count += len(targets)
 	p.targets = append(p.targets, targets...)
+	p.snaps = append(p.snaps, snaps...)
 	p.beats = append(p.beats, beats...)
 	p.beatResps = append(p.beatResps, resps...)
 	p.msgBytes += len(enc)
@@ -354,6 +364,7 @@ func (t *NetTransport) sendLoop(ctx context.Context, p *peer) {
 		targets           []target
 		beats, beatResps  []beat
 		unreach, reported []target
+		snaps, snapsLost  []target
 	)
 	for {
 		select {
@@ -381,9 +392,13 @@ func (t *NetTransport) sendLoop(ctx context.Context, p *peer) {
 		p.msgBytes = 0
 		unreach = append(unreach[:0], p.unreach...)
 		p.unreach = p.unreach[:0]
+		snaps, snapsLost = append(snaps[:0], p.snaps...), append(snapsLost[:0], p.snapsLost...)
+		p.snaps, p.snapsLost = p.snaps[:0], p.snapsLost[:0]
 		p.mu.Unlock()
 
 		reported = t.report(unreach, reported[:0])
+		t.reportSnaps(snapsLost, raft.SnapshotFailure)
+		snapStatus := raft.SnapshotFinish
 		if count > 0 || len(beats)+len(beatResps) > 0 {
 			frame := t.buildFrame(p.node, buf, count, beats, beatResps)
 			if err := t.carrier.Send(ctx, p.node, frame); err != nil {
@@ -392,6 +407,7 @@ func (t *NetTransport) sendLoop(ctx context.Context, p *peer) {
 					t.log.Debug("replication: a frame was not sent", "to", uint64(p.node), "messages", count, "err", err)
 				}
 				reported = t.report(targets, reported[:0])
+				snapStatus = raft.SnapshotFailure
 			} else {
 				t.stats.frames.Add(1)
 				t.stats.messagesOut.Add(uint64(count))
@@ -400,6 +416,7 @@ func (t *NetTransport) sendLoop(ctx context.Context, p *peer) {
 				}
 			}
 		}
+		t.reportSnaps(snaps, snapStatus)
 		if buf != nil && cap(buf) <= 8<<20 {
 			p.mu.Lock()
 			p.spare = buf[:frameReserve]
@@ -426,6 +443,24 @@ next:
 		(*r).ReportUnreachable(x.g, x.to)
 	}
 	return seen
+}
+
+// reportSnaps tells the engine how the sending of the MsgSnaps to ts ended
+// (a receiver without ReportSnapshot is not told).
+func (t *NetTransport) reportSnaps(ts []target, status raft.SnapshotStatus) {
+	r := t.recv.Load()
+	if r == nil || len(ts) == 0 {
+		return
+	}
+	sr, ok := (*r).(interface {
+		ReportSnapshot(GroupID, ReplicaID, raft.SnapshotStatus)
+	})
+	if !ok {
+		return
+	}
+	for _, x := range ts {
+		sr.ReportSnapshot(x.g, x.to, status)
+	}
 }
 
 // buildFrame writes the header into buf's reserved front and appends the

@@ -3,10 +3,12 @@ package replicationtest
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
 	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/holdfast/holdfast/replication"
 )
@@ -33,19 +35,39 @@ import (
 //     holds them all (with 1, at their acknowledged indexes). A read served
 //     from a leader lease (Cluster.LeaseRead) is checked the same way, with
 //     n's applied index after LeaseValid held as its index.
+//  6. State machines agree: replicas at one applied index hold the same
+//     digest (a hash chain over the applied entries) and the same config; a
+//     snapshot a replica installs holds the digest and config the group had
+//     at its index; every conf change applies (raft would panic otherwise).
+//  7. Membership: a replica that is not an initial voter is a learner in the
+//     first config that names it (no replica counts as a voter before it was
+//     promoted), a new replica (created empty) starts by installing a
+//     snapshot and the first config it learns lists it as a learner (design
+//     risk 7), and no replica campaigns (sends MsgVote or MsgPreVote) before
+//     some config made it a voter.
 //
 // Payloads are compared as bytes, so each must be unique.
 type Checker struct {
 	mu          sync.Mutex
 	nodes       int
+	initial     *raftpb.ConfState                           // every group's bootstrap config
+	base        uint64                                      // the bootstrap's applied index
 	entries     map[replication.GroupID]map[uint64]applyRec // index -> the entry
 	appliedAt   map[string]applyRec                         // payload -> where it was applied
-	lastApplied map[[2]uint64]uint64                        // (node, group) -> index
+	lastApplied map[[2]uint64]uint64                        // (replica, group) -> index
+	digests     map[replication.GroupID]map[uint64]Digest   // the state machine after each index
+	confs       map[replication.GroupID]map[uint64]*raftpb.ConfState
+	lastConf    map[replication.GroupID]uint64 // the highest conf change index seen
+	learner     map[[2]uint64]bool             // (replica, group): named as a learner by some config
+	voter       map[[2]uint64]bool             // (replica, group): made a voter by some config
+	newRep      map[[2]uint64]bool             // (replica, group): created empty
+	learned     map[[2]uint64]bool             // (replica, group): has learned a config naming it
 	acks        map[string]ack
 	notWrit     map[string]bool
 	maxAcked    map[replication.GroupID]uint64 // the highest acknowledged index per group
 	reads       int                            // reads that returned
 	leaseReads  int                            // of which served from a lease
+	installs    int                            // snapshots installed
 	violations  []string
 }
 
@@ -61,9 +83,18 @@ type ack struct {
 	res   replication.Result
 }
 
-func newChecker(nodes int) *Checker {
+func newChecker(nodes int, initial *raftpb.ConfState) *Checker {
 	return &Checker{
 		nodes:       nodes,
+		initial:     initial,
+		base:        BootstrapIndex,
+		digests:     make(map[replication.GroupID]map[uint64]Digest),
+		confs:       make(map[replication.GroupID]map[uint64]*raftpb.ConfState),
+		lastConf:    make(map[replication.GroupID]uint64),
+		learner:     make(map[[2]uint64]bool),
+		voter:       make(map[[2]uint64]bool),
+		newRep:      make(map[[2]uint64]bool),
+		learned:     make(map[[2]uint64]bool),
 		entries:     make(map[replication.GroupID]map[uint64]applyRec),
 		appliedAt:   make(map[string]applyRec),
 		lastApplied: make(map[[2]uint64]uint64),
@@ -89,16 +120,128 @@ func (c *Checker) restarted(n replication.NodeID, g replication.GroupID, from ui
 	c.lastApplied[key] = from
 }
 
-// applied is called for every entry node n applies to group g, in order.
-func (c *Checker) applied(n replication.NodeID, g replication.GroupID, ent *raftpb.Entry) {
+// baseLocked is a replica's applied index before its first apply or install.
+func (c *Checker) baseLocked(key [2]uint64) uint64 {
+	if last, ok := c.lastApplied[key]; ok {
+		return last
+	}
+	if c.newRep[key] {
+		return 0
+	}
+	return c.base
+}
+
+// newReplica records that replica r of g was created empty.
+func (c *Checker) newReplica(r replication.ReplicaID, g replication.GroupID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.newRep[[2]uint64{uint64(r), uint64(g)}] = true
+}
+
+// configAtLocked is the config in force at index idx of g: the newest conf
+// change at or below it, else the bootstrap config.
+func (c *Checker) configAtLocked(g replication.GroupID, idx uint64) *raftpb.ConfState {
+	best, cs := uint64(0), c.initial
+	for i, x := range c.confs[g] {
+		if i <= idx && i > best {
+			best, cs = i, x
+		}
+	}
+	return cs
+}
+
+// learnConfLocked checks the first config replica r of g learns (from a
+// snapshot or a conf change it applies).
+func (c *Checker) learnConfLocked(n replication.NodeID, r replication.ReplicaID, g replication.GroupID, cs *raftpb.ConfState, how string) {
+	key := [2]uint64{uint64(r), uint64(g)}
+	if c.learned[key] || !c.newRep[key] {
+		return
+	}
+	c.learned[key] = true
+	if !slices.Contains(cs.GetLearners(), uint64(r)) {
+		c.violate("group %d: new replica %d on node %d learned its first config from %s, and it is not a learner there: %v", g, r, n, how, cs)
+	}
+}
+
+// recordConfLocked checks a config some replica reached at index idx of g
+// against what others reached there, and the learner-first rule.
+func (c *Checker) recordConfLocked(g replication.GroupID, idx uint64, cs *raftpb.ConfState) {
+	byIdx := c.confs[g]
+	if byIdx == nil {
+		byIdx = make(map[uint64]*raftpb.ConfState)
+		c.confs[g] = byIdx
+	}
+	if prev, ok := byIdx[idx]; ok {
+		if !proto.Equal(prev, cs) {
+			c.violate("group %d index %d: replicas hold different configs: %v and %v", g, idx, prev, cs)
+		}
+		return
+	}
+	byIdx[idx] = cs
+	c.lastConf[g] = max(c.lastConf[g], idx)
+	for _, l := range slices.Concat(cs.GetLearners(), cs.GetLearnersNext()) {
+		c.learner[[2]uint64{l, uint64(g)}] = true
+	}
+	for _, v := range slices.Concat(cs.GetVoters(), cs.GetVotersOutgoing()) {
+		key := [2]uint64{v, uint64(g)}
+		if !c.voter[key] && !slices.Contains(c.initial.GetVoters(), v) && !c.learner[key] {
+			c.violate("group %d index %d: replica %d is a voter without having been a learner first: %v", g, idx, v, cs)
+		}
+		c.voter[key] = true
+	}
+}
+
+// applied is called for every entry replica r (on node n) applies to group
+// g, in order, with its state machine after it: digest, config (err: the
+// conf change did not apply).
+func (c *Checker) applied(n replication.NodeID, r replication.ReplicaID, g replication.GroupID, ent *raftpb.Entry, d Digest, cs *raftpb.ConfState, cerr error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	idx := ent.GetIndex()
+	key := [2]uint64{uint64(r), uint64(g)}
+	if last := c.baseLocked(key); idx != last+1 {
+		c.violate("node %d group %d replica %d applied index %d after %d (indexes must go up by one, never back; a new replica starts with a snapshot)", n, g, r, idx, last)
+	}
+	c.lastApplied[key] = idx
+	c.entryLocked(n, g, ent)
+	dg := c.digests[g]
+	if dg == nil {
+		dg = make(map[uint64]Digest)
+		c.digests[g] = dg
+	}
+	if prev, ok := dg[idx]; !ok {
+		dg[idx] = d
+	} else if prev != d {
+		c.violate("group %d index %d: replica %d on node %d holds another state than a replica before it", g, idx, r, n)
+	}
+	if ent.GetType() != raftpb.EntryNormal {
+		if cerr != nil {
+			c.violate("group %d index %d: conf change does not apply: %v", g, idx, cerr)
+		} else {
+			c.recordConfLocked(g, idx, cs)
+			c.learnConfLocked(n, r, g, cs, fmt.Sprintf("the conf change at index %d", idx))
+		}
+	}
+}
+
+// appliedEntry is applied for a pipeline that reports entries only (the WAL
+// pipeline's test: replica id = node id, no digests, no conf changes).
+func (c *Checker) appliedEntry(n replication.NodeID, g replication.GroupID, ent *raftpb.Entry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	idx := ent.GetIndex()
 	key := [2]uint64{uint64(n), uint64(g)}
-	if last := c.lastApplied[key]; idx != last+1 {
+	if last := c.baseLocked(key); idx != last+1 {
 		c.violate("node %d group %d applied index %d after %d (indexes must go up by one, never back)", n, g, idx, last)
 	}
 	c.lastApplied[key] = idx
+	c.entryLocked(n, g, ent)
+}
+
+// entryLocked checks the entry node n applied at its index (invariants 1,
+// 3 and 4).
+func (c *Checker) entryLocked(n replication.NodeID, g replication.GroupID, ent *raftpb.Entry) {
+	idx := ent.GetIndex()
 	var payload string
 	if ent.GetType() == raftpb.EntryNormal {
 		if _, p, ok, err := replication.DecodeEntry(ent.GetData()); err != nil {
@@ -142,6 +285,53 @@ func (c *Checker) ackedPayloads() [][]byte {
 		out = append(out, []byte(p))
 	}
 	return out
+}
+
+// restored is called when replica r (on node n) of g installs snap.
+func (c *Checker) restored(n replication.NodeID, r replication.ReplicaID, g replication.GroupID, snap *raftpb.Snapshot) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	idx := snap.GetMetadata().GetIndex()
+	key := [2]uint64{uint64(r), uint64(g)}
+	if last := c.baseLocked(key); idx <= last {
+		c.violate("node %d group %d replica %d installed a snapshot at %d, having applied %d", n, g, r, idx, last)
+	}
+	c.lastApplied[key] = idx
+	c.installs++
+	var d Digest
+	copy(d[:], snap.GetData())
+	if want, ok := c.digests[g][idx]; !ok {
+		c.violate("group %d: replica %d on node %d installed a snapshot at %d, an index no replica applied", g, r, n, idx)
+	} else if want != d {
+		c.violate("group %d: replica %d on node %d installed a snapshot at %d whose state differs from the group's there", g, r, n, idx)
+	}
+	cs := raftpb.EnsureConfState(snap.GetMetadata().GetConfState())
+	if want := c.configAtLocked(g, idx); cs.Equivalent(want) != nil {
+		c.violate("group %d: replica %d on node %d installed a snapshot at %d with config %v, the group's there is %v", g, r, n, idx, cs, want)
+	}
+	c.learnConfLocked(n, r, g, cs, fmt.Sprintf("a snapshot at index %d", idx))
+}
+
+// sent sees every message the network carries: a replica that no config
+// made a voter must not campaign.
+func (c *Checker) sent(from replication.NodeID, env replication.Envelope) {
+	m := env.Msg
+	if t := m.GetType(); t != raftpb.MsgVote && t != raftpb.MsgPreVote {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := m.GetFrom()
+	if !c.voter[[2]uint64{r, uint64(env.Group)}] && !slices.Contains(c.initial.GetVoters(), r) {
+		c.violate("group %d: replica %d on node %d campaigns (%s), but no config made it a voter", env.Group, r, from, m.GetType())
+	}
+}
+
+// Voters returns the voters of g's newest config the checker saw applied.
+func (c *Checker) Voters(g replication.GroupID) []uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.configAtLocked(g, c.lastConf[g]).GetVoters()
 }
 
 // acked records a successful Propose.
@@ -217,7 +407,14 @@ func (c *Checker) LeaseReads() int {
 	return c.leaseReads
 }
 
-// Reads returns the number of reads that returned (lease reads included).
+// Installs returns the number of snapshots replicas installed.
+func (c *Checker) Installs() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.installs
+}
+
+// Reads returns the number of reads that returned.
 func (c *Checker) Reads() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -247,9 +444,9 @@ func (c *Checker) Acked() int {
 }
 
 // underReplicated returns an error naming the acknowledged proposals that
-// fewer than a majority of nodes have applied (applied(n, g) is node n's
-// applied index of g), or nil.
-func (c *Checker) underReplicated(applied func(n replication.NodeID, g replication.GroupID) uint64) error {
+// fewer than a majority of the group's voters (in the newest config) have
+// applied (applied(r, g) is replica r's applied index of g), or nil.
+func (c *Checker) underReplicated(applied func(r replication.ReplicaID, g replication.GroupID) uint64) error {
 	c.mu.Lock()
 	type item struct {
 		p string
@@ -259,19 +456,24 @@ func (c *Checker) underReplicated(applied func(n replication.NodeID, g replicati
 	for p, a := range c.acks {
 		items = append(items, item{p, a})
 	}
-	nodes := c.nodes
+	voters := make(map[replication.GroupID][]uint64)
+	for _, it := range items {
+		if _, ok := voters[it.a.group]; !ok {
+			voters[it.a.group] = c.configAtLocked(it.a.group, c.lastConf[it.a.group]).GetVoters()
+		}
+	}
 	c.mu.Unlock()
 	sort.Slice(items, func(i, j int) bool { return items[i].p < items[j].p })
 	var missing []string
 	for _, it := range items {
-		have := 0
-		for n := 1; n <= nodes; n++ {
-			if applied(replication.NodeID(n), it.a.group) >= it.a.res.Index {
+		have, vs := 0, voters[it.a.group]
+		for _, r := range vs {
+			if applied(replication.ReplicaID(r), it.a.group) >= it.a.res.Index {
 				have++
 			}
 		}
-		if have <= nodes/2 {
-			missing = append(missing, fmt.Sprintf("%q (group %d index %d) applied on %d of %d nodes", it.p, it.a.group, it.a.res.Index, have, nodes))
+		if have <= len(vs)/2 {
+			missing = append(missing, fmt.Sprintf("%q (group %d index %d) applied on %d of %d voters", it.p, it.a.group, it.a.res.Index, have, len(vs)))
 		}
 	}
 	if len(missing) == 0 {

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/holdfast/holdfast/replication"
@@ -20,6 +22,13 @@ import (
 type Config struct {
 	Nodes  int // default 3
 	Groups int // default 1
+	// Replicas is each group's replica count at the start, on nodes
+	// 1..Replicas (replica id = node id). Default Nodes. Nodes above it host
+	// nothing until a move places a replica there (Replace, AddReplica).
+	Replicas int
+	// CompactEvery and CompactKeep set every pipeline's log compaction
+	// (MemPipeline.SetCompaction). 0: the log is never truncated.
+	CompactEvery, CompactKeep uint64
 	// Seed seeds the network's faults.
 	Seed uint64
 	// Engine is the template for every node's engine config (Node is set per
@@ -51,10 +60,15 @@ type Node struct {
 	Disk   *MemDisk
 	pipe   *MemPipeline
 	engine *replication.Engine
+	// replicas: the replica of each group this node hosts (guarded by
+	// Cluster.pmu); a replica leaves it when it learns its removal.
+	replicas map[replication.GroupID]replication.ReplicaID
 }
 
-// Cluster is N engines x G groups over a simulated Network, every node a voter
-// of every group (replica id = node id), with a Checker fed by every apply.
+// Cluster is N engines x G groups over a simulated Network, nodes 1..Replicas
+// the voters of every group at the start (replica id = node id), with a
+// Checker fed by every apply, every snapshot install and every message.
+// Replace moves a replica to another node through the leader.
 //
 // Methods are safe for concurrent use except where noted.
 type Cluster struct {
@@ -68,6 +82,13 @@ type Cluster struct {
 
 	mu    sync.Mutex
 	nodes map[replication.NodeID]*Node
+
+	// pmu guards placement: every replica ever created per group and its
+	// node (the address book a new replica starts with), Node.replicas,
+	// nextReplica. Taken inside mu, never the other way.
+	pmu         sync.Mutex
+	place       map[replication.GroupID]map[replication.ReplicaID]replication.NodeID
+	nextReplica replication.ReplicaID
 	// errs collects failures that are not the checker's: a node whose disk
 	// fails its restart checks, a group that raft stopped.
 	errs []error
@@ -81,33 +102,50 @@ func NewCluster(cfg Config) (*Cluster, error) {
 	if cfg.Groups == 0 {
 		cfg.Groups = 1
 	}
+	if cfg.Replicas == 0 || cfg.Replicas > cfg.Nodes {
+		cfg.Replicas = cfg.Nodes
+	}
 	if cfg.Engine.TickInterval == 0 {
 		cfg.Engine.TickInterval = 10 * time.Millisecond
 	}
 	if cfg.Engine.Logger == nil {
 		cfg.Engine.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	voters := make([]replication.ReplicaID, cfg.Replicas)
+	initial := &raftpb.ConfState{}
+	for i := range voters {
+		voters[i] = replication.ReplicaID(i + 1)
+		initial.Voters = append(initial.Voters, uint64(i+1))
+	}
 	c := &Cluster{
-		cfg:     cfg,
-		Net:     NewNetwork(cfg.Seed),
-		Checker: newChecker(cfg.Nodes),
-		nodes:   make(map[replication.NodeID]*Node),
-		skew:    make(map[replication.NodeID]*atomic.Int64),
+		cfg:         cfg,
+		Net:         NewNetwork(cfg.Seed),
+		Checker:     newChecker(cfg.Nodes, initial),
+		nodes:       make(map[replication.NodeID]*Node),
+		place:       make(map[replication.GroupID]map[replication.ReplicaID]replication.NodeID),
+		nextReplica: 100, // above every initial replica id; never reused
+		skew:        make(map[replication.NodeID]*atomic.Int64),
 	}
 	c.Net.SetFaults(cfg.Faults)
 	for i := 1; i <= cfg.Nodes; i++ {
 		c.skew[replication.NodeID(i)] = new(atomic.Int64)
 		c.Net.SetClock(replication.NodeID(i), c.clock(replication.NodeID(i)))
 	}
-	voters := make([]replication.ReplicaID, cfg.Nodes)
-	for i := range voters {
-		voters[i] = replication.ReplicaID(i + 1)
+	c.Net.observe = c.Checker.sent
+	for _, g := range c.GroupIDs() {
+		c.place[g] = make(map[replication.ReplicaID]replication.NodeID)
+		for _, r := range voters {
+			c.place[g][r] = replication.NodeID(r)
+		}
 	}
 	for i := 1; i <= cfg.Nodes; i++ {
-		n := &Node{ID: replication.NodeID(i), Disk: NewMemDisk()}
-		for g := 1; g <= cfg.Groups; g++ {
-			if err := n.Disk.Bootstrap(replication.GroupID(g), voters); err != nil {
-				return nil, err
+		n := &Node{ID: replication.NodeID(i), Disk: NewMemDisk(), replicas: make(map[replication.GroupID]replication.ReplicaID)}
+		if i <= cfg.Replicas {
+			for g := 1; g <= cfg.Groups; g++ {
+				if err := n.Disk.Bootstrap(replication.GroupID(g), voters); err != nil {
+					return nil, err
+				}
+				n.replicas[replication.GroupID(g)] = replication.ReplicaID(i)
 			}
 		}
 		c.nodes[n.ID] = n
@@ -148,13 +186,19 @@ func (c *Cluster) start(id replication.NodeID) error {
 	if n.engine != nil {
 		return fmt.Errorf("replicationtest: node %d is running", id)
 	}
-	pipe := NewMemPipeline(n.Disk, func(g replication.GroupID, ent *raftpb.Entry) {
-		c.Checker.applied(id, g, ent)
-		if c.cfg.OnApply != nil {
-			c.cfg.OnApply(id, g, ent)
-		}
-	}, c.cfg.SyncDelay)
+	var apply ApplyFunc
+	if c.cfg.OnApply != nil {
+		apply = func(g replication.GroupID, ent *raftpb.Entry) { c.cfg.OnApply(id, g, ent) }
+	}
+	pipe := NewMemPipeline(n.Disk, apply, c.cfg.SyncDelay)
 	pipe.ackBeforeSync = c.cfg.ackBeforeSync
+	pipe.SetCompaction(c.cfg.CompactEvery, c.cfg.CompactKeep)
+	pipe.observe = func(g replication.GroupID, ent *raftpb.Entry, d Digest, cs *raftpb.ConfState, err error) {
+		c.Checker.applied(id, c.replicaOn(n, g), g, ent, d, cs, err)
+	}
+	pipe.restored = func(g replication.GroupID, snap *raftpb.Snapshot) {
+		c.Checker.restored(id, c.replicaOn(n, g), g, snap)
+	}
 	ecfg := c.cfg.Engine
 	ecfg.Node = id
 	e, err := replication.New(ecfg, c.Net.Endpoint(id), pipe)
@@ -168,18 +212,20 @@ func (c *Cluster) start(id replication.NodeID) error {
 		testknobs.LeaseIgnoresTransfer(e)
 	}
 	testknobs.LeaseClock(e, c.clock(id))
-	peers := make(map[replication.ReplicaID]replication.NodeID, c.cfg.Nodes)
-	for _, p := range c.NodeIDs() {
-		peers[replication.ReplicaID(p)] = p
-	}
-	for _, g := range c.GroupIDs() {
+	c.pmu.Lock()
+	hosted := maps.Clone(n.replicas)
+	c.pmu.Unlock()
+	for g, r := range hosted {
 		st, applied, err := n.Disk.Open(g)
+		if errors.Is(err, ErrRemoved) {
+			continue
+		}
 		if err != nil {
 			err = fmt.Errorf("node %d restart: %w", id, err)
 			c.errs = append(c.errs, err)
 			return err
 		}
-		if err := e.AddGroup(replication.GroupConfig{ID: g, Replica: replication.ReplicaID(id), Peers: peers, Storage: st, Applied: applied}); err != nil {
+		if err := e.AddGroup(c.groupConfig(n, g, r, st, applied)); err != nil {
 			return err
 		}
 	}
@@ -192,6 +238,99 @@ func (c *Cluster) start(id replication.NodeID) error {
 	c.Net.Attach(id, e)
 	c.Net.SetDown(id, false)
 	return nil
+}
+
+// groupConfig is replica r of g on node n, with the placement as its
+// starting address book.
+func (c *Cluster) groupConfig(n *Node, g replication.GroupID, r replication.ReplicaID, st raft.Storage, applied uint64) replication.GroupConfig {
+	c.pmu.Lock()
+	peers := maps.Clone(c.place[g])
+	c.pmu.Unlock()
+	return replication.GroupConfig{
+		ID: g, Replica: r, Peers: peers, Storage: st, Applied: applied,
+		OnRemoved: func(g replication.GroupID, r replication.ReplicaID) {
+			// The replica applied its removal and stopped: delete its
+			// data, as a node would.
+			n.Disk.Remove(g)
+			c.pmu.Lock()
+			if n.replicas[g] == r {
+				delete(n.replicas, g)
+			}
+			c.pmu.Unlock()
+		},
+	}
+}
+
+// replicaOn returns the replica of g node n hosts (0: none).
+func (c *Cluster) replicaOn(n *Node, g replication.GroupID) replication.ReplicaID {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	return n.replicas[g]
+}
+
+// Hosts returns the nodes that host a replica of g (running or not).
+func (c *Cluster) Hosts(g replication.GroupID) map[replication.NodeID]replication.ReplicaID {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	out := make(map[replication.NodeID]replication.ReplicaID)
+	for id, n := range c.nodes {
+		if r, ok := n.replicas[g]; ok {
+			out[id] = r
+		}
+	}
+	return out
+}
+
+// AddReplica creates a new, empty replica of g on node (a fresh replica id,
+// never used before) and starts it if the node runs. Nothing tells the group:
+// that is the leader's conf change (Replace).
+func (c *Cluster) AddReplica(g replication.GroupID, node replication.NodeID) (replication.ReplicaID, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[node]
+	if n == nil {
+		return 0, fmt.Errorf("replicationtest: no node %d", node)
+	}
+	c.pmu.Lock()
+	if r, ok := n.replicas[g]; ok {
+		c.pmu.Unlock()
+		return 0, fmt.Errorf("replicationtest: node %d already hosts replica %d of group %d", node, r, g)
+	}
+	r := c.nextReplica
+	c.nextReplica++
+	c.place[g][r] = node
+	n.replicas[g] = r
+	c.pmu.Unlock()
+	c.Checker.newReplica(r, g)
+	if err := n.Disk.CreateEmpty(g, r); err != nil {
+		return 0, err
+	}
+	if n.engine != nil {
+		st, applied, err := n.Disk.Open(g)
+		if err != nil {
+			return 0, err
+		}
+		if err := n.engine.AddGroup(c.groupConfig(n, g, r, st, applied)); err != nil {
+			return 0, err
+		}
+	}
+	return r, nil
+}
+
+// Replace moves a voter of g: a new replica on node replaces replica remove,
+// through the current leader's ReplaceVoter (learner, catch-up, one joint
+// change). It returns the new replica's id with ReplaceVoter's error.
+func (c *Cluster) Replace(ctx context.Context, g replication.GroupID, node replication.NodeID, remove replication.ReplicaID) (replication.ReplicaID, error) {
+	l := c.Leader(g)
+	e := c.Engine(l)
+	if l == 0 || e == nil {
+		return 0, fmt.Errorf("replicationtest: group %d has no leader", g)
+	}
+	r, err := c.AddReplica(g, node)
+	if err != nil {
+		return 0, err
+	}
+	return r, e.ReplaceVoter(ctx, g, r, node, remove)
 }
 
 // Engine returns node id's running engine (nil while it is down).
@@ -411,8 +550,15 @@ func (c *Cluster) Close() {
 // missing when ctx ends.
 func (c *Cluster) WaitAcked(ctx context.Context) error {
 	for {
-		missing := c.Checker.underReplicated(func(n replication.NodeID, g replication.GroupID) uint64 {
-			return c.Disk(n).Applied(g)
+		missing := c.Checker.underReplicated(func(r replication.ReplicaID, g replication.GroupID) uint64 {
+			c.pmu.Lock()
+			n := c.nodes[c.place[g][r]]
+			hosts := n != nil && n.replicas[g] == r
+			c.pmu.Unlock()
+			if !hosts {
+				return 0
+			}
+			return n.Disk.Applied(g)
 		})
 		if missing == nil {
 			return nil

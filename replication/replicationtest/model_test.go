@@ -28,21 +28,33 @@ type modelOptions struct {
 	// those of them served from a lease (so that a test can require the
 	// read checks to have had something to check).
 	reads, leaseReads *atomic.Int64
+	// moves and installs, if set, count the moves that completed and the
+	// snapshots installed (the membership checks must have had work).
+	moves, installs *atomic.Int64
 }
 
-// runModel is the property: a random cluster (3 or 5 nodes, 1-3 groups) runs
-// random actions (proposal streams, read streams through ReadIndex or the
-// leader lease, leadership transfers, crashes of any set of nodes at one
-// instant losing what was not synced, restarts, partitions and heals,
-// message faults, pauses); after every action the Checker's invariants hold;
-// at the end, once healed, restarted and quiet, every acknowledged proposal
-// is applied on a majority. See Checker for the invariants.
+// runModel is the property: a random cluster (3 to 5 nodes, 3 or 5 replicas
+// per group, 1-3 groups, logs compacted or not) runs random actions (proposal
+// streams, read streams through ReadIndex or the leader lease, leadership
+// transfers, crashes of any set of nodes at one instant losing what was not
+// synced, restarts, partitions and heals, message faults, pauses, moves of a
+// voter to a new replica on a node without one); after every action the
+// Checker's invariants hold; at the end, once healed, restarted and quiet,
+// every acknowledged proposal is applied on a majority of the newest
+// config's voters. See Checker for the invariants.
 func runModel(t *rapid.T, opts modelOptions) {
-	nodes := rapid.SampledFrom([]int{3, 3, 5}).Draw(t, "nodes")
+	nodes := rapid.SampledFrom([]int{3, 4, 5, 5}).Draw(t, "nodes")
+	replicas := 3
+	if nodes == 5 && rapid.Bool().Draw(t, "fiveReplicas") {
+		replicas = 5
+	}
+	compactEvery := rapid.SampledFrom([]uint64{0, 8, 32}).Draw(t, "compactEvery")
+	compactKeep := rapid.Uint64Range(0, 4).Draw(t, "compactKeep")
 	groups := rapid.IntRange(1, 3).Draw(t, "groups")
 	syncDelay := rapid.SampledFrom([]time.Duration{0, 500 * time.Microsecond, 2 * time.Millisecond}).Draw(t, "syncDelay")
 	c, err := NewCluster(Config{
-		Nodes: nodes, Groups: groups,
+		Nodes: nodes, Groups: groups, Replicas: replicas,
+		CompactEvery: compactEvery, CompactKeep: compactKeep,
 		Seed:                 rapid.Uint64().Draw(t, "seed"),
 		Engine:               replication.Config{TickInterval: 2 * time.Millisecond, ElectionTick: 10, Workers: 4},
 		SyncDelay:            syncDelay,
@@ -118,7 +130,47 @@ func runModel(t *rapid.T, opts modelOptions) {
 		return rapid.SampledFrom(leaders).Draw(t, "leader")
 	}
 	var reading atomic.Int32
+	var moving atomic.Bool
+	// Move a voter of a group (the leader's too) to a new replica on a
+	// node that hosts none: learner, catch-up (by snapshot when the
+	// logs are compacted), one joint promote+remove. One move at a time;
+	// it may fail (crashes, partitions): the checker watches either way.
+	move := func(t *rapid.T) {
+		if moving.Load() {
+			t.Skip("a move is running")
+		}
+		g := replication.GroupID(rapid.IntRange(1, groups).Draw(t, "group"))
+		l := c.Leader(g)
+		e := c.Engine(l)
+		if l == 0 || e == nil {
+			t.Skip("no leader")
+		}
+		hosts := c.Hosts(g)
+		var free []replication.NodeID
+		for _, id := range ids {
+			if _, ok := hosts[id]; !ok {
+				free = append(free, id)
+			}
+		}
+		cs, _, err := e.Membership(g)
+		if len(free) == 0 || err != nil || len(cs.GetVotersOutgoing()) > 0 {
+			t.Skip("no free node, or a move is half done")
+		}
+		remove := replication.ReplicaID(rapid.SampledFrom(cs.GetVoters()).Draw(t, "remove"))
+		node := rapid.SampledFrom(free).Draw(t, "to")
+		moving.Store(true)
+		streams.Go(func() {
+			defer moving.Store(false)
+			mctx, mcancel := context.WithTimeout(ctx, 2*time.Second)
+			defer mcancel()
+			if _, err := c.Replace(mctx, g, node, remove); err == nil && opts.moves != nil {
+				opts.moves.Add(1)
+			}
+		})
+	}
 	t.Repeat(map[string]func(*rapid.T){
+		"move":      move,
+		"moveAgain": move, // twice as likely: a move takes a while, and often fails
 		"propose": func(t *rapid.T) {
 			stream(t, replication.GroupID(rapid.IntRange(1, groups).Draw(t, "group")))
 		},
@@ -373,6 +425,9 @@ func runModel(t *rapid.T, opts modelOptions) {
 	if opts.leaseReads != nil {
 		opts.leaseReads.Add(int64(c.Checker.LeaseReads()))
 	}
+	if opts.installs != nil {
+		opts.installs.Add(int64(c.Checker.Installs()))
+	}
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer wcancel()
 	werr := c.WaitAcked(wctx)
@@ -412,15 +467,20 @@ func setRapidFlag(name, value string) func() {
 // divides by 5); -rapid.checks overrides.
 func TestModel(t *testing.T) {
 	defer setRapidFlag("rapid.checks", "40")()
-	var reads, leaseReads atomic.Int64
-	rapid.Check(t, func(t *rapid.T) { runModel(t, modelOptions{reads: &reads, leaseReads: &leaseReads}) })
+	var reads, leaseReads, moves, installs atomic.Int64
+	rapid.Check(t, func(t *rapid.T) {
+		runModel(t, modelOptions{reads: &reads, leaseReads: &leaseReads, moves: &moves, installs: &installs})
+	})
 	if !t.Failed() && reads.Load() == 0 {
 		t.Fatal("no read succeeded in any run: the read checks checked nothing")
 	}
 	if !t.Failed() && !testing.Short() && leaseReads.Load() == 0 { // -short runs 8 checks: too few to require one
 		t.Fatal("no lease read succeeded in any run: the lease checks checked nothing")
 	}
-	t.Logf("%d reads checked, %d of them from a lease", reads.Load(), leaseReads.Load())
+	if !t.Failed() && !testing.Short() && (moves.Load() == 0 || installs.Load() == 0) {
+		t.Fatalf("%d moves completed and %d snapshots installed in all runs: the membership checks checked nothing", moves.Load(), installs.Load())
+	}
+	t.Logf("%d reads checked (%d from a lease), %d moves completed, %d snapshots installed", reads.Load(), leaseReads.Load(), moves.Load(), installs.Load())
 }
 
 // failureTB is a rapid.TB that records failures instead of failing the test,

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
@@ -33,6 +34,12 @@ type Receiver interface {
 // leader lease: an engine (Engine.OnBeatAck).
 type BeatAcker interface {
 	OnBeatAck(g replication.GroupID, from replication.ReplicaID, sent time.Time)
+}
+
+// SnapshotReporter is told how the sending of a MsgSnap ended (an engine):
+// SnapshotFinish once delivered, SnapshotFailure once dropped.
+type SnapshotReporter interface {
+	ReportSnapshot(g replication.GroupID, to replication.ReplicaID, status raft.SnapshotStatus)
 }
 
 // Network is a simulated network between engines in one process: it copies
@@ -69,6 +76,8 @@ type Network struct {
 	dropped uint64
 	epoch   time.Time
 	clocks  map[replication.NodeID]func() time.Time
+	// observe, if set, sees every message sent (before faults), under mu.
+	observe func(from replication.NodeID, env replication.Envelope)
 }
 
 // NewNetwork returns a perfect network seeded with seed.
@@ -207,8 +216,14 @@ func (n *Network) send(from, to replication.NodeID, batch []replication.Envelope
 	}
 	n.mu.Lock()
 	n.sent += uint64(len(batch))
+	if n.observe != nil {
+		for _, env := range copies {
+			n.observe(from, env)
+		}
+	}
 	if n.blockedLocked(from, to) {
 		n.dropped += uint64(len(batch))
+		n.reportLostLocked(from, to, copies)
 		n.mu.Unlock()
 		return
 	}
@@ -220,6 +235,7 @@ func (n *Network) send(from, to replication.NodeID, batch []replication.Envelope
 		for _, env := range copies {
 			if f.Drop > 0 && n.rng.Float64() < f.Drop {
 				n.dropped++
+				n.reportLostLocked(from, to, []replication.Envelope{env})
 				continue
 			}
 			copiesOf := 1
@@ -239,6 +255,33 @@ func (n *Network) send(from, to replication.NodeID, batch []replication.Envelope
 	wake(n.wakeCh)
 }
 
+// reportLostLocked queues a SnapshotFailure for the sender of every MsgSnap
+// in envs (delivered by the delivery goroutine: Send never calls back).
+func (n *Network) reportLostLocked(from, to replication.NodeID, envs []replication.Envelope) {
+	var lost []replication.Envelope
+	for _, env := range envs {
+		if env.Msg.GetType() == raftpb.MsgSnap {
+			lost = append(lost, env)
+		}
+	}
+	if len(lost) > 0 {
+		n.pushLocked(flight{due: time.Now(), from: from, to: to, lostSnaps: lost})
+	}
+}
+
+// reportSnaps tells the sender how its MsgSnaps in envs ended.
+func reportSnaps(sender Receiver, envs []replication.Envelope, status raft.SnapshotStatus) {
+	r, ok := sender.(SnapshotReporter)
+	if !ok {
+		return
+	}
+	for _, env := range envs {
+		if env.Msg.GetType() == raftpb.MsgSnap {
+			r.ReportSnapshot(env.Group, replication.ReplicaID(env.Msg.GetTo()), status)
+		}
+	}
+}
+
 func (n *Network) pushLocked(f flight) {
 	n.seq++
 	f.seq = n.seq
@@ -255,8 +298,18 @@ func (n *Network) deliverLoop(ctx context.Context) {
 		ready = ready[:0]
 		for len(n.flight) > 0 && !n.flight[0].due.After(now) {
 			f := heap.Pop(&n.flight).(flight)
+			f.sender = n.nodes[f.from]
+			if n.down[f.from] {
+				f.sender = nil // a crashed sender hears nothing
+			}
+			if len(f.lostSnaps) > 0 {
+				ready = append(ready, f)
+				continue
+			}
 			if n.blockedLocked(f.from, f.to) || n.nodes[f.to] == nil {
 				n.dropped += uint64(len(f.batch))
+				f.lostSnaps, f.batch = f.batch, nil
+				ready = append(ready, f)
 				continue
 			}
 			f.recv = n.nodes[f.to]
@@ -268,7 +321,15 @@ func (n *Network) deliverLoop(ctx context.Context) {
 		}
 		n.mu.Unlock()
 		for _, f := range ready {
-			f.recv.Receive(n.unstampAcks(f.recv, f.batch))
+			if f.recv != nil {
+				f.recv.Receive(n.unstampAcks(f.recv, f.batch))
+			}
+			if f.sender != nil {
+				// The receiver has the snapshot (stepping it is its
+				// business), or it was lost.
+				reportSnaps(f.sender, f.batch, raft.SnapshotFinish)
+				reportSnaps(f.sender, f.lostSnaps, raft.SnapshotFailure)
+			}
 		}
 		if len(ready) > 0 {
 			continue
@@ -347,6 +408,9 @@ type flight struct {
 	from, to replication.NodeID
 	batch    []replication.Envelope
 	recv     Receiver
+	sender   Receiver
+	// lostSnaps: MsgSnaps dropped on the way, to report to the sender.
+	lostSnaps []replication.Envelope
 }
 
 type flightHeap []flight

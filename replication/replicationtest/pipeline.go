@@ -35,6 +35,17 @@ type MemPipeline struct {
 	// responses) before the batch reaches the disk.
 	ackBeforeSync bool
 
+	// Log compaction (SetCompaction): once the applied index is compactEvery
+	// past the log's snapshot, the snapshot moves to the applied index and
+	// the log keeps compactKeep entries below it. 0: never.
+	compactEvery, compactKeep uint64
+
+	// Observers for the Cluster's checker (nil: none). observe sees every
+	// applied entry with the state machine after it (digest, config, or the
+	// error computing the config); restored every snapshot installed.
+	observe  func(g replication.GroupID, ent *raftpb.Entry, d Digest, cs *raftpb.ConfState, err error)
+	restored func(g replication.GroupID, snap *raftpb.Snapshot)
+
 	mu       sync.Mutex // guards the queues, stopped; held while writing to the disk
 	appendQ  []replication.Job
 	applyQ   []replication.Job
@@ -58,6 +69,15 @@ func NewMemPipeline(disk *MemDisk, apply ApplyFunc, syncDelay time.Duration) *Me
 		applyCh:   make(chan struct{}, 1),
 		owner:     owner.New(nil),
 	}
+}
+
+// SetCompaction makes the pipeline truncate each group's log as it applies:
+// every `every` applied entries, the log's snapshot moves to the applied
+// index (the state machine's digest and config there) and entries more than
+// keep below it are dropped, so that a replica behind that point needs a
+// snapshot. Call before Start.
+func (p *MemPipeline) SetCompaction(every, keep uint64) {
+	p.compactEvery, p.compactKeep = every, keep
 }
 
 // Start starts the append and apply goroutines.
@@ -184,6 +204,9 @@ func (p *MemPipeline) write(j replication.Job, durable bool) error {
 	if dg == nil {
 		return fmt.Errorf("replicationtest: append for unknown group %d", j.Group)
 	}
+	if p.disk.stale(dg, j) {
+		return nil
+	}
 	st := dg.storage
 	if durable {
 		p.disk.mu.Lock()
@@ -203,6 +226,23 @@ func (p *MemPipeline) write(j replication.Job, durable bool) error {
 	if snap := m.GetSnapshot(); !raft.IsEmptySnap(snap) {
 		if err := st.ApplySnapshot(snap); err != nil {
 			return fmt.Errorf("replicationtest: group %d: apply snapshot: %w", j.Group, err)
+		}
+		if !durable {
+			// Install: the state machine becomes the snapshot's, at its
+			// index, atomically with the log (one lock).
+			var d Digest
+			if len(snap.GetData()) != len(d) {
+				return fmt.Errorf("replicationtest: group %d: snapshot data of %d bytes, want a %d-byte digest", j.Group, len(snap.GetData()), len(d))
+			}
+			copy(d[:], snap.GetData())
+			p.disk.mu.Lock()
+			dg.applied, dg.digest = snap.GetMetadata().GetIndex(), d
+			dg.conf = raftpb.EnsureConfState(snap.GetMetadata().GetConfState())
+			dg.installs++
+			p.disk.mu.Unlock()
+			if p.restored != nil {
+				p.restored(j.Group, snap)
+			}
 		}
 	}
 	if err := st.Append(m.GetEntries()); err != nil {
@@ -234,16 +274,62 @@ func (p *MemPipeline) applyLoop(ctx context.Context) {
 				return
 			}
 			dg := p.disk.group(j.Group)
+			if p.disk.stale(dg, j) {
+				p.mu.Unlock()
+				continue
+			}
 			for _, ent := range j.Msg.GetEntries() {
+				p.disk.mu.Lock()
+				if dg.removed || ent.GetIndex() <= dg.applied {
+					// Removed, or covered by a snapshot installed since
+					// raft handed out this job: nothing to apply.
+					p.disk.mu.Unlock()
+					continue
+				}
+				d := dg.digest.next(ent)
+				cs, err := replication.NextConfState(dg.conf, ent)
+				if err != nil {
+					cs = dg.conf
+				}
+				p.disk.mu.Unlock()
 				if p.apply != nil {
 					p.apply(j.Group, ent)
 				}
+				if p.observe != nil {
+					p.observe(j.Group, ent, d, cs, err)
+				}
 				p.disk.mu.Lock()
-				dg.applied = ent.GetIndex()
+				dg.applied, dg.digest, dg.conf = ent.GetIndex(), d, cs
 				p.disk.mu.Unlock()
+				p.maybeCompact(j.Group, dg)
 			}
 			p.mu.Unlock()
 			j.Done()
+		}
+	}
+}
+
+// maybeCompact moves group g's log snapshot to the applied index and drops
+// the log below it but compactKeep entries (apply goroutine, under p.mu).
+func (p *MemPipeline) maybeCompact(g replication.GroupID, dg *diskGroup) {
+	if p.compactEvery == 0 || dg.durable != nil { // the planted bug's two copies are never compacted
+		return
+	}
+	p.disk.mu.Lock()
+	applied, d, cs := dg.applied, dg.digest, dg.conf
+	p.disk.mu.Unlock()
+	snap, err := dg.storage.Snapshot()
+	if err != nil || applied < snap.GetMetadata().GetIndex()+p.compactEvery {
+		return
+	}
+	if _, err := dg.storage.CreateSnapshot(applied, cs, d[:]); err != nil {
+		panic(fmt.Errorf("replicationtest: group %d: snapshot at %d: %w", g, applied, err))
+	}
+	if applied > p.compactKeep {
+		if first, _ := dg.storage.FirstIndex(); applied-p.compactKeep >= first {
+			if err := dg.storage.Compact(applied - p.compactKeep); err != nil {
+				panic(fmt.Errorf("replicationtest: group %d: compact to %d: %w", g, applied-p.compactKeep, err))
+			}
 		}
 	}
 }

@@ -60,11 +60,23 @@ type walCluster struct {
 	moveMu sync.Mutex // one leadAll at a time
 }
 
+// newWALChecker is the checker of a WAL cluster: every node a voter (replica
+// id = node id), the log bootstrapped at index 0.
+func newWALChecker(nodes int) *Checker {
+	cs := &raftpb.ConfState{}
+	for i := 1; i <= nodes; i++ {
+		cs.Voters = append(cs.Voters, uint64(i))
+	}
+	ch := newChecker(nodes, cs)
+	ch.base = 0
+	return ch
+}
+
 func newWALCluster(t *testing.T, nodes, groups int, seed uint64, opts ...func(*walCluster)) *walCluster {
 	c := &walCluster{
 		t:       t,
 		net:     NewNetwork(seed),
-		checker: newChecker(nodes),
+		checker: newWALChecker(nodes),
 		quiet:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 		nodes:   map[replication.NodeID]*walNode{},
 	}
@@ -101,7 +113,7 @@ func (c *walCluster) start(id replication.NodeID) error {
 	pp := persistence.NewPipeline(db, persistence.PipelineConfig{Logger: c.quiet, ValueLogGCEvery: -1})
 	pp.Start()
 	wcfg := c.wcfg
-	wcfg.Observe = func(g replication.GroupID, ent *raftpb.Entry) { c.checker.applied(id, g, ent) }
+	wcfg.Observe = func(g replication.GroupID, ent *raftpb.Entry) { c.checker.appliedEntry(id, g, ent) }
 	wcfg.Logger = c.quiet
 	wp := replication.NewWALPipeline(db, pp, wcfg)
 	ecfg := c.ecfg
@@ -307,7 +319,9 @@ func TestWALStorage_ModelChecksHoldAcrossCrashes(t *testing.T) {
 	deadline, dcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer dcancel()
 	for {
-		err := c.checker.underReplicated(c.applied)
+		err := c.checker.underReplicated(func(r replication.ReplicaID, g replication.GroupID) uint64 {
+			return c.applied(replication.NodeID(r), g)
+		})
 		if err == nil {
 			break
 		}
