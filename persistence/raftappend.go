@@ -70,7 +70,9 @@ func (p *Pipeline) AppendRaft(a RaftAppend) {
 
 // TruncateRaft queues a truncation of a replica's log: it starts at first
 // from then on (entries below it are given up, and so are the log segments
-// that only they kept). first may be at most one above the last index.
+// that only they kept). first may be at most one above the last index,
+// unless confState is set: a snapshot's point, or a new group's bootstrap
+// point, may lie beyond the log, which is then emptied.
 // prevTerm is the term of entry first-1 (0 for first 1), which the log
 // records: replay may not know it otherwise (raftrecord.go); a term that
 // disagrees with an entry the log holds is refused. confState, if not nil,
@@ -182,7 +184,7 @@ func (p *Pipeline) encodeRaft(payload []byte, jobs []*raftJob, failErr error) ([
 			}
 		}
 		if j.truncate > 0 {
-			if j.truncate < pd.first || j.truncate > pd.last+1 {
+			if j.truncate < pd.first || (j.truncate > pd.last+1 && !j.conf.set) {
 				j.err = fmt.Errorf("persistence: truncation of group %d replica %d to first index %d: the log holds %d..%d", k.group, k.replica, j.truncate, pd.first, pd.last)
 				continue
 			}
@@ -198,6 +200,7 @@ func (p *Pipeline) encodeRaft(payload []byte, jobs []*raftJob, failErr error) ([
 				}
 			}
 			pd.first = j.truncate
+			pd.last = max(pd.last, j.truncate-1) // a reset empties the log
 			payload = appendRaftTruncate(payload, raftTruncation{key: k, first: j.truncate, prevTerm: j.prevTerm, conf: j.conf})
 		} else {
 			if len(j.block.ents) > 0 {

@@ -184,12 +184,12 @@ func (l *replicaLog) evict() {
 }
 
 // checkTruncate says why k's log cannot start at first.
-func (l *replicaLog) checkTruncate(k raftKey, first, prevTerm uint64) *raftReplayError {
+func (l *replicaLog) checkTruncate(k raftKey, first, prevTerm uint64, conf logConf) *raftReplayError {
 	switch {
 	case first < l.first:
 		return &raftReplayError{k, first, fmt.Sprintf("a truncation to first index %d goes back below %d", first, l.first)}
-	case first > l.last()+1:
-		return &raftReplayError{k, first, fmt.Sprintf("a truncation to first index %d passes the last index %d", first, l.last())}
+	case first > l.last()+1 && !conf.set:
+		return &raftReplayError{k, first, fmt.Sprintf("a truncation to first index %d passes the last index %d without a configuration (only a snapshot's or a bootstrap's may)", first, l.last())}
 	}
 	if t, known := l.term(first - 1); known && t != prevTerm {
 		return &raftReplayError{k, first - 1, fmt.Sprintf("a truncation to first index %d says entry %d has term %d; the log holds it with term %d", first, first-1, prevTerm, t)}
@@ -198,14 +198,20 @@ func (l *replicaLog) checkTruncate(k raftKey, first, prevTerm uint64) *raftRepla
 }
 
 // truncate makes the log start at first, entry first-1 having term
-// prevTerm (checked by checkTruncate), with
-// configuration conf as of first-1 if set.
+// prevTerm (checked by checkTruncate), with configuration conf as of first-1
+// if set. A first beyond the last index + 1 (a snapshot's or a bootstrap's
+// point, which always comes with its configuration) empties the log.
 func (l *replicaLog) truncate(first, prevTerm uint64, conf logConf) {
 	if conf.set {
 		l.conf = conf
 	}
 	if first == l.first {
 		l.prevTerm = prevTerm
+		return
+	}
+	if first > l.last()+1 {
+		l.ents, l.cached = nil, 0
+		l.first, l.prevTerm, l.cacheFrom = first, prevTerm, first
 		return
 	}
 	t := prevTerm
@@ -349,7 +355,7 @@ func (x *raftIndex) replayTruncate(t raftTruncation) *raftReplayError {
 	l := x.replica(t.key, true)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.checkTruncate(t.key, t.first, t.prevTerm); err != nil {
+	if err := l.checkTruncate(t.key, t.first, t.prevTerm, t.conf); err != nil {
 		return err
 	}
 	l.truncate(t.first, t.prevTerm, t.conf)

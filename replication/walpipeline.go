@@ -53,8 +53,10 @@ func init() {
 // replica that keeps the oldest segment to just above what Badger flushed,
 // whatever KeepEntries says (the design's WAL budget, 1.7).
 //
-// Conf change entries and snapshots are refused for now: the group fails
-// (Err) and waits.
+// Conf change entries change the configuration each apply records (and so
+// the restart point's); the engine applies them to raft. Snapshots are
+// refused for now (design step 6): the group fails (Err) and waits, and a
+// replica that joins a group waits for one.
 type WALPipeline struct {
 	p       *persistence.Pipeline
 	db      *persistence.DB
@@ -70,8 +72,10 @@ type WALPipeline struct {
 	// (a marshalled raftpb.ConfState), from Storage.
 	replica map[GroupID]ReplicaID
 	conf    map[GroupID][]byte
+	cs      map[GroupID]*raftpb.ConfState // conf, unmarshalled
 	applied map[GroupID]uint64
-	first   map[GroupID]uint64 // the log's first index, as this pipeline last set it
+	first   map[GroupID]uint64                       // the log's first index, as this pipeline last set it
+	mark    map[GroupID]persistence.RaftAppliedState // maybeTruncate's next point
 	cfg     WALConfig
 	owner   *owner.Group // the budget sweeper
 	err     error        // the first job the pipeline could not do
@@ -101,6 +105,9 @@ type WALConfig struct {
 	Logger *slog.Logger
 }
 
+// The point a bootstrapped log starts after (Bootstrap).
+const bootIndex, bootTerm = 1, 1
+
 // DefaultWALConfig returns the defaults.
 func DefaultWALConfig() WALConfig {
 	return WALConfig{KeepEntries: 2000, MaxLogSegments: 64, BudgetEvery: time.Second}
@@ -122,8 +129,10 @@ func NewWALPipeline(db *persistence.DB, p *persistence.Pipeline, cfg WALConfig) 
 		synced:  map[GroupID][2]uint64{},
 		replica: map[GroupID]ReplicaID{},
 		conf:    map[GroupID][]byte{},
+		cs:      map[GroupID]*raftpb.ConfState{},
 		applied: map[GroupID]uint64{},
 		first:   map[GroupID]uint64{},
+		mark:    map[GroupID]persistence.RaftAppliedState{},
 		owner:   owner.New(nil),
 	}
 	w.owner.Go(w.budgetLoop)
@@ -164,8 +173,10 @@ func (w *WALPipeline) budgetLoop(ctx context.Context) {
 
 // Bootstrap starts the log of a new group's replica with cs as its
 // configuration (the founding voters), durably, before Storage is asked for
-// it. A replica that joins an existing group is not bootstrapped: it starts
-// empty and is sent a snapshot.
+// it: the log starts after index 1 of term 1, as after a snapshot there, so
+// that a replica that joins later (empty, not bootstrapped) is always sent a
+// snapshot first and never applies the log from index 1 under an empty
+// configuration (the design's risk 7).
 func (w *WALPipeline) Bootstrap(ctx context.Context, g GroupID, replica ReplicaID, cs *raftpb.ConfState) error {
 	b, err := proto.Marshal(cs)
 	if err != nil {
@@ -176,7 +187,7 @@ func (w *WALPipeline) Bootstrap(ctx context.Context, g GroupID, replica ReplicaI
 		return fmt.Errorf("replication: group %d replica %d: bootstrap of a log that holds entries (up to %d)", g, replica, last)
 	}
 	done := make(chan error, 1)
-	w.p.TruncateRaft(uint64(g), uint64(replica), 1, 0, b, func(err error) { done <- err })
+	w.p.TruncateRaft(uint64(g), uint64(replica), bootIndex+1, bootTerm, b, func(err error) { done <- err })
 	if err := w.p.Barrier(ctx); err != nil { // a truncation rides along: make a record
 		return err
 	}
@@ -213,7 +224,7 @@ func (w *WALPipeline) Storage(g GroupID, replica ReplicaID) (raft.Storage, uint6
 	}
 	w.mu.Lock()
 	w.synced[g] = [2]uint64{hs.GetTerm(), hs.GetVote()}
-	w.replica[g], w.conf[g], w.applied[g], w.first[g] = replica, cs, applied, first
+	w.replica[g], w.conf[g], w.cs[g], w.applied[g], w.first[g] = replica, cs, conf, applied, first
 	w.mu.Unlock()
 	if hs.GetCommit() >= applied {
 		return s, applied, nil
@@ -278,11 +289,23 @@ func (w *WALPipeline) Apply(job Job) {
 		job.Done()
 		return
 	}
+	w.mu.Lock()
+	cs, conf := w.cs[job.Group], w.conf[job.Group]
+	w.mu.Unlock()
 	var changes [][]byte
+	confChanged := false
 	for _, ent := range ents {
 		if ent.GetType() != raftpb.EntryNormal {
-			w.fail(fmt.Errorf("replication: group %d: entry %d: conf changes are not supported by the WAL pipeline yet", job.Group, ent.GetIndex()))
-			return
+			// The configuration after it goes to Badger's batch with the
+			// entries, and from there (RaftFlushed) into the truncation
+			// that may make it the replica's restart point.
+			next, err := NextConfState(cs, ent)
+			if err != nil {
+				w.fail(fmt.Errorf("replication: group %d: conf change at entry %d: %w", job.Group, ent.GetIndex(), err))
+				return
+			}
+			cs, confChanged = next, true
+			continue
 		}
 		_, payload, ok, err := DecodeEntry(ent.GetData())
 		if err != nil {
@@ -293,9 +316,18 @@ func (w *WALPipeline) Apply(job Job) {
 			changes = append(changes, payload)
 		}
 	}
+	if confChanged {
+		b, err := proto.Marshal(cs)
+		if err != nil {
+			w.fail(fmt.Errorf("replication: group %d: %w", job.Group, err))
+			return
+		}
+		conf = b
+	}
 	last := ents[len(ents)-1]
 	w.mu.Lock()
-	replica, conf, stopped := w.replica[job.Group], w.conf[job.Group], w.stopped
+	w.cs[job.Group], w.conf[job.Group] = cs, conf
+	replica, stopped := w.replica[job.Group], w.stopped
 	w.mu.Unlock()
 	if stopped {
 		return
@@ -332,9 +364,24 @@ func (w *WALPipeline) Apply(job Job) {
 // maybeTruncate truncates g's log to start after what Badger flushed, once
 // the replica applied KeepEntries beyond it (see WALPipeline). Called after
 // an apply, on the persistence applier's goroutine: it only queues.
+//
+// The point is a flushed state the replica saw earlier (mark): flushes come
+// often, and the newest flushed state is seldom KeepEntries behind the
+// applied index, but an older one stays flushed, and is once the replica
+// applied KeepEntries beyond it.
 func (w *WALPipeline) maybeTruncate(g GroupID, replica ReplicaID, applied, appliedTerm uint64) {
 	f, ok := w.p.RaftFlushed(uint64(g), uint64(replica))
-	if !ok || applied < f.Index+w.cfg.KeepEntries {
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	if m, has := w.mark[g]; has && m.Index >= w.first[g] {
+		f = m // older, still flushed, not used yet
+	} else {
+		w.mark[g] = f
+	}
+	w.mu.Unlock()
+	if applied < f.Index+w.cfg.KeepEntries {
 		return
 	}
 	if w.truncateApplied.Load() {

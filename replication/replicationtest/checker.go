@@ -114,7 +114,7 @@ func (c *Checker) restarted(n replication.NodeID, g replication.GroupID, from ui
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	key := [2]uint64{uint64(n), uint64(g)}
-	if last := c.lastApplied[key]; from > last {
+	if last := c.baseLocked(key); from > last {
 		c.violate("node %d group %d restarts at applied index %d, but had applied only up to %d", n, g, from, last)
 	}
 	c.lastApplied[key] = from

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,15 +62,13 @@ type walCluster struct {
 }
 
 // newWALChecker is the checker of a WAL cluster: every node a voter (replica
-// id = node id), the log bootstrapped at index 0.
+// id = node id), the log bootstrapped at index 1 (WALPipeline.Bootstrap).
 func newWALChecker(nodes int) *Checker {
 	cs := &raftpb.ConfState{}
 	for i := 1; i <= nodes; i++ {
 		cs.Voters = append(cs.Voters, uint64(i))
 	}
-	ch := newChecker(nodes, cs)
-	ch.base = 0
-	return ch
+	return newChecker(nodes, cs)
 }
 
 func newWALCluster(t *testing.T, nodes, groups int, seed uint64, opts ...func(*walCluster)) *walCluster {
@@ -440,5 +439,72 @@ func TestWALStorage_AnIdleGroupDoesNotHoldTheLog(t *testing.T) {
 	}
 	if peak <= budget {
 		t.Fatalf("the log never passed its budget (peak %d segments): the test shows nothing", peak)
+	}
+}
+
+// TestWALStorage_AConfChangeIsTheRestartPointsConfiguration: a replica
+// removed by a conf change stays removed for replicas that restart from a
+// log truncated past the change: the truncation records the configuration
+// after it (WALPipeline tracks it with NextConfState), not the bootstrap's.
+func TestWALStorage_AConfChangeIsTheRestartPointsConfiguration(t *testing.T) {
+	c := newWALCluster(t, 3, 1, uint64(time.Now().UnixNano()))
+	defer c.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	g := c.groups[0]
+	c.leadAll(t, 1)
+	var res replication.Result
+	for {
+		// A new leader takes no conf change until it applied its first entry.
+		var err error
+		res, err = c.engine(1).ProposeConfChange(ctx, g, &raftpb.ConfChangeV2{Changes: []*raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeRemoveNode.Enum(), NodeId: new(uint64(3))}}})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, replication.ErrNotWritten) || ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fctx, fcancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { c.flushBadgers(fctx) })
+	truncatedPast := func(id replication.NodeID) bool {
+		c.mu.Lock()
+		db := c.nodes[id].db
+		c.mu.Unlock()
+		first, _ := db.RaftStorage(uint64(g), uint64(id), nil).FirstIndex()
+		return first > res.Index+1
+	}
+	for i := 0; !truncatedPast(1) || !truncatedPast(2); i++ {
+		if ctx.Err() != nil {
+			t.Fatal("the logs were not truncated past the conf change")
+		}
+		c.propose(ctx, g, walPayload(g, uint64(i)))
+	}
+	fcancel()
+	wg.Wait()
+	c.crash(3) // removed: it does not come back
+	for _, id := range []replication.NodeID{1, 2} {
+		c.crash(id)
+		if err := c.start(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []replication.NodeID{1, 2} {
+		cs, _, err := c.engine(id).Membership(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cs.GetVoters(), []uint64{1, 2}) {
+			t.Fatalf("node %d restarted with voters %v, want [1 2] (replica 3 was removed at index %d)", id, cs.GetVoters(), res.Index)
+		}
+	}
+	c.propose(ctx, g, walPayload(g, 1<<40)) // the two take writes
+	if c.checker.Acked() == 0 {
+		t.Fatal("nothing acknowledged")
+	}
+	if err := c.checker.Err(); err != nil {
+		t.Fatal(err)
 	}
 }
