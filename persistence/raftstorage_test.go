@@ -459,3 +459,59 @@ func TestRaftRecord_AConfigurationPastThePayloadDoesNotDecode(t *testing.T) {
 		t.Fatalf("a configuration past the payload: %v, want errCorrupt", err)
 	}
 }
+
+// TestRaftStorage_ASnapshotPointBeyondTheLogEmptiesIt: a truncation that
+// carries a configuration may start the log beyond its last index (a new
+// group's bootstrap point, or a snapshot's): the log is then empty, its
+// first index - 1 has the given term, appends continue from there, and a
+// reopen replays it so. One without a configuration is refused as before.
+func TestRaftStorage_ASnapshotPointBeyondTheLogEmptiesIt(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir}
+	db, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPipeline(t, db, PipelineConfig{})
+	cs := &raftpb.ConfState{Voters: []uint64{1, 2, 3}}
+	b, err := proto.Marshal(cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	truncate := func(g, first, prevTerm uint64, conf []byte) error {
+		ch := make(chan error, 1)
+		p.TruncateRaft(g, 1, first, prevTerm, conf, func(err error) { ch <- err })
+		if err := p.Barrier(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return waitDone(t, "a raft truncation", ch)
+	}
+	if err := truncate(1, 2, 1, b); err != nil { // a bootstrap at index 1 of term 1
+		t.Fatal(err)
+	}
+	mustAppend(t, p, 1, 1, pbHS(1, 1, 1), pbEnts(2, 1, 1))
+	// Group 2 holds entries 1..3, then a snapshot at 10 of term 4 replaces them.
+	mustAppend(t, p, 2, 1, nil, pbEnts(1, 1, 1, 2))
+	if err := truncate(2, 11, 4, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := truncate(3, 5, 1, nil); err == nil {
+		t.Fatal("a truncation past an empty log without a configuration was logged")
+	}
+	check := func(db *DB) {
+		t.Helper()
+		for _, tc := range []struct{ g, first, last, prev, prevTerm uint64 }{{1, 2, 3, 1, 1}, {2, 11, 10, 10, 4}} {
+			s := db.RaftStorage(tc.g, 1, nil)
+			first, _ := s.FirstIndex()
+			last, _ := s.LastIndex()
+			term, err := s.Term(tc.prev)
+			_, gotCS, _ := s.InitialState()
+			if first != tc.first || last != tc.last || err != nil || term != tc.prevTerm || !proto.Equal(gotCS, cs) {
+				t.Fatalf("group %d: log %d..%d, Term(%d) = %d (%v), conf %v; want %d..%d, term %d, %v", tc.g, first, last, tc.prev, term, err, gotCS, tc.first, tc.last, tc.prevTerm, cs)
+			}
+		}
+	}
+	check(db)
+	db = reopen(t, p, db, cfg)
+	check(db)
+}
