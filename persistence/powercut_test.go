@@ -1,16 +1,12 @@
 package persistence
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/internal/powerfs"
+	"github.com/holdfast/holdfast/internal/powercut"
 )
 
 // The power-cut test. The fault it models is a power loss: every write that
@@ -261,303 +257,33 @@ func cutDelay(planted bool, rng *rand.Rand) time.Duration {
 	return time.Duration(100+rng.IntN(2400)) * time.Millisecond
 }
 
-// powerCutModel is what the parent knows of the keys' versions.
-type powerCutModel struct {
-	acked   map[string]uint64 // the highest acknowledged version
-	written map[string]uint64 // the highest version ever submitted, at most
-	pending int               // acknowledgements not yet checked
-	checked int               // acknowledgements found in a recovered state
-}
-
-// check compares a recovered state with what was acknowledged and written.
-func (m *powerCutModel) check(state map[string]uint64) error {
-	for k, a := range m.acked {
-		if state[k] < a {
-			return fmt.Errorf("acknowledged write lost: key %s holds version %d, version %d was acknowledged", k, state[k], a)
-		}
-	}
-	for k, n := range state {
-		if n > m.written[k] {
-			return fmt.Errorf("key %s holds version %d, never written (at most %d was)", k, n, m.written[k])
-		}
-	}
-	m.checked += m.pending
-	m.pending = 0
-	return nil
-}
-
-type powerCutResult struct {
-	cuts    int // cuts made
-	checked int // acknowledged writes found after a cut
-	err     error
-}
-
-// runPowerCuts runs the writer on a powerfs mount and cuts the power under it
-// up to cuts times, each time restarting it on the state the cut left (the
-// restarted writer checks that state first); after the last cut the parent
-// opens that state itself and checks it. It stops at the first check that
-// fails and returns it in the result; a failure of the harness fails t.
-func runPowerCuts(t *testing.T, cuts int, planted bool) powerCutResult {
+// runPowerCuts runs the writer (TestPowerCut_Child) under cuts power cuts
+// (internal/powercut), and after the last one opens the state it left.
+func runPowerCuts(t *testing.T, cuts int, planted bool) powercut.Result {
 	t.Helper()
-	if _, err := os.Stat("/dev/fuse"); errors.Is(err, os.ErrNotExist) {
-		t.Skip("no /dev/fuse: the power-cut test runs the storage on a FUSE filesystem")
-	}
-	base := t.TempDir()
-	if d := os.Getenv(powerCutDirEnv); d != "" {
-		base = d // kept for a look after a failure
-	}
-	mnt := filepath.Join(base, "mnt")
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	seed := int64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	t.Logf("seed %d", seed)
-	m := &powerCutModel{acked: map[string]uint64{}, written: map[string]uint64{}}
-	res := powerCutResult{}
-	recovered := ""
-	for cut := 1; cut <= cuts; cut++ {
-		next := filepath.Join(base, fmt.Sprintf("cut-%d", cut))
-		run, err := powerCutRun(t, mnt, recovered, next, planted, rng)
-		res.cuts = cut
-		if err == nil && run.ready {
-			err = m.check(run.have)
-		}
-		if err != nil {
-			res.err = fmt.Errorf("start %d (after cut %d): %w\nthe tree it started on:\n%s", cut, cut-1, err, run.tree)
-			res.checked = m.checked
-			return res
-		}
-		if recovered != "" {
-			_ = os.RemoveAll(recovered) // checked, and loaded into the mount's memory
-		}
-		recovered = next
-		if run.ready {
-			// Every key may have had one write in flight, version start+1
-			// or the last acknowledged one plus one.
-			for k, n := range run.have {
-				m.written[k] = max(m.written[k], n+1)
+	o := powercut.Options{
+		ChildTest:  "TestPowerCut_Child",
+		DirEnv:     powerCutChildEnv,
+		KeepDirEnv: powerCutDirEnv,
+		Cuts:       cuts,
+		CutDelay:   func(rng *rand.Rand) time.Duration { return cutDelay(planted, rng) },
+		Final: func(dir string) (map[string]uint64, error) {
+			db, err := Open(powerCutConfig(filepath.Join(dir, "data")))
+			if err != nil {
+				return nil, fmt.Errorf("open: %w", err)
 			}
-		}
-		for k, n := range run.acks {
-			m.acked[k] = max(m.acked[k], n)
-			m.written[k] = max(m.written[k], n+1)
-		}
-		m.pending += run.ackCount
-		t.Logf("cut %d: %v after start, %d writes acknowledged (%s)", cut, run.cutAfter.Round(time.Millisecond), run.ackCount, run.when)
+			defer db.Close()
+			return powerCutState(db)
+		},
 	}
-	tree := describeTree(recovered)
-	db, err := Open(powerCutConfig(filepath.Join(recovered, "data")))
-	if err != nil {
-		res.err = fmt.Errorf("open after cut %d: %w\nrecovered tree:\n%s", cuts, err, tree)
-		return res
-	}
-	defer db.Close()
-	state, err := powerCutState(db)
-	if err == nil {
-		err = m.check(state)
-	}
-	if err != nil {
-		res.err = fmt.Errorf("after cut %d: %w\nrecovered tree:\n%s", cuts, err, tree)
-	}
-	res.checked = m.checked
-	return res
-}
-
-// powerCutRunResult is what one writer process said before its cut.
-type powerCutRunResult struct {
-	ready    bool
-	have     map[string]uint64 // the versions it found at start
-	acks     map[string]uint64 // the highest version acknowledged per key
-	ackCount int
-	cutAfter time.Duration
-	when     string // when the cut came
-	tree     string // the state it started from
-}
-
-// powerCutRun mounts powerfs at mnt over the state in seed (none if empty),
-// runs the writer on it, cuts the power at a random moment, and leaves the
-// durable state in next. A writer that stops before the cut, or cannot
-// recover, is an error returned; the harness failing fails t.
-func powerCutRun(t *testing.T, mnt, seed, next string, planted bool, rng *rand.Rand) (powerCutRunResult, error) {
-	t.Helper()
-	run := powerCutRunResult{have: map[string]uint64{}, acks: map[string]uint64{}}
-	if seed != "" {
-		run.tree = describeTree(seed)
-	}
-	fs, err := powerfs.Mount(mnt, powerfs.Options{Seed: seed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestPowerCut_Child$")
-	cmd.Env = append(os.Environ(), powerCutChildEnv+"="+filepath.Join(mnt, "data"))
 	if planted {
-		cmd.Env = append(cmd.Env, powerCutPlantEnv+"=1")
-	}
-	var stderr tailBuffer
-	cmd.Stderr = &stderr
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout = w
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	// The reader keeps every complete line until the writer's end.
-	var (
-		linesMu sync.Mutex
-		lines   []string
-		ready   = make(chan struct{})
-		read    = make(chan struct{})
-		exited  = make(chan struct{})
-	)
-	go func() {
-		defer close(read)
-		defer r.Close()
-		br := bufio.NewReader(r)
-		readyOnce := sync.OnceFunc(func() { close(ready) })
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				return // a partial last line is not trusted
-			}
-			line = strings.TrimSuffix(line, "\n")
-			linesMu.Lock()
-			lines = append(lines, line)
-			linesMu.Unlock()
-			if line == "ready" {
-				readyOnce()
-			}
-		}
-	}()
-	go func() {
-		defer close(exited)
-		_ = cmd.Wait()
-	}()
-	stop := func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		<-read
-	}
-
-	// Where the cut lands: sometimes during the writer's recovery, mostly
-	// under load, where flushes, releases and GCs are frequent.
-	var earlyExit bool
-	// With the planted bug every cut lands after the first release (at least
-	// a second into the load), where the bug has something to lose.
-	if !planted && rng.IntN(8) == 0 {
-		run.when = "during start-up or recovery"
-		select {
-		case <-time.After(time.Duration(rng.IntN(400)) * time.Millisecond):
-		case <-exited:
-			earlyExit = true
-		}
+		// Every cut lands after the first release (at least a second into
+		// the load), where the bug has something to lose.
+		o.Env = []string{powerCutPlantEnv + "=1"}
 	} else {
-		run.when = "under load"
-		select {
-		case <-ready:
-			select {
-			case <-time.After(cutDelay(planted, rng)):
-			case <-exited:
-				earlyExit = true
-			}
-		case <-exited:
-			earlyExit = true
-		case <-time.After(2 * time.Minute):
-			stop()
-			_ = fs.Cut(nil, next)
-			t.Fatalf("the writer did not recover within 2 minutes; stderr:\n%s", stderr.String())
-		}
+		o.EarlyOneIn = 8 // sometimes during start-up or recovery
 	}
-	run.cutAfter = time.Since(start)
-	if err := fs.Cut(stop, next); err != nil {
-		t.Fatal(err)
-	}
-	linesMu.Lock()
-	defer linesMu.Unlock()
-	var failure string
-	for _, line := range lines {
-		f := strings.Fields(line)
-		switch {
-		case line == "ready":
-			run.ready = true
-		case len(f) == 3 && (f[0] == "have" || f[0] == "ack"):
-			n, err := strconv.ParseUint(f[2], 10, 64)
-			if err != nil {
-				t.Fatalf("writer said %q", line)
-			}
-			if f[0] == "have" {
-				run.have[f[1]] = n
-			} else {
-				run.acks[f[1]] = max(run.acks[f[1]], n)
-				run.ackCount++
-			}
-		case len(f) > 0 && f[0] == "error":
-			if failure == "" {
-				failure = line
-			}
-		default:
-			// The testing package's own lines ("PASS" and such) never come:
-			// the writer runs until killed.
-			t.Fatalf("writer said %q", line)
-		}
-	}
-	if earlyExit {
-		return run, fmt.Errorf("the writer failed before the cut: %s\nstderr:\n%s", failure, stderr.String())
-	}
-	return run, nil
-}
-
-// tailBuffer keeps the last 16 KiB written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf = append(b.buf, p...)
-	if over := len(b.buf) - 16<<10; over > 0 {
-		b.buf = append(b.buf[:0], b.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
-}
-
-var _ io.Writer = (*tailBuffer)(nil)
-
-// describeTree lists the files under dir with their sizes, for a failure's
-// message.
-func describeTree(dir string) string {
-	var sb strings.Builder
-	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			fmt.Fprintf(&sb, "  %s: %v\n", p, err)
-			return nil
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if d.IsDir() {
-			fmt.Fprintf(&sb, "  %s/\n", rel)
-			return nil
-		}
-		if fi, err := d.Info(); err == nil {
-			fmt.Fprintf(&sb, "  %s %d\n", rel, fi.Size())
-		}
-		return nil
-	})
-	if sb.Len() == 0 {
-		return "  (nothing)\n"
-	}
-	return sb.String()
+	return powercut.RunCuts(t, o)
 }
 
 // A power cut at random moments under load, then a restart on what was
@@ -576,13 +302,13 @@ func TestDB_PowerCutLosesNoAcknowledgedWrite(t *testing.T) {
 		cuts = n
 	}
 	res := runPowerCuts(t, cuts, false)
-	if res.err != nil {
-		t.Fatalf("%v\n(%d acknowledged writes checked before)", res.err, res.checked)
+	if res.Err != nil {
+		t.Fatalf("%v\n(%d acknowledged writes checked before)", res.Err, res.Checked)
 	}
-	if res.checked < 100 {
-		t.Fatalf("only %d acknowledged writes checked over %d cuts: the test does not exercise the storage", res.checked, cuts)
+	if res.Checked < 100 {
+		t.Fatalf("only %d acknowledged writes checked over %d cuts: the test does not exercise the storage", res.Checked, cuts)
 	}
-	t.Logf("%d cuts, %d acknowledged writes checked", cuts, res.checked)
+	t.Logf("%d cuts, %d acknowledged writes checked", cuts, res.Checked)
 }
 
 // The planted bug: log segments released as soon as Badger applied their
@@ -602,8 +328,8 @@ func TestDB_PowerCutCatchesAReleaseOfUnflushedRecords(t *testing.T) {
 		t.Skip("the planted-bug check runs without the race detector")
 	}
 	res := runPowerCuts(t, powerCutPlantedCuts, true)
-	if res.err == nil {
-		t.Fatalf("a release of unflushed records went unnoticed over %d cuts (%d acknowledged writes checked)", res.cuts, res.checked)
+	if res.Err == nil {
+		t.Fatalf("a release of unflushed records went unnoticed over %d cuts (%d acknowledged writes checked)", res.Cuts, res.Checked)
 	}
-	t.Logf("caught: %v", res.err)
+	t.Logf("caught: %v", res.Err)
 }

@@ -1,7 +1,6 @@
 package replicationtest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -20,7 +18,7 @@ import (
 
 	"go.etcd.io/raft/v3/raftpb"
 
-	"github.com/holdfast/holdfast/internal/powerfs"
+	"github.com/holdfast/holdfast/internal/powercut"
 	"github.com/holdfast/holdfast/persistence"
 	"github.com/holdfast/holdfast/replication"
 	"github.com/holdfast/holdfast/replication/internal/testknobs"
@@ -298,326 +296,59 @@ func walCutChild(dir string, planted bool) {
 	}
 }
 
-// errLostWrite marks a check that found an acknowledged write missing: what
-// the planted bug must produce (any other failure is not a catch).
-var errLostWrite = errors.New("acknowledged write lost")
-
-// walCutModel is what the parent knows of the keys' versions.
-type walCutModel struct {
-	acked   map[string]uint64 // the highest acknowledged version
-	written map[string]uint64 // the highest version ever proposed, at most
-	pending int               // acknowledgements not yet checked
-	checked int               // acknowledgements found in a recovered state
-	first   uint64            // the highest first index a restarted log had
-}
-
-// check compares a recovered state with what was acknowledged and written.
-func (m *walCutModel) check(state map[string]uint64) error {
-	for k, a := range m.acked {
-		if state[k] < a {
-			return fmt.Errorf("%w: key %s holds version %d, version %d was acknowledged", errLostWrite, k, state[k], a)
-		}
-	}
-	for k, n := range state {
-		if n > m.written[k] {
-			return fmt.Errorf("key %s holds version %d, never written (at most %d was)", k, n, m.written[k])
-		}
-	}
-	m.checked += m.pending
-	m.pending = 0
-	return nil
-}
-
 type walCutResult struct {
-	cuts    int    // cuts made before the check that failed, or all
-	checked int    // acknowledged writes found after a cut
-	first   uint64 // the highest first index a restarted log had
-	err     error
+	powercut.Result
+	first uint64 // the highest first index a restarted log had
 }
 
-// runWALCuts runs the writer on a powerfs mount and cuts the power under it up
-// to cuts times, each time restarting it on the state the cut left (the
-// restarted writer reports that state first); after the last cut the test
-// process opens that state itself (a plain directory by then) and checks it.
-// It stops at the first check that fails and returns it in the result; a
-// failure of the harness fails t.
+// runWALCuts runs the writer (TestWALPowerCut_Child) under cuts power cuts
+// (internal/powercut); after the last one the test process opens the state
+// it left (a plain directory by then) and reads it. Besides what the harness
+// checks, it keeps the highest first index a restarted log had.
 func runWALCuts(t *testing.T, cuts int, planted bool) walCutResult {
 	t.Helper()
-	if _, err := os.Stat("/dev/fuse"); errors.Is(err, os.ErrNotExist) {
-		t.Skip("no /dev/fuse: the power-cut test runs the storage on a FUSE filesystem")
-	}
-	base := t.TempDir()
-	if d := os.Getenv(walCutDirEnv); d != "" {
-		base = d // kept for a look after a failure
-	}
-	mnt := filepath.Join(base, "mnt")
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, 27))
-	t.Logf("seed %d", seed)
-	m := &walCutModel{acked: map[string]uint64{}, written: map[string]uint64{}}
-	res := walCutResult{}
-	recovered := ""
-	for cut := 1; cut <= cuts; cut++ {
-		next := filepath.Join(base, fmt.Sprintf("cut-%d", cut))
-		run, err := walCutRun(t, mnt, recovered, next, planted, rng)
-		if err == nil && run.ready {
-			err = m.check(run.have)
-		}
-		res.checked, res.first = m.checked, m.first
-		if err != nil {
-			res.cuts = cut - 1
-			res.err = fmt.Errorf("start %d (after cut %d): %w\nthe tree it started on:\n%s", cut, cut-1, err, run.tree)
-			return res
-		}
-		if recovered != "" {
-			_ = os.RemoveAll(recovered) // checked, and loaded into the mount's memory
-		}
-		recovered = next
-		for _, f := range run.first {
-			m.first = max(m.first, f)
-		}
-		if run.ready {
-			// Every key may have had one write in flight, its version at
-			// start + 1 or its last acknowledged one + 1.
-			for k, n := range run.have {
-				m.written[k] = max(m.written[k], n+1)
+	var res walCutResult
+	o := powercut.Options{
+		ChildTest:  "TestWALPowerCut_Child",
+		DirEnv:     walCutChildEnv,
+		KeepDirEnv: walCutDirEnv,
+		Cuts:       cuts,
+		// Under load, once flushes and truncations have begun.
+		CutDelay: func(rng *rand.Rand) time.Duration { return time.Duration(500+rng.IntN(2000)) * time.Millisecond },
+		// "first G N": group G's log started at index N.
+		Line: func(f []string, run *powercut.Run) bool {
+			if len(f) != 3 || f[0] != "first" {
+				return false
 			}
-		}
-		for k, n := range run.acks {
-			m.acked[k] = max(m.acked[k], n)
-			m.written[k] = max(m.written[k], n+1)
-		}
-		m.pending += run.ackCount
-		res.cuts = cut
-		t.Logf("cut %d: %v after start, %d writes acknowledged (%s)", cut, run.cutAfter.Round(time.Millisecond), run.ackCount, run.when)
-	}
-	tree := describeTree(recovered)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	n, err := openWALCutNode(ctx, filepath.Join(recovered, "data"), planted, quiet)
-	if err != nil {
-		res.err = fmt.Errorf("start after cut %d: %w\nrecovered tree:\n%s", cuts, err, tree)
-		return res
-	}
-	defer n.close()
-	for _, f := range n.first {
-		m.first = max(m.first, f)
-	}
-	state, err := n.state(ctx)
-	if err == nil {
-		err = m.check(state)
-	}
-	if err != nil {
-		res.err = fmt.Errorf("after cut %d: %w\nrecovered tree:\n%s", cuts, err, tree)
-	}
-	res.checked, res.first = m.checked, m.first
-	return res
-}
-
-// walCutRunResult is what one writer process said before its cut.
-type walCutRunResult struct {
-	ready    bool
-	first    map[replication.GroupID]uint64 // the logs' first indexes at start
-	have     map[string]uint64              // the versions it found at start
-	acks     map[string]uint64              // the highest version acknowledged per key
-	ackCount int
-	cutAfter time.Duration
-	when     string // when the cut came
-	tree     string // the state it started from
-}
-
-// walCutRun mounts powerfs at mnt over the state in seed (none if empty), runs
-// the writer on it, cuts the power at a random moment, and leaves the durable
-// state in next. A writer that stops before the cut is an error returned; the
-// harness failing fails t.
-func walCutRun(t *testing.T, mnt, seed, next string, planted bool, rng *rand.Rand) (walCutRunResult, error) {
-	t.Helper()
-	run := walCutRunResult{first: map[replication.GroupID]uint64{}, have: map[string]uint64{}, acks: map[string]uint64{}}
-	if seed != "" {
-		run.tree = describeTree(seed)
-	}
-	fs, err := powerfs.Mount(mnt, powerfs.Options{Seed: seed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestWALPowerCut_Child$")
-	cmd.Env = append(os.Environ(), walCutChildEnv+"="+filepath.Join(mnt, "data"))
-	if planted {
-		cmd.Env = append(cmd.Env, walCutPlantEnv+"=1")
-	}
-	var stderr tailBuffer
-	cmd.Stderr = &stderr
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout = w
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	var (
-		linesMu sync.Mutex
-		lines   []string
-		ready   = make(chan struct{})
-		read    = make(chan struct{})
-		exited  = make(chan struct{})
-	)
-	go func() { // the reader keeps every complete line until the writer's end
-		defer close(read)
-		defer r.Close()
-		br := bufio.NewReader(r)
-		readyOnce := sync.OnceFunc(func() { close(ready) })
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				return // a partial last line is not trusted
-			}
-			line = strings.TrimSuffix(line, "\n")
-			linesMu.Lock()
-			lines = append(lines, line)
-			linesMu.Unlock()
-			if line == "ready" {
-				readyOnce()
-			}
-		}
-	}()
-	go func() {
-		defer close(exited)
-		_ = cmd.Wait()
-	}()
-	stop := func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		<-read
-	}
-
-	// Where the cut lands: sometimes during the writer's recovery, mostly
-	// under load, once flushes and truncations have begun. With the planted
-	// bug always under load, where it has something to lose.
-	var earlyExit bool
-	if !planted && rng.IntN(8) == 0 {
-		run.when = "during start-up or recovery"
-		select {
-		case <-time.After(time.Duration(rng.IntN(400)) * time.Millisecond):
-		case <-exited:
-			earlyExit = true
-		}
-	} else {
-		run.when = "under load"
-		select {
-		case <-ready:
-			select {
-			case <-time.After(time.Duration(500+rng.IntN(2000)) * time.Millisecond):
-			case <-exited:
-				earlyExit = true
-			}
-		case <-exited:
-			earlyExit = true
-		case <-time.After(2 * time.Minute):
-			stop()
-			_ = fs.Cut(nil, next)
-			t.Fatalf("the writer did not recover within 2 minutes; stderr:\n%s", stderr.String())
-		}
-	}
-	run.cutAfter = time.Since(start)
-	if err := fs.Cut(stop, next); err != nil {
-		t.Fatal(err)
-	}
-	linesMu.Lock()
-	defer linesMu.Unlock()
-	var failure string
-	for _, line := range lines {
-		f := strings.Fields(line)
-		switch {
-		case line == "ready":
-			run.ready = true
-		case len(f) == 3 && (f[0] == "have" || f[0] == "ack" || f[0] == "first"):
 			n, err := strconv.ParseUint(f[2], 10, 64)
 			if err != nil {
-				t.Fatalf("writer said %q", line)
+				return false
 			}
-			switch f[0] {
-			case "have":
-				run.have[f[1]] = n
-			case "ack":
-				run.acks[f[1]] = max(run.acks[f[1]], n)
-				run.ackCount++
-			default:
-				g, err := strconv.ParseUint(f[1], 10, 64)
-				if err != nil {
-					t.Fatalf("writer said %q", line)
-				}
-				run.first[replication.GroupID(g)] = n
+			run.Extra["first"] = max(run.Extra["first"], n)
+			return true
+		},
+		AfterRun: func(run *powercut.Run) { res.first = max(res.first, run.Extra["first"]) },
+		Final: func(dir string) (map[string]uint64, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			n, err := openWALCutNode(ctx, filepath.Join(dir, "data"), planted, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				return nil, fmt.Errorf("start: %w", err)
 			}
-		case len(f) > 0 && f[0] == "error":
-			if failure == "" {
-				failure = line
+			defer n.close()
+			for _, f := range n.first {
+				res.first = max(res.first, f)
 			}
-		default:
-			// The testing package's own lines ("PASS" and such) never come:
-			// the writer runs until killed.
-			t.Fatalf("writer said %q", line)
-		}
+			return n.state(ctx)
+		},
 	}
-	if earlyExit {
-		return run, fmt.Errorf("the writer failed before the cut: %s\nstderr:\n%s", failure, stderr.String())
+	if planted {
+		o.Env = []string{walCutPlantEnv + "=1"} // every cut under load, where it has something to lose
+	} else {
+		o.EarlyOneIn = 8 // sometimes during start-up or recovery
 	}
-	return run, nil
-}
-
-// tailBuffer keeps the last 16 KiB written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf = append(b.buf, p...)
-	if over := len(b.buf) - 16<<10; over > 0 {
-		b.buf = append(b.buf[:0], b.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
-}
-
-var _ io.Writer = (*tailBuffer)(nil)
-
-// describeTree lists the files under dir with their sizes, for a failure's
-// message.
-func describeTree(dir string) string {
-	var sb strings.Builder
-	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			fmt.Fprintf(&sb, "  %s: %v\n", p, err)
-			return nil
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if d.IsDir() {
-			fmt.Fprintf(&sb, "  %s/\n", rel)
-			return nil
-		}
-		if fi, err := d.Info(); err == nil {
-			fmt.Fprintf(&sb, "  %s %d\n", rel, fi.Size())
-		}
-		return nil
-	})
-	if sb.Len() == 0 {
-		return "  (nothing)\n"
-	}
-	return sb.String()
+	res.Result = powercut.RunCuts(t, o)
+	return res
 }
 
 // A power cut at random moments under load, then a restart on what was
@@ -637,16 +368,16 @@ func TestWALStorage_PowerCutLosesNoAcknowledgedWrite(t *testing.T) {
 		cuts = n
 	}
 	res := runWALCuts(t, cuts, false)
-	if res.err != nil {
-		t.Fatalf("%v\n(%d acknowledged writes checked before)", res.err, res.checked)
+	if res.Err != nil {
+		t.Fatalf("%v\n(%d acknowledged writes checked before)", res.Err, res.Checked)
 	}
-	if res.checked < 100 {
-		t.Fatalf("only %d acknowledged writes checked over %d cuts: the test does not exercise the storage", res.checked, cuts)
+	if res.Checked < 100 {
+		t.Fatalf("only %d acknowledged writes checked over %d cuts: the test does not exercise the storage", res.Checked, cuts)
 	}
 	if res.first <= 1 {
 		t.Fatalf("no restart found a truncated log over %d cuts: the test does not exercise truncation", cuts)
 	}
-	t.Logf("%d cuts, %d acknowledged writes checked, logs restarted from index %d at most", cuts, res.checked, res.first)
+	t.Logf("%d cuts, %d acknowledged writes checked, logs restarted from index %d at most", cuts, res.Checked, res.first)
 }
 
 // The planted bug: logs truncated to start after the applied index, not after
@@ -661,11 +392,11 @@ func TestWALStorage_PowerCutCatchesATruncationPastFlushed(t *testing.T) {
 	}
 	res := runWALCuts(t, walCutPlantedCuts, true)
 	switch {
-	case res.err == nil:
-		t.Fatalf("a truncation past what Badger flushed went unnoticed over %d cuts (%d acknowledged writes checked)", res.cuts, res.checked)
-	case !errors.Is(res.err, errLostWrite):
-		t.Fatalf("after %d cuts the run failed, but not with a lost write: %v", res.cuts, res.err)
+	case res.Err == nil:
+		t.Fatalf("a truncation past what Badger flushed went unnoticed over %d cuts (%d acknowledged writes checked)", res.Cuts, res.Checked)
+	case !errors.Is(res.Err, powercut.ErrLostWrite):
+		t.Fatalf("after %d cuts the run failed, but not with a lost write: %v", res.Cuts, res.Err)
 	}
-	first, _, _ := strings.Cut(res.err.Error(), "\n")
-	t.Logf("caught after %d cuts: %s", res.cuts, first)
+	first, _, _ := strings.Cut(res.Err.Error(), "\n")
+	t.Logf("caught after %d cuts: %s", res.Cuts, first)
 }
