@@ -448,6 +448,12 @@ func (g *group) settleTransfers(transferee ReplicaID) {
 			r.finish(fmt.Errorf("%w: group %d: replica %d did not take over (this replica leads term %d)", ErrTransferAbandoned, g.id, r.to, g.term))
 		case g.role != raft.StateLeader && g.lead != 0:
 			r.finish(fmt.Errorf("%w: group %d: replica %d leads, not %d", ErrTransferAbandoned, g.id, g.lead, r.to))
+		case g.role != raft.StateLeader && g.term == r.term:
+			// Stepped down in the transfer's own term, knowing no leader:
+			// CheckQuorum (cut off from the majority), not a transferee's
+			// election, which comes with a new term. Waiting would last as
+			// long as the cut.
+			r.finish(fmt.Errorf("%w: group %d: this replica stepped down in term %d (no quorum) before replica %d took over", ErrTransferAbandoned, g.id, g.term, r.to))
 		default:
 			kept = append(kept, r) // still transferring, or leader unknown yet
 			continue

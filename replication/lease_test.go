@@ -411,3 +411,28 @@ func TestLease_ClockJump(t *testing.T) {
 	}
 	checkClean(t, c)
 }
+
+// TestEngine_TransferOnACutOffLeaderEnds: a transfer asked of a leader cut
+// off from every other replica ends, ErrTransferAbandoned, well before the
+// caller's context. (Raft's own abort at the election timeout usually ends
+// it here; when the leader stepped down first (CheckQuorum, same term,
+// leader unknown) it used to wait as long as the cut lasted: the stack
+// test's leadership moves met that 1 run in 5.)
+func TestEngine_TransferOnACutOffLeaderEnds(t *testing.T) {
+	c := newCluster(t, replicationtest.Config{Nodes: 3, Groups: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := leaseGroup
+	old, _ := waitLease(ctx, t, c, g)
+	for _, o := range others(c, old) {
+		c.Net.Cut(old, o)
+		c.Net.Cut(o, old)
+	}
+	start := time.Now()
+	err := c.Engine(old).TransferLeader(ctx, g, replication.ReplicaID(others(c, old)[0]))
+	if !errors.Is(err, replication.ErrTransferAbandoned) || ctx.Err() != nil {
+		t.Fatalf("transfer on a cut-off leader: %v after %v, want ErrTransferAbandoned before the context's end", err, time.Since(start))
+	}
+	c.Heal()
+	checkClean(t, c)
+}
