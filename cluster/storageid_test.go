@@ -92,10 +92,18 @@ func TestCluster_RefusedNodeJoinsEmptyAfterForgetNode(t *testing.T) {
 	}
 	for _, k := range keys {
 		for _, n := range []*Node{a, b} {
-			_, err := n.Request(ctx, actors.ObjectID{App: "app_t", Type: "kv", Key: k}, actors.KVGet{})
-			var ae *actors.Error
-			if !errors.As(err, &ae) || ae.Kind != actors.KindUnavailable || !strings.Contains(ae.Msg, "refuses") {
-				t.Fatalf("get %s during the refusal: %v", k, err)
+			// Each node's view follows etcd's by a watch: a's may still
+			// show b's crashed run gone ("down") for a moment after
+			// ReadStatus saw the new one's registration.
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				_, err := n.Request(ctx, actors.ObjectID{App: "app_t", Type: "kv", Key: k}, actors.KVGet{})
+				var ae *actors.Error
+				if errors.As(err, &ae) && ae.Kind == actors.KindUnavailable && strings.Contains(ae.Msg, "refuses") {
+					break
+				}
+				if !errors.As(err, &ae) || !strings.Contains(ae.Msg, "is down") || time.Now().After(deadline) {
+					t.Fatalf("get %s during the refusal: %v", k, err)
+				}
 			}
 		}
 	}
