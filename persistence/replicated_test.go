@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func openReplicated(t *testing.T, dir string, segSize int64) *DB {
@@ -217,5 +218,46 @@ func TestReplicated_LogFloorIsTheLastRecordBadgerTook(t *testing.T) {
 	applyRaft(t, p, 1, 301, set("p1", "301")) // above every replayed version
 	if got := getString(t, db, "p1"); got != "301" {
 		t.Fatalf("p1 after an apply past the replay = %q", got)
+	}
+}
+
+// TestReplicated_RaftAppliesEndWhenTheApplierStops: every raft apply gets its
+// Done, also when the applier stops early: the batch it was trying and the
+// jobs queued behind it get ErrClosed when the pipeline closes while Badger
+// refuses (the log keeps them: the replica applies them again at its next
+// start), and an apply queued after Close is refused at once.
+func TestReplicated_RaftAppliesEndWhenTheApplierStops(t *testing.T) {
+	f := installApplyFault(t, syscall.ENOSPC)
+	db := openReplicated(t, t.TempDir(), 0)
+	t.Cleanup(func() { _ = db.Close() })
+	p := NewPipeline(db, PipelineConfig{ValueLogGCEvery: -1})
+	p.Start()
+	f.failing.Store(true)
+	const n = 20
+	done := make(chan error, n+1)
+	apply := func(i int) {
+		p.ApplyRaft(RaftApply{Group: uint64(i % 3), Replica: 1, State: RaftAppliedState{Index: uint64(i + 1), Term: 1},
+			Changes: [][]byte{AppendChanges(nil, set(fmt.Sprintf("p%d", i), "v"))}, Done: func(err error) { done <- err }})
+	}
+	apply(0)
+	// The applier holds the first one, retrying; the others queue behind it.
+	waitFor(t, "the applier to try and fail", func() bool { return f.attempts.Load() >= 1 })
+	for i := 1; i < n; i++ {
+		apply(i)
+	}
+	p.Close()
+	for i := range n {
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrClosed) {
+				t.Fatalf("apply %d: %v, want ErrClosed", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d of %d applies got their Done after Close", i, n)
+		}
+	}
+	p.ApplyRaft(RaftApply{Group: 1, Replica: 1, State: RaftAppliedState{Index: 99, Term: 1}, Done: func(err error) { done <- err }})
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("an apply after Close: %v, want ErrClosed", err)
 	}
 }
