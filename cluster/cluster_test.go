@@ -33,6 +33,9 @@ type testCluster struct {
 	// activity records when each node's activations of each object could
 	// serve (in the host's routing table): never on two nodes at once.
 	activity *activity
+	// rf and failover configure replicated clusters (0: one copy).
+	rf       int
+	failover time.Duration
 }
 
 // activity is the activation checker.
@@ -89,8 +92,7 @@ func newTestCluster(t *testing.T) *testCluster {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			n.ready.Store(false)
 			_ = n.host.Close(ctx)
-			n.pipe.Close()
-			_ = n.db.Close()
+			_ = n.closeStorage()
 			cancel()
 		}
 		e.Close()
@@ -125,7 +127,8 @@ func (tc *testCluster) start(id string) *Node {
 	n, err := Start(Config{
 		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t), TypeOptions: testTypeOptions,
 		Hooks:   actors.Hooks{Routed: tc.activity.routed(id)},
-		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second},
+		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second,
+			ReplicationFactor: tc.rf, FailoverTimeout: tc.failover},
 	})
 	if err != nil {
 		tc.t.Fatalf("start %s: %v", id, err)

@@ -25,7 +25,11 @@ func (m *member) controllerLoop() {
 		changed := m.view.wait()
 		if s := m.sess.Load(); s != nil && s.valid() {
 			if m.campaign(s) {
-				if err := m.place(s); err != nil && m.ctx.Err() == nil {
+				place := m.place
+				if m.r != nil {
+					place = func(*session) error { return m.r.placeGroups() }
+				}
+				if err := place(s); err != nil && m.ctx.Err() == nil {
 					m.log.Debug("placement pass failed", "err", err)
 				}
 			}

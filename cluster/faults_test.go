@@ -54,8 +54,7 @@ func (tc *testCluster) crash(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = n.host.Close(ctx)
-	n.pipe.Close()
-	_ = n.db.Close()
+	_ = n.closeStorage()
 }
 
 // keysOwnedBy returns object keys in count different partitions that owner

@@ -302,7 +302,7 @@ func (m *member) sweepSubs() {
 	}
 	for id, o := range m.subs.out {
 		n, ok := nodes[o.node]
-		if !ok || n.Boot != o.boot || parts[o.partition].Owner != o.node {
+		if !ok || n.Boot != o.boot || m.movedFrom(parts, o.partition, o.node) {
 			m.subs.forget(id, o.sub)
 			lost = append(lost, o)
 		}
@@ -321,6 +321,17 @@ func (m *member) sweepSubs() {
 		o.sub.Lost(&actors.Error{Kind: actors.KindUnavailable, Msg: "the object's node is gone", RetryAfter: time.Second})
 	}
 	m.checkSubs()
+}
+
+// movedFrom reports whether partition p is served by another node than node
+// now: its owner, or in a replicated cluster its known leader (an election
+// under way moves nothing yet).
+func (m *member) movedFrom(parts []PartEntry, p uint32, node string) bool {
+	if m.r != nil {
+		l := m.r.leader(p)
+		return l != "" && l != node
+	}
+	return parts[p].Owner != node
 }
 
 // checkSubs asks, every subsCheckEvery, each owner holding subscriptions of

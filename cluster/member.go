@@ -51,6 +51,22 @@ type ClusterConfig struct {
 	// RequestWait bounds how long a request waits for a partition that is moving
 	// or being taken up before it gets 503 with retryAfterMs; zero means 5s.
 	RequestWait time.Duration
+	// ReplicationFactor is how many replicas each partition has, fixed when
+	// the cluster is created (a node configured otherwise is refused). Zero
+	// means the cluster's, or 1 for a new cluster: one copy per partition,
+	// owned through etcd and handed off between nodes. Above 1 each partition
+	// is a raft group (replicated.go).
+	ReplicationFactor int
+	// FailoverTimeout is how long a partition's replicas go without hearing
+	// from its leader before they elect another (raft's election timeout,
+	// 10 ticks); zero means 1s. Replicated clusters only.
+	FailoverTimeout time.Duration
+	// RaftAdvertise is the host:port other nodes reach this node's raft
+	// carrier at, and RaftBind where it listens. Empty means Advertise's
+	// (Bind's) host with the port one above; port 0 picks a free port.
+	// Replicated clusters only.
+	RaftAdvertise string
+	RaftBind      string
 }
 
 // Served says who answered a request: the node, the object's partition, and the
@@ -99,6 +115,10 @@ type member struct {
 	refused    map[uint32]string
 	refusedLog string
 
+	// r is the raft half of a member of a replicated cluster; nil when the
+	// cluster keeps one copy of each partition.
+	r *replicated
+
 	subs    *remoteSubs
 	kick    chan struct{}
 	leaving atomic.Bool
@@ -122,16 +142,33 @@ func newBoot() string {
 	return hex.EncodeToString(b[:])
 }
 
-// joinCluster connects to etcd and settles the partition count: the cluster's
-// if it exists, else this data directory's (or cfg.Partitions), recorded in etcd.
-func joinCluster(cfg Config) (*clientv3.Client, int, error) {
+// joinCluster connects to etcd and settles the partition count and the
+// replication factor: the cluster's if it exists, else this data directory's
+// (or cfg.Partitions) and the configured one, recorded in etcd.
+func joinCluster(cfg Config) (cli *clientv3.Client, parts, rf int, err error) {
 	cc := cfg.Cluster
 	if cc.Name == "" || cc.NodeID == "" || cc.Advertise == "" || len(cc.Endpoints) == 0 {
-		return nil, 0, errors.New("cluster: name, nodeId, advertise and etcd endpoints are all required")
+		return nil, 0, 0, errors.New("cluster: name, nodeId, advertise and etcd endpoints are all required")
 	}
+	if cc.ReplicationFactor < 0 || cc.ReplicationFactor > maxReplicationFactor {
+		return nil, 0, 0, fmt.Errorf("cluster: replicationFactor %d: expected 1 to %d", cc.ReplicationFactor, maxReplicationFactor)
+	}
+	cli, parts, rf, err = joinClusterMeta(cfg)
+	if err == nil && cc.ReplicationFactor != 0 && cc.ReplicationFactor != rf {
+		_ = cli.Close()
+		return nil, 0, 0, fmt.Errorf("cluster %q keeps %d replicas of each partition, this node is configured with cluster.replicationFactor %d; it is fixed when a cluster is created", cc.Name, rf, cc.ReplicationFactor)
+	}
+	return cli, parts, rf, err
+}
+
+// maxReplicationFactor bounds cluster.replicationFactor.
+const maxReplicationFactor = 7
+
+func joinClusterMeta(cfg Config) (*clientv3.Client, int, int, error) {
+	cc := cfg.Cluster
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cc.Endpoints, DialTimeout: 5 * time.Second, Logger: zapNop()})
 	if err != nil {
-		return nil, 0, fmt.Errorf("cluster: connect to etcd: %w", err)
+		return nil, 0, 0, fmt.Errorf("cluster: connect to etcd: %w", err)
 	}
 	k := newKeys(cc.Name)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -139,21 +176,21 @@ func joinCluster(cfg Config) (*clientv3.Client, int, error) {
 	resp, err := cli.Get(ctx, k.meta())
 	if err != nil {
 		_ = cli.Close()
-		return nil, 0, fmt.Errorf("cluster: read the cluster from etcd %v: %w", cc.Endpoints, err)
+		return nil, 0, 0, fmt.Errorf("cluster: read the cluster from etcd %v: %w", cc.Endpoints, err)
 	}
 	if len(resp.Kvs) == 1 {
 		var m clusterMeta
 		if err := json.Unmarshal(resp.Kvs[0].Value, &m); err != nil {
 			_ = cli.Close()
-			return nil, 0, fmt.Errorf("cluster meta: %w", err)
+			return nil, 0, 0, fmt.Errorf("cluster meta: %w", err)
 		}
 		if cfg.Partitions != 0 && cfg.Partitions != m.Partitions {
 			_ = cli.Close()
-			return nil, 0, fmt.Errorf("cluster %q has %d partitions, this node is configured with %d", cc.Name, m.Partitions, cfg.Partitions)
+			return nil, 0, 0, fmt.Errorf("cluster %q has %d partitions, this node is configured with %d", cc.Name, m.Partitions, cfg.Partitions)
 		}
-		return cli, m.Partitions, nil
+		return cli, m.Partitions, m.rf(), nil
 	}
-	return cli, cfg.Partitions, nil
+	return cli, cfg.Partitions, max(cc.ReplicationFactor, 1), nil
 }
 
 // newMember returns the cluster half of n, serving nothing, before the node's
@@ -190,12 +227,19 @@ func (m *member) goOwned(f func()) { m.owned.Go(func(context.Context) { f() }) }
 func (m *member) start() error {
 	n, cli := m.n, m.cli
 	parts := len(m.state)
-	if err := ensureMeta(m.ctx, cli, m.k, parts); err != nil {
+	rf := 1
+	if m.r != nil {
+		rf = m.r.rf
+	}
+	if err := ensureMeta(m.ctx, cli, m.k, parts, rf); err != nil {
 		return err
 	}
 	// Data this node holds for partitions it may not own: checked against the
 	// table once it is read, cleaned if someone else owns them.
 	for p := range uint32(parts) {
+		if m.r != nil {
+			break // a replicated node's data belongs to its replicas
+		}
 		if ok, err := n.db.HasPrefix(m.ctx, persistence.PartitionPrefix(p)); err != nil {
 			return err
 		} else if ok {
@@ -214,6 +258,15 @@ func (m *member) start() error {
 		tr.stop(false)
 		return err
 	}
+	if m.r != nil {
+		if err := m.r.start(); err != nil {
+			m.cancel()
+			_ = m.owned.Wait(context.Background())
+			tr.stop(false)
+			return err
+		}
+		m.goOwned(m.r.servingLoop)
+	}
 	m.goOwned(m.sessionLoop)
 	m.goOwned(m.reconcileLoop)
 	m.goOwned(m.controllerLoop)
@@ -228,8 +281,7 @@ func (m *member) newSession() error {
 	for {
 		s, err := newSession(m.ctx, m.cli, m.cfg.LeaseTTL, m.log)
 		if err == nil {
-			info := NodeInfo{ID: m.id, Addr: m.tr.addr, HTTP: m.cfg.HTTP, Boot: m.boot, Lease: int64(s.lease), Leaving: m.leaving.Load(), Storage: m.storage}
-			b, _ := json.Marshal(info)
+			b, _ := json.Marshal(m.info(s))
 			key := m.k.node(m.id)
 			ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
 			var resp *clientv3.TxnResponse
@@ -275,6 +327,15 @@ func (m *member) newSession() error {
 	}
 }
 
+// info is this node's registration under session s.
+func (m *member) info(s *session) NodeInfo {
+	info := NodeInfo{ID: m.id, Addr: m.tr.addr, HTTP: m.cfg.HTTP, Boot: m.boot, Lease: int64(s.lease), Leaving: m.leaving.Load(), Storage: m.storage}
+	if m.r != nil {
+		info.Raft, info.Num = m.r.raftAddr, uint64(m.r.num)
+	}
+	return info
+}
+
 // sessionLoop replaces a lost lease: the node stops serving everything (it may
 // have been cut off long enough for etcd to expire it), then registers again and
 // takes its partitions up under new epochs.
@@ -286,7 +347,10 @@ func (m *member) sessionLoop() {
 			return
 		case <-s.Lost():
 		}
-		m.stopServingAll()
+		if m.r == nil {
+			// A replicated node serves under its raft leases, not etcd's.
+			m.stopServingAll()
+		}
 		if m.ctx.Err() != nil {
 			return
 		}
@@ -314,6 +378,9 @@ func (m *member) leaseValid() bool {
 func (m *member) servingEpoch(p uint32) uint64 {
 	if m.n == nil {
 		return 0 // a client member serves nothing
+	}
+	if m.r != nil {
+		return m.r.epoch(p)
 	}
 	e := m.n.table.epochs[p].Load()
 	if e == 0 || !m.leaseValid() {
@@ -359,6 +426,9 @@ func notServedErr(p uint32) error {
 
 // served lists the partitions this node serves (alarms and queue replay).
 func (m *member) served() []uint32 {
+	if m.r != nil {
+		return m.r.served()
+	}
 	var out []uint32
 	for p := range m.n.table.epochs {
 		if m.n.table.epochs[p].Load() != 0 {
@@ -441,6 +511,9 @@ func (m *member) request(ctx context.Context, id actors.ObjectID, msg any) (any,
 	}
 	if u, ok := msg.(actors.KVUnsubscribe); ok && m.unsubscribeRemote(ctx, u.Sub) {
 		return nil, Served{}, nil // it was subscribed at another node
+	}
+	if m.r != nil {
+		return m.r.request(ctx, id, msg)
 	}
 	p := persistence.Partition(id, len(m.state))
 	waitUntil := time.Now().Add(m.cfg.RequestWait)
@@ -541,6 +614,15 @@ func (m *member) forward(ctx context.Context, n NodeInfo, id actors.ObjectID, ms
 	return reply.Val, reply.Served, reply.Err.err(), false
 }
 
+// notServing is this node's refusal of a request for partition p, which it
+// does not serve now; in a replicated cluster it names the leader it knows.
+func (m *member) notServing(p uint32) error {
+	if m.r != nil {
+		return m.r.notLeaderErr(p)
+	}
+	return &notOwnerError{msg: fmt.Sprintf("node %s does not serve partition %d now", m.id, p)}
+}
+
 // serveRemote answers a request from another node.
 func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 	switch req.Op {
@@ -551,11 +633,11 @@ func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 		p := persistence.Partition(req.ID, len(m.state))
 		e := m.servingEpoch(p)
 		if e == 0 {
-			return &wireReply{Err: toWireError(&notOwnerError{msg: fmt.Sprintf("node %s does not serve partition %d now", m.id, p)})}
+			return &wireReply{Err: toWireError(m.notServing(p))}
 		}
 		v, err := m.n.host.Request(ctx, req.ID, req.Msg)
 		if actors.NotServed(err) {
-			return &wireReply{Err: toWireError(&notOwnerError{msg: fmt.Sprintf("node %s does not serve partition %d now", m.id, p)})}
+			return &wireReply{Err: toWireError(m.notServing(p))}
 		}
 		return &wireReply{Val: v, Err: toWireError(err), Served: Served{Node: m.id, Partition: p, Epoch: e}}
 	case opHandoffBegin, opHandoffChunk, opHandoffEnd:
@@ -578,7 +660,12 @@ func (m *member) reconcileLoop() {
 	for {
 		changed := m.view.wait()
 		m.noteBoots()
-		m.reconcile()
+		if m.r != nil {
+			m.noteLeaveAsked()
+			m.r.reconcile()
+		} else {
+			m.reconcile()
+		}
 		m.sweepSubs()
 		select {
 		case <-m.ctx.Done():
@@ -601,12 +688,7 @@ func (m *member) reconcile() {
 	if s == nil || !s.valid() || !synced {
 		return
 	}
-	if m.view.leaveRequested(m.id) {
-		m.askedOnce.Do(func() {
-			m.log.Info("an operator asked this node to leave the cluster")
-			close(m.leaveAsked)
-		})
-	}
+	m.noteLeaveAsked()
 	_, parts, _, _ := m.view.snapshot()
 	var takeUp []uint32
 	m.mu.Lock()
@@ -664,6 +746,16 @@ func (m *member) reconcile() {
 	m.mu.Unlock()
 	for _, p := range takeUp {
 		m.takeUp(p, s)
+	}
+}
+
+// noteLeaveAsked closes leaveAsked once an operator asked this node to leave.
+func (m *member) noteLeaveAsked() {
+	if m.view.leaveRequested(m.id) {
+		m.askedOnce.Do(func() {
+			m.log.Info("an operator asked this node to leave the cluster")
+			close(m.leaveAsked)
+		})
 	}
 }
 
@@ -841,13 +933,15 @@ func (m *member) leave(ctx context.Context) error {
 	if s == nil {
 		return errors.New("not registered")
 	}
-	info := NodeInfo{ID: m.id, Addr: m.tr.addr, HTTP: m.cfg.HTTP, Boot: m.boot, Lease: int64(s.lease), Leaving: true, Storage: m.storage}
-	b, _ := json.Marshal(info)
+	b, _ := json.Marshal(m.info(s))
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	_, err := m.cli.Put(pctx, m.k.node(m.id), string(b), clientv3.WithLease(s.lease))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("mark the node leaving: %w", err)
+	}
+	if m.r != nil {
+		return m.r.leave(ctx)
 	}
 	m.log.Info("leaving the cluster: handing partitions off")
 	start := time.Now()

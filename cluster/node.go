@@ -103,13 +103,21 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	var cli *clientv3.Client
+	rf := 1
+	var num uint64 // the node's raft node number (replicated clusters)
 	if cfg.Cluster != nil {
 		var err error
-		if cli, cfg.Partitions, err = joinCluster(cfg); err != nil {
+		if cli, cfg.Partitions, rf, err = joinCluster(cfg); err != nil {
 			return nil, err
 		}
+		if rf > 1 {
+			if num, err = nodeNumber(context.Background(), cli, newKeys(cfg.Cluster.Name), cfg.Cluster.NodeID); err != nil {
+				_ = cli.Close()
+				return nil, err
+			}
+		}
 	}
-	dc := persistence.Config{Dir: cfg.DataDir, Partitions: cfg.Partitions, Logger: cfg.Logger}
+	dc := persistence.Config{Dir: cfg.DataDir, Partitions: cfg.Partitions, Logger: cfg.Logger, Replicated: rf > 1}
 	dc.MemTableSize, dc.BlockCacheSize = storageForBudget(cfg.MemoryBudget)
 	if st := cfg.Storage; st != nil && st.MemTableSize != 0 {
 		dc.MemTableSize = st.MemTableSize
@@ -169,23 +177,44 @@ func Start(cfg Config) (*Node, error) {
 		hc.Epoch = func(p uint32) uint64 { return n.member.servingEpoch(p) }
 		hc.Partitions = func() []uint32 { return n.member.served() }
 	}
-	n.pipe = persistence.NewPipeline(db, pc)
-	n.host = actors.NewHost(db, n.pipe, hc)
+	var hostPipe actors.Pipeline
+	if rf > 1 {
+		// Every write of a replicated node is a raft proposal; nothing is
+		// written to a partition without one.
+		pc.Fence = func(p uint32, _ uint64) error { return notServedErr(p) }
+		pc.AckFence = nil
+		n.pipe = persistence.NewPipeline(db, pc)
+		n.pipe.Start() // the WAL pipeline and the engine write through it
+		r, err := newReplicated(n, *cfg.Cluster, rf, num)
+		if err != nil {
+			n.pipe.Close()
+			_ = db.Close()
+			_ = cli.Close()
+			return nil, err
+		}
+		n.member.r, r.m = r, n.member
+		hostPipe = r.prop
+	} else {
+		n.pipe = persistence.NewPipeline(db, pc)
+		hostPipe = n.pipe
+	}
+	n.host = actors.NewHost(db, hostPipe, hc)
 	for _, t := range cfg.Types {
 		if err := n.host.RegisterType(t); err != nil {
-			_ = db.Close()
+			n.closeStorage()
 			return nil, err
 		}
 	}
-	n.pipe.Start()
+	if rf == 1 {
+		n.pipe.Start()
+	}
 	n.host.Start()
 	if cli != nil {
 		if err := n.member.start(); err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = n.host.Close(ctx)
-			n.pipe.Close()
-			_ = db.Close()
+			n.closeStorage()
 			_ = cli.Close()
 			return nil, err
 		}
@@ -337,11 +366,21 @@ func (n *Node) Close(ctx context.Context) error {
 		n.member.stop(true)
 	}
 	err := n.host.Close(ctx)
-	n.pipe.Close()
-	if cerr := n.db.Close(); cerr != nil && err == nil {
+	if cerr := n.closeStorage(); cerr != nil && err == nil {
 		err = fmt.Errorf("close database: %w", cerr)
 	}
 	return err
+}
+
+// closeStorage closes what writes to the database, then the database: the
+// raft half of a replicated node (the engine may still apply entries), the
+// pipeline, then Badger. The host must be closed (or never started).
+func (n *Node) closeStorage() error {
+	if n.member != nil && n.member.r != nil {
+		n.member.r.close()
+	}
+	n.pipe.Close()
+	return n.db.Close()
 }
 
 // storageForBudget sizes Badger's memory from the node's memory budget (0:

@@ -20,6 +20,10 @@ import (
 //	meta            {"partitions": P}: fixed when the first node creates the cluster
 //	nodes/<id>      NodeInfo of a live node, attached to the node's lease
 //	parts/<p>       PartEntry: owner and epoch of partition p; absent = no owner yet
+//	                (a cluster of one copy, replicationFactor 1)
+//	groups/<p>      GroupEntry: the replicas of partition p's raft group
+//	                (replicationFactor > 1); absent = not formed yet
+//	nodenum/<id>    fixes node id's raft node number: the key's create revision
 //	controller      the node id of the placement controller, attached to its lease
 //	leave/<id>      an operator asked node id to leave (holdfast cluster leave)
 //	reach/<id>      the nodes node id's router finds unreachable, attached to its lease
@@ -38,6 +42,11 @@ func (k keys) node(id string) string  { return k.root + "nodes/" + id }
 func (k keys) parts() string          { return k.root + "parts/" }
 func (k keys) part(p uint32) string   { return fmt.Sprintf("%sparts/%05d", k.root, p) }
 func (k keys) controller() string     { return k.root + "controller" }
+func (k keys) groups() string         { return k.root + "groups/" }
+func (k keys) group(p uint32) string  { return fmt.Sprintf("%sgroups/%05d", k.root, p) }
+func (k keys) nodeNum(id string) string {
+	return k.root + "nodenum/" + id
+}
 func (k keys) members() string        { return k.root + "members" }
 func (k keys) leaves() string         { return k.root + "leave/" }
 func (k keys) leave(id string) string { return k.root + "leave/" + id }
@@ -47,7 +56,13 @@ func (k keys) reach(id string) string { return k.root + "reach/" + id }
 // clusterMeta is what is fixed when the cluster is created.
 type clusterMeta struct {
 	Partitions int `json:"partitions"`
+	// ReplicationFactor is how many replicas each partition has; 0 (a cluster
+	// made by an older version) means 1.
+	ReplicationFactor int `json:"replicationFactor,omitempty"`
 }
+
+// rf is the meta's replication factor.
+func (m clusterMeta) rf() int { return max(m.ReplicationFactor, 1) }
 
 // NodeInfo is a live node's entry.
 type NodeInfo struct {
@@ -61,6 +76,45 @@ type NodeInfo struct {
 	// Storage is the storage ID of the node's data directory (storageid.go);
 	// empty for a client member and for a node of an older version.
 	Storage string `json:"storageId,omitempty"`
+	// Raft is the address the node's raft carrier is reached at, and Num its
+	// raft node number (nodenum/<id>); both empty in a cluster of one copy.
+	Raft string `json:"raft,omitempty"`
+	Num  uint64 `json:"num,omitempty"`
+}
+
+// GroupEntry is one partition's raft group: its replicas, as the controller
+// placed them. The raft configuration itself lives in the group's log; this
+// entry says where each replica lives and which data directory it belongs
+// to, so that a node whose directory changed never runs its old replicas
+// (spec/cluster.md, storage identity).
+type GroupEntry struct {
+	Replicas []ReplicaEntry `json:"replicas"`
+	// Next is the next unused replica id of the group.
+	Next uint64 `json:"next"`
+
+	rev int64
+}
+
+// ReplicaEntry is one replica of a group.
+type ReplicaEntry struct {
+	ID      uint64 `json:"id"`
+	Node    string `json:"node"`
+	Num     uint64 `json:"num"`       // the node's raft node number
+	Storage string `json:"storageId"` // the data directory the replica lives in
+	// Founder says the replica is one of the group's founding voters: it
+	// starts its log from the founding configuration. A replica added later
+	// starts empty and is sent a snapshot.
+	Founder bool `json:"founder,omitempty"`
+}
+
+// replicaOn returns the replica of g on node id with data directory storage.
+func (g GroupEntry) replicaOn(id, storage string) (ReplicaEntry, bool) {
+	for _, r := range g.Replicas {
+		if r.Node == id && r.Storage == storage {
+			return r, true
+		}
+	}
+	return ReplicaEntry{}, false
 }
 
 // PartEntry is one partition's row of the partition table.
@@ -98,6 +152,7 @@ type view struct {
 	rev     int64
 	nodes   map[string]NodeInfo
 	parts   []PartEntry
+	groups  []GroupEntry
 	ctrl    string
 	leaves  map[string]bool // nodes asked to leave
 	changed chan struct{}   // closed and replaced on every change
@@ -105,7 +160,7 @@ type view struct {
 }
 
 func newView(partitions int) *view {
-	return &view{nodes: map[string]NodeInfo{}, parts: make([]PartEntry, partitions), leaves: map[string]bool{}, changed: make(chan struct{})}
+	return &view{nodes: map[string]NodeInfo{}, parts: make([]PartEntry, partitions), groups: make([]GroupEntry, partitions), leaves: map[string]bool{}, changed: make(chan struct{})}
 }
 
 // part returns partition p's entry.
@@ -113,6 +168,20 @@ func (v *view) part(p uint32) PartEntry {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	return v.parts[p]
+}
+
+// group returns partition p's raft group entry.
+func (v *view) group(p uint32) GroupEntry {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.groups[p]
+}
+
+// groupsSnapshot copies the group entries.
+func (v *view) groupsSnapshot() []GroupEntry {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return append([]GroupEntry(nil), v.groups...)
 }
 
 // node returns a live node's entry.
@@ -181,6 +250,16 @@ func (v *view) apply(k keys, key string, value []byte, rev int64) {
 			e.rev = rev
 			v.parts[p] = e
 		}
+	case strings.HasPrefix(key, k.groups()):
+		p, err := strconv.ParseUint(key[len(k.groups()):], 10, 32)
+		if err != nil || int(p) >= len(v.groups) {
+			return
+		}
+		var g GroupEntry
+		if value != nil && json.Unmarshal(value, &g) == nil {
+			g.rev = rev
+		}
+		v.groups[p] = g
 	case key == k.controller():
 		v.ctrl = string(value)
 	case strings.HasPrefix(key, k.leaves()):
@@ -196,6 +275,7 @@ func (v *view) load(k keys, resp *clientv3.GetResponse) {
 	v.leaves = map[string]bool{}
 	for i := range v.parts {
 		v.parts[i] = PartEntry{}
+		v.groups[i] = GroupEntry{}
 	}
 	v.ctrl = ""
 	for _, kv := range resp.Kvs {
@@ -280,6 +360,30 @@ func casPart(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old Pa
 	return nil
 }
 
+// casGroup replaces partition p's group entry old (as read, with its
+// revision) by g.
+func casGroup(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old, g GroupEntry) error {
+	b, err := json.Marshal(g)
+	if err != nil {
+		return err
+	}
+	key := k.group(p)
+	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", old.rev)
+	if old.rev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(b))).Commit()
+	if err != nil {
+		return fmt.Errorf("update the group of partition %d: %w", p, err)
+	}
+	if !resp.Succeeded {
+		return errConflict
+	}
+	return nil
+}
+
 // readPart reads partition p's entry from etcd (not from a view).
 func readPart(ctx context.Context, cli *clientv3.Client, k keys, p uint32) (PartEntry, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -299,10 +403,10 @@ func readPart(ctx context.Context, cli *clientv3.Client, k keys, p uint32) (Part
 	return e, nil
 }
 
-// ensureMeta creates the cluster with partitions partitions, or checks that the
-// existing cluster has as many.
-func ensureMeta(ctx context.Context, cli *clientv3.Client, k keys, partitions int) error {
-	b, _ := json.Marshal(clusterMeta{Partitions: partitions})
+// ensureMeta creates the cluster with partitions partitions and replication
+// factor rf, or checks that the existing cluster has as many of each.
+func ensureMeta(ctx context.Context, cli *clientv3.Client, k keys, partitions, rf int) error {
+	b, _ := json.Marshal(clusterMeta{Partitions: partitions, ReplicationFactor: rf})
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k.meta()), "=", 0)).
@@ -324,7 +428,32 @@ func ensureMeta(ctx context.Context, cli *clientv3.Client, k keys, partitions in
 	if m.Partitions != partitions {
 		return fmt.Errorf("the cluster has %d partitions and this node's data directory %d; partitions are fixed when a cluster is created", m.Partitions, partitions)
 	}
+	if m.rf() != rf {
+		return fmt.Errorf("the cluster keeps %d replicas of each partition and this node is configured with cluster.replicationFactor %d; it is fixed when a cluster is created", m.rf(), rf)
+	}
 	return nil
+}
+
+// nodeNumber returns node id's raft node number, allocating it on first use:
+// the create revision of its nodenum key, unique in the cluster and the same
+// for every later run of the node (its replicas are addressed by it).
+func nodeNumber(ctx context.Context, cli *clientv3.Client, k keys, id string) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	key := k.nodeNum(id)
+	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, id)).Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("cluster: allocate the raft node number of %q: %w", id, err)
+	}
+	if resp.Succeeded {
+		return uint64(resp.Header.Revision), nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return 0, errors.New("cluster: a node number key vanished")
+	}
+	return uint64(kvs[0].CreateRevision), nil
 }
 
 // ownedBy lists the partitions whose owner is id, in order.

@@ -74,6 +74,9 @@ type wireError struct {
 	LogTrunc   *actors.LogTruncatedError
 	OffTrunc   *actors.OffsetTruncatedError
 	NotOwner   bool // the receiver does not serve the object's partition now
+	// Leader is, with NotOwner, the node the receiver believes leads the
+	// partition (replicated clusters; "" unknown).
+	Leader string
 }
 
 func toWireError(err error) *wireError {
@@ -90,7 +93,7 @@ func toWireError(err error) *wireError {
 	}
 	var no *notOwnerError
 	if errors.As(err, &no) {
-		return &wireError{NotOwner: true, Kind: actors.KindUnavailable, Msg: no.Error(), RetryAfter: 100 * time.Millisecond}
+		return &wireError{NotOwner: true, Kind: actors.KindUnavailable, Msg: no.Error(), RetryAfter: 100 * time.Millisecond, Leader: no.leader}
 	}
 	var e *actors.Error
 	if errors.As(err, &e) {
@@ -108,14 +111,16 @@ func (w *wireError) err() error {
 	case w.OffTrunc != nil:
 		return w.OffTrunc
 	case w.NotOwner:
-		return &notOwnerError{msg: w.Msg}
+		return &notOwnerError{msg: w.Msg, leader: w.Leader}
 	}
 	return &actors.Error{Kind: w.Kind, Msg: w.Msg, RetryAfter: w.RetryAfter, Code: w.Code}
 }
 
 // notOwnerError says that a node asked to serve an object does not serve its
 // partition (any more, or yet): the caller looks again where it lives.
-type notOwnerError struct{ msg string }
+// In a replicated cluster it names the node the refusing replica believes
+// leads the partition.
+type notOwnerError struct{ msg, leader string }
 
 func (e *notOwnerError) Error() string { return e.msg }
 

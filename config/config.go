@@ -98,6 +98,19 @@ type Cluster struct {
 	// LeaseTTL (yaml leaseTtl, optional) is the etcd lease a node serves its
 	// partitions under: whole seconds from 2s to 60s; zero means 5s.
 	LeaseTTL time.Duration
+	// ReplicationFactor (yaml replicationFactor, optional) is how many nodes
+	// keep each partition, 1 to 7, fixed when the cluster is created; zero
+	// means the cluster's, or 1 for a new cluster (docs/replication.md).
+	ReplicationFactor int
+	// FailoverTimeout (yaml failoverTimeout, optional) is how long a
+	// partition's replicas go without hearing from its leader before they
+	// elect another: 200ms to 60s, zero means 1s. Replicated clusters only.
+	FailoverTimeout time.Duration
+	// RaftAdvertise and RaftBind (yaml raftAdvertise, raftBind, optional) are
+	// where other nodes reach this node's raft traffic and where it listens
+	// for it; empty means the port above advertise's (bind's).
+	RaftAdvertise string
+	RaftBind      string
 }
 
 // Environment variables that override the file.

@@ -52,7 +52,8 @@ var (
 		"cold.s3.secure": {kind: kindBool}, "cold.s3.region": {kind: kindString}, "cold.s3.prefix": {kind: kindString},
 		"cluster": {kind: kindSwitch}, "cluster.name": {kind: kindString}, "cluster.nodeId": {kind: kindString},
 		"cluster.advertise": {kind: kindString}, "cluster.bind": {kind: kindString}, "cluster.etcd": {kind: kindSection}, "cluster.etcd.endpoints": {kind: kindList},
-		"cluster.leaseTtl": {kind: kindDuration},
+		"cluster.leaseTtl": {kind: kindDuration}, "cluster.replicationFactor": {kind: kindInt}, "cluster.failoverTimeout": {kind: kindDuration},
+		"cluster.raftAdvertise": {kind: kindString}, "cluster.raftBind": {kind: kindString},
 	}
 	appKeys = map[string]leaf{"id": {kind: kindString}, "key": {kind: kindString},
 		"secret": {kind: kindString}, "secretEnv": {kind: kindString}}
@@ -114,7 +115,8 @@ func (c *Config) set(top layer) {
 		"cold.store": &c.Cold.Store, "cold.fs.dir": &c.Cold.FS.Dir, "cold.s3.endpoint": &s.Endpoint,
 		"cold.s3.bucket": &s.Bucket, "cold.s3.accessKeyEnv": &s.AccessKeyEnv, "cold.s3.secretKeyEnv": &s.SecretKeyEnv,
 		"cold.s3.region": &s.Region, "cold.s3.prefix": &s.Prefix,
-		"cluster.name": &cl.Name, "cluster.nodeId": &cl.NodeID, "cluster.advertise": &cl.Advertise, "cluster.bind": &cl.Bind} {
+		"cluster.name": &cl.Name, "cluster.nodeId": &cl.NodeID, "cluster.advertise": &cl.Advertise, "cluster.bind": &cl.Bind,
+		"cluster.raftAdvertise": &cl.RaftAdvertise, "cluster.raftBind": &cl.RaftBind} {
 		if v, ok := top[k].(string); ok {
 			*dst = v
 		}
@@ -137,6 +139,10 @@ func (c *Config) set(top layer) {
 	s.Secure, _ = top["cold.s3.secure"].(bool)
 	cl.Etcd.Endpoints, _ = top["cluster.etcd.endpoints"].([]string)
 	cl.LeaseTTL, _ = top["cluster.leaseTtl"].(time.Duration)
+	cl.FailoverTimeout, _ = top["cluster.failoverTimeout"].(time.Duration)
+	if n, ok := top["cluster.replicationFactor"].(int64); ok {
+		cl.ReplicationFactor = int(max(min(n, math.MaxInt32), math.MinInt32)) // out of range stays out of range
+	}
 	if on, _ := top["cluster"].(bool); on {
 		c.Cluster = &cl
 	}

@@ -134,6 +134,13 @@ func (c *Config) validateCluster(k checker) error {
 		k.check("cluster.etcd.endpoints", when(len(cl.Etcd.Endpoints) == 0, "at least one endpoint is required")),
 		k.check("cluster.leaseTtl", when(cl.LeaseTTL != 0 && (cl.LeaseTTL < 2*time.Second || cl.LeaseTTL > time.Minute || cl.LeaseTTL%time.Second != 0),
 			fmt.Sprintf("expected whole seconds from 2s to 60s, got %v", cl.LeaseTTL))),
+		k.check("cluster.replicationFactor", when(cl.ReplicationFactor < 0 || cl.ReplicationFactor > 7,
+			fmt.Sprintf("expected 1 to 7 (the nodes that keep each partition), got %d", cl.ReplicationFactor))),
+		k.check("cluster.failoverTimeout", when(cl.FailoverTimeout != 0 && (cl.FailoverTimeout < 200*time.Millisecond || cl.FailoverTimeout > time.Minute),
+			fmt.Sprintf("expected 200ms to 60s, got %v", cl.FailoverTimeout))),
+		k.check("cluster.raftAdvertise", when(cl.RaftAdvertise != "" && checkHostPort(cl.RaftAdvertise) != nil,
+			fmt.Sprintf("expected host:port, got %q", cl.RaftAdvertise))),
+		k.check("cluster.raftBind", checkBind(cl.RaftBind)),
 	}
 	for i, e := range cl.Etcd.Endpoints {
 		errs = append(errs, k.check(fmt.Sprintf("cluster.etcd.endpoints[%d]", i), required(e)))
@@ -210,6 +217,12 @@ func checkLeaf(lf leaf, v any) error {
 func checkListen(s string) error {
 	_, port, err := net.SplitHostPort(s)
 	return when(err != nil || checkPort(port) != nil, fmt.Sprintf("expected host:port (the host may be empty), got %q", s))
+}
+
+// checkHostPort checks an advertised host:port: a host and a fixed port.
+func checkHostPort(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	return when(err != nil || host == "" || checkPort(port) != nil || port == "0", "expected host:port")
 }
 
 // checkBind checks cluster.bind: empty (listen on advertise) or host:port with a

@@ -1,0 +1,544 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/persistence"
+	"github.com/holdfast/holdfast/replication"
+)
+
+// The raft half of a member of a replicated cluster (replicationFactor > 1;
+// docs/replication-design.md, step 4). Every partition is a raft group of
+// replicationFactor replicas on different nodes, placed by the controller in
+// etcd (groups/<p>, GroupEntry). The node's database is opened replicated:
+// its write-ahead log carries the raft entries of every group it has a
+// replica of (replication.WALPipeline), and committed entries reach its
+// Badger through the same applier as a single node's writes.
+//
+// Serving: a node serves partition p while its replica of p's group holds
+// the leader lease (Engine.LeaseValid): the host's epoch of p is then the
+// raft term, and every write the activation makes carries it, so a write
+// proposed in a later term is refused (replication.Proposer). The lease
+// lapses before any other replica can be elected, so two nodes never serve
+// p at once; a message handled after the lease lapsed finds the epoch moved
+// and the activation is dropped. etcd plays no part in serving: a node cut
+// off from etcd keeps serving what it leads, and a node cut off from its
+// peers stops within its lease.
+//
+// Routing: a request for p goes to the node this node believes leads p (its
+// own replica's view of the leader, or the hint the last refusal carried),
+// which refuses it with a hint when it does not serve p; the request waits
+// for an election for at most RequestWait.
+//
+// Storage identity: a replica runs only on the data directory it was placed
+// on (ReplicaEntry.Storage). A node back with a new or another directory
+// (a wiped disk, a reused nodeId) runs none of its old replicas: they never
+// vote with a log they forgot.
+//
+// Not built yet (design step 4 continues): moving replicas (join, leave,
+// repair after replaceAfter), which needs snapshots over the WAL; leadership
+// balancing by transfer; cluster status per partition; recover-partition.
+// A cluster forms its groups once replicationFactor nodes are live.
+type replicated struct {
+	m    *member
+	rf   int
+	num  replication.NodeID
+	tick time.Duration
+
+	db      *persistence.DB
+	wp      *replication.WALPipeline
+	carrier *replication.TCPCarrier
+	tr      *replication.NetTransport
+	e       *replication.Engine
+	prop    *replication.Proposer
+	// raftAddr is the address other nodes reach the carrier at.
+	raftAddr string
+
+	mu sync.Mutex
+	// local maps the groups this node runs a replica of to the replica.
+	local map[uint32]replication.ReplicaID
+	// peers is the address book as last given to the transport.
+	peers map[replication.NodeID]NodeInfo
+	// failed names groups whose replica could not start (logged once).
+	failed map[uint32]string
+	// names maps raft node numbers to node ids (any goroutine).
+	names atomic.Pointer[map[uint64]string]
+	// serving is the term each partition was last seen served at, by
+	// servingLoop only.
+	serving []uint64
+	// hints is the node each partition was last said to be led by (a
+	// refusal's hint), for nodes that have no replica of it.
+	hints []atomic.Pointer[string]
+	// waitingLogged: the controller said once that it waits for nodes.
+	waitingLogged bool
+}
+
+// newReplicated opens the raft half of node n, raft node number num, over
+// its replicated database and started pipeline: the WAL pipeline, the
+// carrier (listening), the transport and the engine, none of them started.
+func newReplicated(n *Node, cc ClusterConfig, rf int, num uint64) (*replicated, error) {
+	timeout := cc.FailoverTimeout
+	if timeout == 0 {
+		timeout = time.Second
+	}
+	const electionTicks = 10
+	r := &replicated{
+		rf: rf, db: n.db, num: replication.NodeID(num), tick: timeout / electionTicks,
+		local: map[uint32]replication.ReplicaID{}, peers: map[replication.NodeID]NodeInfo{}, failed: map[uint32]string{},
+		serving: make([]uint64, n.db.Partitions()), hints: make([]atomic.Pointer[string], n.db.Partitions()),
+	}
+	r.names.Store(&map[uint64]string{})
+	bind, adv, err := raftAddrs(cc)
+	if err != nil {
+		return nil, err
+	}
+	log := n.log.With("node", cc.NodeID)
+	r.wp = replication.NewWALPipeline(n.db, n.pipe, replication.WALConfig{Logger: log})
+	if r.carrier, err = replication.ListenTCP(replication.TCPConfig{Bind: bind, Logger: log}); err != nil {
+		r.wp.Close()
+		return nil, fmt.Errorf("cluster: raft carrier: %w", err)
+	}
+	r.raftAddr = adv
+	if host, port, _ := net.SplitHostPort(adv); port == "0" {
+		_, lport, _ := net.SplitHostPort(r.carrier.Addr())
+		r.raftAddr = net.JoinHostPort(host, lport)
+	}
+	onBeat := func(g replication.GroupID, from replication.ReplicaID, sent time.Time) {
+		if e := r.e; e != nil {
+			e.OnBeatAck(g, from, sent)
+		}
+	}
+	if r.tr, err = replication.NewNetTransport(replication.NetConfig{Node: r.num, Storage: n.storageID, BeatInterval: r.tick / 2, OnBeatAck: onBeat, Logger: log}, r.carrier); err == nil {
+		r.carrier.SetHandler(r.tr.HandleFrame)
+		r.e, err = replication.New(replication.Config{Node: r.num, TickInterval: r.tick, ElectionTick: electionTicks, Logger: log}, r.tr, r.wp)
+	}
+	if err != nil {
+		r.close()
+		return nil, err
+	}
+	r.prop = replication.NewProposer(r.e, n.pipe)
+	return r, nil
+}
+
+// raftAddrs derives the carrier's listen and advertised addresses.
+func raftAddrs(cc ClusterConfig) (bind, advertise string, err error) {
+	next := func(addr string) (string, error) {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return "", fmt.Errorf("cluster: address %q: %w", addr, err)
+		}
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 0 || n >= 65535 {
+			return "", fmt.Errorf("cluster: address %q: no port above it for the raft carrier; set cluster.raftAdvertise", addr)
+		}
+		if n == 0 {
+			return net.JoinHostPort(host, "0"), nil
+		}
+		return net.JoinHostPort(host, strconv.Itoa(n+1)), nil
+	}
+	advertise = cc.RaftAdvertise
+	if advertise == "" {
+		if advertise, err = next(cc.Advertise); err != nil {
+			return "", "", err
+		}
+	}
+	bind = cc.RaftBind
+	if bind == "" {
+		from := cc.Bind
+		if from == "" {
+			from = cc.Advertise
+		}
+		if cc.RaftAdvertise != "" && cc.Bind == "" {
+			bind = cc.RaftAdvertise
+		} else if bind, err = next(from); err != nil {
+			return "", "", err
+		}
+	}
+	return bind, advertise, nil
+}
+
+// start starts the transport and the engine; groups join as reconcile finds
+// them in the table.
+func (r *replicated) start() error {
+	if err := r.tr.Start(r.e); err != nil {
+		return err
+	}
+	return r.e.Start()
+}
+
+// close stops the engine, the transport, the carrier and the WAL pipeline
+// (not the persistence pipeline or the database: the node's).
+func (r *replicated) close() {
+	if r.e != nil {
+		_ = r.e.Close()
+	}
+	if r.tr != nil {
+		_ = r.tr.Close()
+	}
+	_ = r.carrier.Close()
+	r.wp.Close()
+}
+
+// epoch is partition p's serving epoch: the raft term while this node's
+// replica holds p's leader lease, else 0.
+func (r *replicated) epoch(p uint32) uint64 {
+	if r.e == nil {
+		return 0
+	}
+	if term, ok := r.e.LeaseValid(replication.GroupID(p)); ok {
+		return term
+	}
+	return 0
+}
+
+// served lists the partitions this node serves now.
+func (r *replicated) served() []uint32 {
+	var out []uint32
+	for _, g := range r.e.Groups() {
+		if r.epoch(uint32(g)) != 0 {
+			out = append(out, uint32(g))
+		}
+	}
+	return out
+}
+
+// nameOf returns the node id of raft node number num ("" if unknown).
+func (r *replicated) nameOf(num replication.NodeID) string { return (*r.names.Load())[uint64(num)] }
+
+// leader returns the node id this node believes leads p, or "".
+func (r *replicated) leader(p uint32) string {
+	if r.e != nil {
+		if st, err := r.e.Status(replication.GroupID(p)); err == nil {
+			if st.Leader != 0 {
+				return r.nameOf(st.Leader)
+			}
+			return ""
+		}
+	}
+	if h := r.hints[p].Load(); h != nil {
+		return *h
+	}
+	return ""
+}
+
+// hint records that p is led by node id (a refusal said so).
+func (r *replicated) hint(p uint32, id string) {
+	if id == "" {
+		r.hints[p].Store(nil)
+		return
+	}
+	r.hints[p].Store(&id)
+}
+
+// reconcile brings the transport's address book and the engine's groups in
+// line with the table: every live node's raft address, and a replica for
+// every group entry that places one on this node's data directory.
+func (r *replicated) reconcile() {
+	m := r.m
+	nodes, _, _, _ := m.view.snapshot()
+	groups := m.view.groupsSnapshot()
+	names := map[uint64]string{}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, n := range nodes {
+		if n.Num == 0 || n.Raft == "" {
+			continue
+		}
+		names[n.Num] = id
+		num := replication.NodeID(n.Num)
+		if old, ok := r.peers[num]; ok && old.Raft == n.Raft && old.Storage == n.Storage {
+			continue
+		}
+		r.peers[num] = n
+		if num != r.num {
+			r.carrier.SetAddr(num, n.Raft)
+			r.tr.SetPeer(num, n.Storage)
+		}
+	}
+	// A node that is down keeps its number's name: replicas name it.
+	for num, n := range r.peers {
+		if _, ok := names[uint64(num)]; !ok {
+			names[uint64(num)] = n.ID
+		}
+	}
+	for _, g := range groups {
+		for _, rep := range g.Replicas {
+			if _, ok := names[rep.Num]; !ok {
+				names[rep.Num] = rep.Node
+			}
+		}
+	}
+	r.names.Store(&names)
+	for i, g := range groups {
+		p := uint32(i)
+		if _, ok := r.local[p]; ok || len(g.Replicas) == 0 {
+			continue
+		}
+		me, ok := g.replicaOn(m.id, m.storage)
+		if !ok {
+			continue
+		}
+		if err := r.addGroup(p, g, me); err != nil {
+			if r.failed[p] != err.Error() {
+				r.failed[p] = err.Error()
+				m.log.Error("cannot start a partition's replica", "partition", p, "replica", me.ID, "err", err)
+			}
+			continue
+		}
+		delete(r.failed, p)
+		r.local[p] = replication.ReplicaID(me.ID)
+	}
+}
+
+// addGroup starts this node's replica me of partition p's group g: a
+// founder bootstraps its log with the founding voters the first time.
+func (r *replicated) addGroup(p uint32, g GroupEntry, me ReplicaEntry) error {
+	gid, rid := replication.GroupID(p), replication.ReplicaID(me.ID)
+	peers := map[replication.ReplicaID]replication.NodeID{}
+	cs := &raftpb.ConfState{}
+	for _, rep := range g.Replicas {
+		peers[replication.ReplicaID(rep.ID)] = replication.NodeID(rep.Num)
+		if rep.Founder {
+			cs.Voters = append(cs.Voters, rep.ID)
+		}
+	}
+	if me.Founder {
+		if last, _ := r.db.RaftStorage(uint64(p), me.ID, nil).LastIndex(); last == 0 {
+			ctx, cancel := context.WithTimeout(r.m.ctx, 10*time.Second)
+			err := r.wp.Bootstrap(ctx, gid, rid, cs)
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
+	}
+	st, applied, err := r.wp.Storage(gid, rid)
+	if err != nil {
+		return err
+	}
+	return r.e.AddGroup(replication.GroupConfig{ID: gid, Replica: rid, Peers: peers, Storage: st, Applied: applied})
+}
+
+// servingLoop follows the leases of this node's replicas: a partition whose
+// replica gained the lease is taken up (queue replay, alarms), one that lost
+// it is dropped (its activations go at once rather than at their next
+// message). Serving itself needs no loop: the host reads epoch on every
+// message.
+func (r *replicated) servingLoop() {
+	t := time.NewTicker(max(r.tick/2, 5*time.Millisecond))
+	defer t.Stop()
+	host := r.m.n.host
+	for {
+		select {
+		case <-r.m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		gained, lost := 0, 0
+		for _, g := range r.e.Groups() {
+			p := uint32(g)
+			now, prev := r.epoch(p), r.serving[p]
+			if now == prev {
+				continue
+			}
+			r.serving[p] = now
+			if prev != 0 {
+				host.DropPartition(p)
+				lost++
+			}
+			if now != 0 {
+				host.TakeUp(p)
+				gained++
+			}
+			r.m.log.Debug("partition leadership changed", "partition", p, "term", now, "was", prev)
+		}
+		if lost > 0 && gained == 0 {
+			host.Scheduler().Reset()
+		}
+	}
+}
+
+// placeGroups is the controller's pass in a replicated cluster: every
+// partition without a group gets one, once replicationFactor eligible nodes
+// are live, its replicas spread over them in turn (partition p's first
+// replica on the p-th node, the next ones on the following nodes), so that
+// each node holds about as many replicas, and first replicas, as the others.
+func (r *replicated) placeGroups() error {
+	m := r.m
+	nodes, _, _, _ := m.view.snapshot()
+	groups := m.view.groupsSnapshot()
+	missing := 0
+	for _, g := range groups {
+		if len(g.Replicas) == 0 {
+			missing++
+		}
+	}
+	if missing == 0 {
+		return nil
+	}
+	var eligible []NodeInfo
+	for _, id := range sortedIDs(nodes) {
+		n := nodes[id]
+		if !n.Client && !n.Leaving && n.Num != 0 && n.Raft != "" && n.Storage != "" {
+			eligible = append(eligible, n)
+		}
+	}
+	if len(eligible) < r.rf {
+		if !r.waitingLogged {
+			r.waitingLogged = true
+			m.log.Info("waiting for nodes to form the cluster's replicated partitions", "live", len(eligible), "replicationFactor", r.rf)
+		}
+		return nil
+	}
+	placed := 0
+	for i, g := range groups {
+		if len(g.Replicas) != 0 {
+			continue
+		}
+		ne := GroupEntry{Next: uint64(r.rf) + 1}
+		for j := range r.rf {
+			n := eligible[(i+j)%len(eligible)]
+			ne.Replicas = append(ne.Replicas, ReplicaEntry{ID: uint64(j + 1), Node: n.ID, Num: n.Num, Storage: n.Storage, Founder: true})
+		}
+		if err := casGroup(m.ctx, m.cli, m.k, uint32(i), g, ne); err != nil {
+			return err
+		}
+		placed++
+	}
+	m.log.Info("formed the cluster's replicated partitions", "partitions", placed, "nodes", len(eligible), "replicationFactor", r.rf)
+	return nil
+}
+
+// notLeaderErr is a replica's refusal of a request for p, which it does not
+// serve now, with the node it believes leads p.
+func (r *replicated) notLeaderErr(p uint32) error {
+	lead := r.leader(p)
+	if lead == r.m.id {
+		lead = "" // elected, the lease not yet held: ask again
+	}
+	return &notOwnerError{msg: fmt.Sprintf("node %s does not serve partition %d now", r.m.id, p), leader: lead}
+}
+
+// request runs msg on object id on the node that leads its partition,
+// waiting out an election for at most RequestWait.
+func (r *replicated) request(ctx context.Context, id actors.ObjectID, msg any) (any, Served, error) {
+	m := r.m
+	p := persistence.Partition(id, len(m.state))
+	waitUntil := time.Now().Add(m.cfg.RequestWait)
+	tried := 0
+	for {
+		var why error
+		if e := r.epoch(p); e != 0 {
+			v, err := m.n.host.Request(ctx, id, msg)
+			if !actors.NotServed(err) {
+				return v, Served{Node: m.id, Partition: p, Epoch: e}, err
+			}
+			why = err
+		} else {
+			target := r.leader(p)
+			if target == "" && r.e != nil {
+				if _, err := r.e.Status(replication.GroupID(p)); err != nil {
+					// No replica here and no hint: ask the group's replicas in turn.
+					if g := m.view.group(p); len(g.Replicas) > 0 {
+						target = g.Replicas[tried%len(g.Replicas)].Node
+					}
+				}
+			}
+			info, live := m.view.node(target)
+			switch {
+			case len(m.view.group(p).Replicas) == 0:
+				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is not formed yet: the cluster waits for %d nodes", p, r.rf), RetryAfter: time.Second}
+			case target == "":
+				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d has no leader now (an election is under way)", p), RetryAfter: 200 * time.Millisecond}
+			case target == m.id:
+				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is being taken up by this node", p), RetryAfter: 100 * time.Millisecond}
+			case !live || m.tr.isDown(info.Addr):
+				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d's leader %s does not answer; waiting for an election", p, target), RetryAfter: 500 * time.Millisecond}
+				r.hint(p, "")
+				tried++
+			default:
+				var v any
+				var served Served
+				var err error
+				var retry bool
+				if sub, ok := msg.(actors.KVSubscribe); ok {
+					v, served, err, retry = m.subscribeRemote(ctx, info, id, sub)
+				} else {
+					v, served, err, retry = m.forward(ctx, info, id, msg)
+				}
+				if !retry {
+					return v, served, err
+				}
+				var no *notOwnerError
+				if errors.As(err, &no) {
+					r.hint(p, no.leader)
+				}
+				tried++
+				why = err
+			}
+		}
+		if ctx.Err() != nil || time.Now().After(waitUntil) {
+			return nil, Served{}, retryLater(why)
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+}
+
+// leave hands the leadership of every group this node leads to a replica on
+// a live node that is not leaving, so that its partitions are served
+// elsewhere before it stops (a graceful stop or `holdfast cluster leave`).
+// Its replicas stay: moving them away is not built yet, so a node that
+// leaves for good leaves its groups a replica short.
+func (r *replicated) leave(ctx context.Context) error {
+	m := r.m
+	nodes, _, _, _ := m.view.snapshot()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	sem := make(chan struct{}, 32)
+	led := 0
+	for _, g := range r.e.Groups() {
+		st, err := r.e.Status(g)
+		if err != nil || !st.IsLeader {
+			continue
+		}
+		led++
+		entry := m.view.group(uint32(g))
+		to := replication.ReplicaID(0)
+		for _, rep := range entry.Replicas {
+			n, live := nodes[rep.Node]
+			if rep.Node != m.id && live && !n.Leaving && n.Storage == rep.Storage {
+				to = replication.ReplicaID(rep.ID)
+				break
+			}
+		}
+		if to == 0 {
+			failed.Add(1)
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() { // owned here: leave waits for every transfer
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := r.e.TransferLeader(ctx, g, to); err != nil {
+				failed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		return fmt.Errorf("%d of the %d partitions this node led could not be handed to another replica", n, led)
+	}
+	m.log.Info("left the cluster's leaderships to other replicas", "partitions", led)
+	return nil
+}

@@ -1,0 +1,266 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/holdfast/holdfast/replication"
+)
+
+// Replicated clusters in process (replicationFactor 3): every partition a
+// raft group over the nodes' write-ahead logs, served by its leader under
+// the leader lease.
+
+func newReplicatedCluster(t *testing.T, nodes ...string) *testCluster {
+	t.Helper()
+	tc := newTestCluster(t)
+	tc.rf, tc.failover = 3, 500*time.Millisecond
+	for _, id := range nodes {
+		tc.start(id)
+	}
+	start := time.Now()
+	tc.waitServed(30 * time.Second)
+	t.Logf("%d partitions served %v after the last node started", testPartitions, time.Since(start).Round(time.Millisecond))
+	return tc
+}
+
+// servers returns the live nodes that serve partition p now.
+func (tc *testCluster) servers(p uint32) []string {
+	var out []string
+	for _, n := range tc.live() {
+		if n.member.servingEpoch(p) != 0 {
+			out = append(out, n.member.id)
+		}
+	}
+	return out
+}
+
+// waitServed waits until every partition is served by one live node.
+func (tc *testCluster) waitServed(timeout time.Duration) {
+	tc.t.Helper()
+	deadline := time.Now().Add(timeout)
+	why := ""
+	for time.Now().Before(deadline) {
+		why = ""
+		for p := range uint32(testPartitions) {
+			if s := tc.servers(p); len(s) != 1 {
+				why = fmt.Sprintf("partition %d served by %v", p, s)
+				break
+			}
+		}
+		if why == "" {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tc.t.Fatalf("not every partition served after %v: %s", timeout, why)
+}
+
+// ledBy counts the partitions each live node serves.
+func (tc *testCluster) ledBy() map[string]int {
+	out := map[string]int{}
+	for p := range uint32(testPartitions) {
+		for _, id := range tc.servers(p) {
+			out[id]++
+		}
+	}
+	return out
+}
+
+func TestReplicated_FormsGroupsOnEveryNodeAndRoutesToLeaders(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	n := tc.node("a")
+	groups := n.member.view.groupsSnapshot()
+	for p, g := range groups {
+		nodes := map[string]bool{}
+		for _, r := range g.Replicas {
+			nodes[r.Node] = true
+		}
+		if len(g.Replicas) != 3 || len(nodes) != 3 {
+			t.Fatalf("partition %d: replicas %+v, want 3 on 3 nodes", p, g.Replicas)
+		}
+	}
+	for _, node := range tc.live() {
+		if got := len(node.member.r.e.Groups()); got != testPartitions {
+			t.Fatalf("node %s runs %d replicas, want %d", node.member.id, got, testPartitions)
+		}
+		if !node.db.Replicated() {
+			t.Fatalf("node %s: database not replicated", node.member.id)
+		}
+	}
+	t.Logf("leaders: %v", tc.ledBy())
+	// Every node reaches every object; the served-by epochs never interleave.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 40 {
+		key := fmt.Sprintf("k%d", i)
+		for j, node := range tc.live() {
+			if _, err := tc.set(ctx, node, key, fmt.Sprint("s", j), i); err != nil {
+				t.Fatalf("set %s via %s: %v", key, node.member.id, err)
+			}
+		}
+		for _, node := range tc.live() {
+			st, _, err := tc.get(ctx, node, key)
+			if err != nil {
+				t.Fatalf("get %s via %s: %v", key, node.member.id, err)
+			}
+			if len(st.State) != 3 {
+				t.Fatalf("get %s via %s: %v, want 3 slots", key, node.member.id, st.State)
+			}
+		}
+	}
+	tc.activity.verify(t)
+}
+
+// TestReplicated_KillOfALeaderLosesNothing crashes the node that leads the
+// most partitions under load: the other replicas elect leaders and serve,
+// and every acknowledged increment is there, through every live node.
+func TestReplicated_KillOfALeaderLosesNothing(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	stop := make(chan struct{})
+	wait := tc.load(stop, 12)
+	time.Sleep(1500 * time.Millisecond)
+	victim, most := "", -1
+	for id, c := range tc.ledBy() {
+		if c > most {
+			victim, most = id, c
+		}
+	}
+	crashed := time.Now()
+	tc.crash(victim)
+	tc.waitServed(30 * time.Second)
+	t.Logf("crashed %s (leading %d of %d partitions): every partition served again after %v", victim, most, testPartitions, time.Since(crashed).Round(time.Millisecond))
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	counts := wait()
+	acked := int64(0)
+	for _, c := range counts {
+		acked += c.acked
+	}
+	if acked == 0 {
+		t.Fatal("no write was acknowledged")
+	}
+	tc.checkCounts(counts)
+	tc.activity.verify(t)
+	t.Logf("%d acknowledged increments checked", acked)
+}
+
+// TestReplicated_ARestartedNodeCatchesUp: a node down while the others wrote
+// comes back with its data directory, rejoins its groups from its log, and
+// can lead again.
+func TestReplicated_ARestartedNodeCatchesUp(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	tc.crash("c")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 30 {
+		if _, err := tc.set(ctx, tc.node("a"), fmt.Sprintf("k%d", i), "v", i); err != nil {
+			t.Fatalf("set k%d with c down: %v", i, err)
+		}
+	}
+	c := tc.start("c")
+	if got := len(c.member.r.e.Groups()); got != testPartitions {
+		// reconcile adds them as soon as it reads the table
+		deadline := time.Now().Add(10 * time.Second)
+		for len(c.member.r.e.Groups()) != testPartitions && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// Hand every leadership to c: it must serve what a and b wrote while it
+	// was down, from its own replicas.
+	cReplica := func(p uint32) replication.ReplicaID {
+		r, _ := c.member.view.group(p).replicaOn("c", c.storageID)
+		return replication.ReplicaID(r.ID)
+	}
+	for p := range uint32(testPartitions) {
+		for _, n := range tc.live() {
+			if st, err := n.member.r.e.Status(replication.GroupID(p)); err == nil && st.IsLeader && n != c {
+				if err := n.member.r.e.TransferLeader(ctx, replication.GroupID(p), cReplica(p)); err != nil {
+					t.Fatalf("transfer partition %d from %s to c: %v", p, n.member.id, err)
+				}
+			}
+		}
+	}
+	tc.waitServed(30 * time.Second)
+	if led := tc.ledBy()["c"]; led != testPartitions {
+		t.Fatalf("c leads %d partitions after every leadership was handed to it: %v", led, tc.ledBy())
+	}
+	for i := range 30 {
+		st, served, err := tc.get(ctx, c, fmt.Sprintf("k%d", i))
+		if err != nil {
+			t.Fatalf("get k%d via c: %v", i, err)
+		}
+		if string(st.State["v"]) != fmt.Sprint(i) || served.Node != "c" {
+			t.Fatalf("k%d via c = %q (served by %s), want %d from c", i, st.State["v"], served.Node, i)
+		}
+	}
+}
+
+// TestReplicated_AWipedDiskNeverVotes: a node back with an empty data
+// directory under its old nodeId runs none of its old replicas (they would
+// vote with a log they forgot); the others keep serving.
+func TestReplicated_AWipedDiskNeverVotes(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := tc.set(ctx, tc.node("a"), "k", "v", 1); err != nil {
+		t.Fatal(err)
+	}
+	tc.crash("c")
+	tc.dirs["c"] = filepath.Join(t.TempDir(), "c-new")
+	c := tc.start("c")
+	time.Sleep(time.Second) // a few reconcile passes
+	if got := c.member.r.e.Groups(); len(got) != 0 {
+		t.Fatalf("the wiped node runs replicas %v of its old data directory", got)
+	}
+	st, _, err := tc.get(ctx, c, "k")
+	if err != nil || string(st.State["v"]) != "1" {
+		t.Fatalf("get k via the wiped node: %v %v", st, err)
+	}
+	for p := range uint32(testPartitions) {
+		if s := tc.servers(p); len(s) != 1 || s[0] == "c" {
+			t.Fatalf("partition %d served by %v", p, s)
+		}
+	}
+}
+
+// TestReplicated_TheReplicationFactorIsFixed: a node configured with another
+// replication factor than its cluster's is refused, with both numbers.
+func TestReplicated_TheReplicationFactorIsFixed(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	_, err := Start(Config{
+		DataDir: t.TempDir(), Partitions: testPartitions, Logger: testLogger(t),
+		Cluster: &ClusterConfig{Name: tc.name, NodeID: "d", Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, ReplicationFactor: 1},
+	})
+	if err == nil || !strings.Contains(err.Error(), "keeps 3 replicas") || !strings.Contains(err.Error(), "replicationFactor 1") {
+		t.Fatalf("start with replicationFactor 1 in a cluster of 3: %v", err)
+	}
+}
+
+// TestReplicated_GracefulStopHandsLeadershipsOver: a node that leaves
+// gracefully hands each leadership to another replica first (each transfer
+// confirmed by raft), so its partitions do not wait for an election.
+func TestReplicated_GracefulStopHandsLeadershipsOver(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	a := tc.node("a")
+	before := tc.ledBy()["a"]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.member.leave(ctx); err != nil {
+		t.Fatalf("leave (a led %d partitions): %v", before, err)
+	}
+	for p := range uint32(testPartitions) {
+		for _, id := range tc.servers(p) {
+			if id == "a" {
+				t.Fatalf("partition %d still served by a after it handed its leaderships over", p)
+			}
+		}
+	}
+	tc.waitServed(30 * time.Second)
+	t.Logf("a handed over %d leaderships; now %v", before, tc.ledBy())
+	tc.leave("a")
+}
