@@ -126,7 +126,7 @@ func (tc *testCluster) start(id string) *Node {
 	}
 	n, err := Start(Config{
 		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t), TypeOptions: testTypeOptions,
-		Hooks:   actors.Hooks{Routed: tc.activity.routed(id)},
+		Hooks: actors.Hooks{Routed: tc.activity.routed(id)},
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second,
 			ReplicationFactor: tc.rf, FailoverTimeout: tc.failover},
 	})

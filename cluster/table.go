@@ -36,14 +36,14 @@ type keys struct{ root string }
 
 func newKeys(cluster string) keys { return keys{root: "/holdfast/" + cluster + "/"} }
 
-func (k keys) meta() string           { return k.root + "meta" }
-func (k keys) nodes() string          { return k.root + "nodes/" }
-func (k keys) node(id string) string  { return k.root + "nodes/" + id }
-func (k keys) parts() string          { return k.root + "parts/" }
-func (k keys) part(p uint32) string   { return fmt.Sprintf("%sparts/%05d", k.root, p) }
-func (k keys) controller() string     { return k.root + "controller" }
-func (k keys) groups() string         { return k.root + "groups/" }
-func (k keys) group(p uint32) string  { return fmt.Sprintf("%sgroups/%05d", k.root, p) }
+func (k keys) meta() string          { return k.root + "meta" }
+func (k keys) nodes() string         { return k.root + "nodes/" }
+func (k keys) node(id string) string { return k.root + "nodes/" + id }
+func (k keys) parts() string         { return k.root + "parts/" }
+func (k keys) part(p uint32) string  { return fmt.Sprintf("%sparts/%05d", k.root, p) }
+func (k keys) controller() string    { return k.root + "controller" }
+func (k keys) groups() string        { return k.root + "groups/" }
+func (k keys) group(p uint32) string { return fmt.Sprintf("%sgroups/%05d", k.root, p) }
 func (k keys) nodeNum(id string) string {
 	return k.root + "nodenum/" + id
 }
