@@ -32,6 +32,11 @@ type Status struct {
 	Unavailable int `json:"unavailable"`
 	Refused     int `json:"refused"`
 	Moving      int `json:"moving"`
+	// ReplicationFactor is how many replicas each partition has (1: one
+	// copy, owned through etcd). UnderReplicated counts the partitions with
+	// fewer live replicas than that, served or not.
+	ReplicationFactor int `json:"replicationFactor"`
+	UnderReplicated   int `json:"underReplicated"`
 	// Parts has one row per partition.
 	Parts []PartStatus `json:"partitions,omitempty"`
 }
@@ -83,6 +88,13 @@ type PartStatus struct {
 	State     string `json:"state"`
 	// Reason says why it is not served, for people.
 	Reason string `json:"reason,omitempty"`
+	// Replicated clusters: the node that serves the partition (its leader
+	// under the lease; also in Owner) and its raft term (also in Epoch), the
+	// replicas, and whether fewer than the replication factor are live.
+	Leader          string          `json:"leader,omitempty"`
+	Term            uint64          `json:"term,omitempty"`
+	Replicas        []ReplicaStatus `json:"replicas,omitempty"`
+	UnderReplicated bool            `json:"underReplicated,omitempty"`
 }
 
 // UnavailableParts lists the partitions that are not served now (refused ones
@@ -167,7 +179,7 @@ func readStatus(ctx context.Context, cli *clientv3.Client, k keys, name string) 
 			}
 		}
 	}
-	st := &Status{Name: name, Partitions: meta.Partitions}
+	st := &Status{Name: name, Partitions: meta.Partitions, ReplicationFactor: meta.rf()}
 	if i := strings.LastIndexByte(ctrl, '/'); i > 0 {
 		st.Controller = ctrl[:i] // the value is node/lease
 	}
@@ -186,6 +198,16 @@ func readStatus(ctx context.Context, cli *clientv3.Client, k keys, name string) 
 			ns.State = NodeLeaving
 		}
 		rows[id] = ns
+	}
+	if meta.rf() > 1 {
+		reports := map[string][]byte{}
+		for _, kv := range resp.Kvs {
+			if strings.HasPrefix(string(kv.Key), k.replicasPrefix()) {
+				reports[string(kv.Key)] = kv.Value
+			}
+		}
+		replicatedStatus(st, meta.rf(), nodes, v.groupsSnapshot(), replicaReports(k, reports, nodes), rows)
+		parts = nil
 	}
 	for p, e := range parts {
 		ps := PartStatus{Partition: uint32(p), Owner: e.Owner, Epoch: e.Epoch, Target: e.Target, StorageID: e.Storage, State: PartUnavailable}

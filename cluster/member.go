@@ -266,6 +266,8 @@ func (m *member) start() error {
 			return err
 		}
 		m.goOwned(m.r.servingLoop)
+		m.goOwned(m.r.balanceLoop)
+		m.goOwned(m.r.reportLoop)
 	}
 	m.goOwned(m.sessionLoop)
 	m.goOwned(m.reconcileLoop)

@@ -338,6 +338,7 @@ func (r *replicated) servingLoop() {
 	t := time.NewTicker(max(r.tick/2, 5*time.Millisecond))
 	defer t.Stop()
 	host := r.m.n.host
+	stuck := map[uint32]time.Time{} // led without the lease since
 	for {
 		select {
 		case <-r.m.ctx.Done():
@@ -348,6 +349,7 @@ func (r *replicated) servingLoop() {
 		for _, g := range r.e.Groups() {
 			p := uint32(g)
 			now, prev := r.epoch(p), r.serving[p]
+			r.unstick(g, now != 0, stuck)
 			if now == prev {
 				continue
 			}
@@ -365,6 +367,49 @@ func (r *replicated) servingLoop() {
 		if lost > 0 && gained == 0 {
 			host.Scheduler().Reset()
 		}
+	}
+}
+
+// stuckAfter is how long, in election timeouts, a replica may lead without
+// the lease before it hands the leadership to another replica.
+const stuckAfter = 3
+
+// unstick hands group g to another replica when this replica has led it
+// without the lease for stuckAfter election timeouts. A lease normally
+// comes within a heartbeat round of an election; what keeps it off for good
+// is a transfer abandoned because its transferee stopped answering (the
+// lease waits for that replica's ack, so that a late MsgTimeoutNow cannot
+// elect it behind the lease: replication/lease.go). Raft has no way to step
+// down at will, but a transfer to a replica that answers ends the term, and
+// with it the danger.
+func (r *replicated) unstick(g replication.GroupID, serving bool, stuck map[uint32]time.Time) {
+	p := uint32(g)
+	st, err := r.e.Status(g)
+	if serving || err != nil || !st.IsLeader {
+		delete(stuck, p)
+		return
+	}
+	since, ok := stuck[p]
+	if !ok {
+		stuck[p] = time.Now()
+		return
+	}
+	if time.Since(since) < stuckAfter*10*r.tick {
+		return
+	}
+	stuck[p] = time.Now() // at most one attempt per stuckAfter timeouts
+	for _, rep := range r.m.view.group(p).Replicas {
+		to := replication.ReplicaID(rep.ID)
+		if to == st.Replica || !r.e.Responsive(g, to, responsiveWithin(r.tick)) {
+			continue
+		}
+		r.m.log.Warn("leading a partition without the lease for too long; handing it to another replica", "partition", p, "to", rep.Node)
+		r.m.goOwned(func() {
+			ctx, cancel := context.WithTimeout(r.m.ctx, 20*r.tick)
+			defer cancel()
+			_ = r.e.TransferLeader(ctx, g, to)
+		})
+		return
 	}
 }
 
@@ -506,25 +551,31 @@ func (r *replicated) leave(ctx context.Context) error {
 	var failed atomic.Int64
 	sem := make(chan struct{}, 32)
 	led := 0
+	load := r.leaderCounts()
 	for _, g := range r.e.Groups() {
 		st, err := r.e.Status(g)
 		if err != nil || !st.IsLeader {
 			continue
 		}
 		led++
-		entry := m.view.group(uint32(g))
-		to := replication.ReplicaID(0)
-		for _, rep := range entry.Replicas {
+		// To the responsive replica on the live node that leads the fewest
+		// groups.
+		to, toNode := replication.ReplicaID(0), ""
+		for _, rep := range m.view.group(uint32(g)).Replicas {
 			n, live := nodes[rep.Node]
-			if rep.Node != m.id && live && !n.Leaving && n.Storage == rep.Storage {
-				to = replication.ReplicaID(rep.ID)
-				break
+			if rep.Node == m.id || !live || n.Leaving || n.Storage != rep.Storage ||
+				!r.e.Responsive(g, replication.ReplicaID(rep.ID), responsiveWithin(r.tick)) {
+				continue
+			}
+			if to == 0 || load[rep.Node] < load[toNode] {
+				to, toNode = replication.ReplicaID(rep.ID), rep.Node
 			}
 		}
 		if to == 0 {
 			failed.Add(1)
 			continue
 		}
+		load[toNode]++
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() { // owned here: leave waits for every transfer
@@ -541,4 +592,104 @@ func (r *replicated) leave(ctx context.Context) error {
 	}
 	m.log.Info("left the cluster's leaderships to other replicas", "partitions", led)
 	return nil
+}
+
+// responsiveWithin is how recent a replica's last heartbeat acknowledgement
+// must be for it to take a leadership: a few heartbeat intervals (half a
+// tick each).
+func responsiveWithin(tick time.Duration) time.Duration { return 3 * tick }
+
+// leaderCounts counts, over the groups this node has a replica of, the
+// groups each node leads as this node's replicas see it.
+func (r *replicated) leaderCounts() map[string]int {
+	out := map[string]int{}
+	for _, g := range r.e.Groups() {
+		if st, err := r.e.Status(g); err == nil && st.Leader != 0 {
+			out[r.nameOf(st.Leader)]++
+		}
+	}
+	return out
+}
+
+// Leadership balancing. Placement rotates each group's first replica over
+// the nodes, so "every group led by its first replica" spreads the leaders
+// evenly; elections ignore it (the first replica to time out wins). Every
+// balanceEvery the leader of a group whose first replica is on another live
+// node, not leaving, on the data directory it was placed on, hands the
+// group over, a few at a time. A transfer ends the lease at once and, if the
+// transferee does not take over (it is cut off, or far behind), raft gives
+// up after an election timeout and the group is unserved meanwhile: so each
+// group is tried at most once per balanceBackoff.
+const (
+	balanceEvery   = 2 * time.Second
+	balanceBackoff = 30 * time.Second
+	balanceAtOnce  = 4
+)
+
+// balanceLoop runs the balancing passes until the member stops.
+func (r *replicated) balanceLoop() {
+	t := time.NewTicker(balanceEvery)
+	defer t.Stop()
+	next := map[replication.GroupID]time.Time{}
+	for {
+		select {
+		case <-r.m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if r.m.leaving.Load() {
+			continue
+		}
+		r.balance(next)
+	}
+}
+
+// balance runs one pass: it hands at most balanceAtOnce groups to their
+// first replica and waits for the transfers to end.
+func (r *replicated) balance(next map[replication.GroupID]time.Time) {
+	m := r.m
+	nodes, _, _, _ := m.view.snapshot()
+	now := time.Now()
+	type move struct {
+		g  replication.GroupID
+		to replication.ReplicaID
+	}
+	var moves []move
+	for _, g := range r.e.Groups() {
+		if len(moves) == balanceAtOnce {
+			break
+		}
+		if st, err := r.e.Status(g); err != nil || !st.IsLeader || r.epoch(uint32(g)) == 0 || now.Before(next[g]) {
+			continue
+		}
+		reps := m.view.group(uint32(g)).Replicas
+		if len(reps) == 0 || reps[0].Node == m.id {
+			continue
+		}
+		first := reps[0]
+		if n, live := nodes[first.Node]; !live || n.Leaving || n.Storage != first.Storage || n.Num != first.Num {
+			continue
+		}
+		if !r.e.Responsive(g, replication.ReplicaID(first.ID), responsiveWithin(r.tick)) {
+			continue // down (its registration may outlive it by a lease TTL), or behind
+		}
+		next[g] = now.Add(balanceBackoff)
+		moves = append(moves, move{g, replication.ReplicaID(first.ID)})
+	}
+	if len(moves) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, 3*r.tick*10)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, mv := range moves {
+		wg.Add(1)
+		go func() { // owned here: balance waits for every transfer
+			defer wg.Done()
+			if err := r.e.TransferLeader(ctx, mv.g, mv.to); err != nil && m.ctx.Err() == nil {
+				m.log.Debug("leadership transfer for balance failed", "partition", uint32(mv.g), "to", uint64(mv.to), "err", err)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -60,6 +60,25 @@ func (tc *testCluster) waitServed(timeout time.Duration) {
 	tc.t.Fatalf("not every partition served after %v: %s", timeout, why)
 }
 
+// waitStatus polls ReadStatus until bad returns "" for it.
+func (tc *testCluster) waitStatus(ctx context.Context, what string, bad func(*Status) string) {
+	tc.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := ReadStatus(ctx, []string{tc.etcd.Endpoint()}, tc.name)
+		why := ""
+		if err != nil {
+			why = err.Error()
+		} else if why = bad(st); why == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("status: want %s, got: %s", what, why)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // ledBy counts the partitions each live node serves.
 func (tc *testCluster) ledBy() map[string]int {
 	out := map[string]int{}
@@ -92,7 +111,24 @@ func TestReplicated_FormsGroupsOnEveryNodeAndRoutesToLeaders(t *testing.T) {
 			t.Fatalf("node %s: database not replicated", node.member.id)
 		}
 	}
-	t.Logf("leaders: %v", tc.ledBy())
+	// Leaderships spread out: each node leads its share (the groups whose
+	// first replica it has).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		led := tc.ledBy()
+		lo, hi := testPartitions, 0
+		for _, node := range tc.live() {
+			lo, hi = min(lo, led[node.member.id]), max(hi, led[node.member.id])
+		}
+		if hi-lo <= 1 {
+			t.Logf("leaders: %v", led)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("leaderships not balanced after 30s: %v", led)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	// Every node reaches every object; the served-by epochs never interleave.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -154,15 +190,39 @@ func TestReplicated_KillOfALeaderLosesNothing(t *testing.T) {
 // can lead again.
 func TestReplicated_ARestartedNodeCatchesUp(t *testing.T) {
 	tc := newReplicatedCluster(t, "a", "b", "c")
-	tc.crash("c")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	tc.waitStatus(ctx, "all served, 3 live replicas each", func(st *Status) string {
+		if st.ReplicationFactor != 3 || st.Served != testPartitions || st.UnderReplicated != 0 {
+			return fmt.Sprintf("rf %d, %d served, %d under-replicated", st.ReplicationFactor, st.Served, st.UnderReplicated)
+		}
+		for _, p := range st.Parts {
+			if len(p.Replicas) != 3 || p.Leader == "" || p.Term == 0 {
+				return fmt.Sprintf("partition %+v", p)
+			}
+		}
+		return ""
+	})
+	tc.crash("c")
+	tc.waitStatus(ctx, "c down, every partition under-replicated and served", func(st *Status) string {
+		c, _ := st.Node("c")
+		if c.State != NodeDown || st.UnderReplicated != testPartitions || st.Served != testPartitions {
+			return fmt.Sprintf("c %s, %d served, %d under-replicated", c.State, st.Served, st.UnderReplicated)
+		}
+		return ""
+	})
 	for i := range 30 {
 		if _, err := tc.set(ctx, tc.node("a"), fmt.Sprintf("k%d", i), "v", i); err != nil {
 			t.Fatalf("set k%d with c down: %v", i, err)
 		}
 	}
 	c := tc.start("c")
+	tc.waitStatus(ctx, "c back, no partition under-replicated", func(st *Status) string {
+		if st.UnderReplicated != 0 || st.Served != testPartitions {
+			return fmt.Sprintf("%d served, %d under-replicated", st.Served, st.UnderReplicated)
+		}
+		return ""
+	})
 	if got := len(c.member.r.e.Groups()); got != testPartitions {
 		// reconcile adds them as soon as it reads the table
 		deadline := time.Now().Add(10 * time.Second)
@@ -263,4 +323,36 @@ func TestReplicated_GracefulStopHandsLeadershipsOver(t *testing.T) {
 	tc.waitServed(30 * time.Second)
 	t.Logf("a handed over %d leaderships; now %v", before, tc.ledBy())
 	tc.leave("a")
+}
+
+// TestReplicated_ALeaderStuckWithoutItsLeaseHandsOver: a leadership
+// transfer to a replica that died is abandoned, and the leader's lease then
+// waits for that replica's ack (a late MsgTimeoutNow could otherwise elect
+// it behind the lease): the leader hands the group to a replica that answers,
+// and the partition is served again.
+func TestReplicated_ALeaderStuckWithoutItsLeaseHandsOver(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	a := tc.node("a")
+	var g replication.GroupID
+	found := false
+	for _, id := range a.member.r.e.Groups() {
+		if st, _ := a.member.r.e.Status(id); st.IsLeader {
+			g, found = id, true
+			break
+		}
+	}
+	if !found {
+		t.Fatal("a leads nothing")
+	}
+	cRep, _ := a.member.view.group(uint32(g)).replicaOn("c", tc.node("c").storageID)
+	tc.crash("c")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err := a.member.r.e.TransferLeader(ctx, g, replication.ReplicaID(cRep.ID))
+	cancel()
+	if err == nil {
+		t.Fatal("a transfer to a crashed replica succeeded")
+	}
+	start := time.Now()
+	tc.waitServed(30 * time.Second)
+	t.Logf("transfer to the crashed c: %v; partition %d served again %v later", err, g, time.Since(start).Round(time.Millisecond))
 }

@@ -24,6 +24,7 @@ import (
 //	groups/<p>      GroupEntry: the replicas of partition p's raft group
 //	                (replicationFactor > 1); absent = not formed yet
 //	nodenum/<id>    fixes node id's raft node number: the key's create revision
+//	replicas/<id>   what node id's replicas are doing (replicastatus.go), on its lease
 //	controller      the node id of the placement controller, attached to its lease
 //	leave/<id>      an operator asked node id to leave (holdfast cluster leave)
 //	reach/<id>      the nodes node id's router finds unreachable, attached to its lease
@@ -36,14 +37,18 @@ type keys struct{ root string }
 
 func newKeys(cluster string) keys { return keys{root: "/holdfast/" + cluster + "/"} }
 
-func (k keys) meta() string          { return k.root + "meta" }
-func (k keys) nodes() string         { return k.root + "nodes/" }
-func (k keys) node(id string) string { return k.root + "nodes/" + id }
-func (k keys) parts() string         { return k.root + "parts/" }
-func (k keys) part(p uint32) string  { return fmt.Sprintf("%sparts/%05d", k.root, p) }
-func (k keys) controller() string    { return k.root + "controller" }
-func (k keys) groups() string        { return k.root + "groups/" }
-func (k keys) group(p uint32) string { return fmt.Sprintf("%sgroups/%05d", k.root, p) }
+func (k keys) meta() string           { return k.root + "meta" }
+func (k keys) nodes() string          { return k.root + "nodes/" }
+func (k keys) node(id string) string  { return k.root + "nodes/" + id }
+func (k keys) parts() string          { return k.root + "parts/" }
+func (k keys) part(p uint32) string   { return fmt.Sprintf("%sparts/%05d", k.root, p) }
+func (k keys) controller() string     { return k.root + "controller" }
+func (k keys) groups() string         { return k.root + "groups/" }
+func (k keys) group(p uint32) string  { return fmt.Sprintf("%sgroups/%05d", k.root, p) }
+func (k keys) replicasPrefix() string { return k.root + "replicas/" }
+func (k keys) replicas(id string) string {
+	return k.root + "replicas/" + id
+}
 func (k keys) nodeNum(id string) string {
 	return k.root + "nodenum/" + id
 }

@@ -483,3 +483,20 @@ func (g *group) endLease() {
 	g.lease.term, g.lease.expiry = 0, never
 	g.lease.mu.Unlock()
 }
+
+// Responsive reports whether replica r of group g, which this replica leads,
+// acknowledged a heartbeat sent within the last d: it is reachable and
+// stepping messages now. The cluster asks it before handing r the
+// leadership, since a transfer to a replica that does not answer leaves the
+// group without a lease (see the fence above). Safe from any goroutine.
+func (e *Engine) Responsive(g GroupID, r ReplicaID, d time.Duration) bool {
+	grp := e.group(g)
+	if grp == nil {
+		return false
+	}
+	l := &grp.lease
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t, ok := l.acks[r]
+	return l.term != 0 && ok && e.now()-t < int64(d)
+}

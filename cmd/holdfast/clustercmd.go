@@ -167,6 +167,10 @@ stays as a new, empty member that gets its share of partitions.`,
 // printStatus prints a cluster's status for people: a summary, the nodes, and
 // the partitions if st has them (--partitions).
 func printStatus(w io.Writer, st *cluster.Status) {
+	if st.ReplicationFactor > 1 {
+		printReplicatedStatus(w, st)
+		return
+	}
 	fmt.Fprintf(w, "cluster %s: %d partitions: %d served, %d unavailable, %d refused", st.Name, st.Partitions, st.Served, st.Unavailable, st.Refused)
 	if st.Moving > 0 {
 		fmt.Fprintf(w, " (%d moving)", st.Moving)
@@ -199,6 +203,50 @@ func printStatus(w io.Writer, st *cluster.Status) {
 	fmt.Fprintln(tw, "PARTITION\tOWNER\tEPOCH\tMOVING TO\tSTATE\tREASON")
 	for _, p := range st.Parts {
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\n", p.Partition, orNone(p.Owner), p.Epoch, orNone(p.Target), p.State, orNone(p.Reason))
+	}
+	tw.Flush()
+}
+
+// printReplicatedStatus is printStatus for a replicated cluster: replicas
+// instead of owners.
+func printReplicatedStatus(w io.Writer, st *cluster.Status) {
+	fmt.Fprintf(w, "cluster %s: %d partitions of %d replicas: %d served, %d unavailable, %d under-replicated; controller %s\n\n",
+		st.Name, st.Partitions, st.ReplicationFactor, st.Served, st.Unavailable, st.UnderReplicated, orNone(st.Controller))
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tSTATE\tREPLICAS\tLEADS\tADDRESS\tRAFT\tHTTP")
+	var reasons []string
+	for _, n := range st.Nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.ID, n.State, n.Owned, n.Served, orNone(n.Addr), orNone(n.Raft), orNone(n.HTTP))
+		if n.Reason != "" {
+			reasons = append(reasons, fmt.Sprintf("node %s is %s: %s", n.ID, n.State, n.Reason))
+		}
+	}
+	tw.Flush()
+	if len(reasons) > 0 {
+		fmt.Fprintln(w)
+		for _, r := range reasons {
+			fmt.Fprintln(w, r)
+		}
+	}
+	if len(st.Parts) == 0 {
+		if st.Unavailable > 0 {
+			fmt.Fprintf(w, "\n%d partitions not served (--partitions lists them)\n", st.Unavailable)
+		}
+		return
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PARTITION\tLEADER\tTERM\tREPLICAS (node:state:lag)\tSTATE\tREASON")
+	for _, p := range st.Parts {
+		var reps []string
+		for _, r := range p.Replicas {
+			reps = append(reps, fmt.Sprintf("%s:%s:%d", r.Node, r.State, r.Lag))
+		}
+		state := p.State
+		if p.UnderReplicated {
+			state += ",under-replicated"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\n", p.Partition, orNone(p.Leader), p.Term, orNone(strings.Join(reps, " ")), state, orNone(p.Reason))
 	}
 	tw.Flush()
 }
