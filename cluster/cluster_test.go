@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/cold"
 	"github.com/holdfast/holdfast/internal/devetcd"
 	"github.com/holdfast/holdfast/internal/ownership"
 )
@@ -36,6 +37,9 @@ type testCluster struct {
 	// rf and failover configure replicated clusters (0: one copy).
 	rf       int
 	failover time.Duration
+	// cold, when set, is every node's cold store, shared if coldShared.
+	cold       cold.Store
+	coldShared bool
 }
 
 // activity is the activation checker.
@@ -113,6 +117,9 @@ func testTypeOptions(typ string) actors.TypeOptions {
 	if typ == "leased" {
 		o.Log.Leases = &actors.LeaseOptions{MaxParallelism: 4, LeaseDuration: 30 * time.Second}
 	}
+	if typ == "coldlog" {
+		o.Log.MaxRecords, o.Log.Cold = 10, true
+	}
 	return o
 }
 
@@ -127,6 +134,7 @@ func (tc *testCluster) start(id string) *Node {
 	n, err := Start(Config{
 		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t), TypeOptions: testTypeOptions,
 		Hooks: actors.Hooks{Routed: tc.activity.routed(id)},
+		Cold:  tc.cold, ColdShared: tc.coldShared,
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second,
 			ReplicationFactor: tc.rf, FailoverTimeout: tc.failover},
 	})

@@ -38,6 +38,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Cold is the node's cold segment store; nil means none.
 	Cold cold.Store
+	// ColdShared says that every node of the cluster reads the same cold
+	// store (S3, or a directory every node mounts). A replicated cluster
+	// requires it: a log's cold segments, flushed by one partition leader,
+	// must stay readable from whichever replica leads next.
+	ColdShared bool
 	// ColdTimeout bounds one cold store call; zero means 10s.
 	ColdTimeout time.Duration
 	// Alarms tunes the node's alarm scheduler (its window and memory bound); the
@@ -109,6 +114,10 @@ func Start(cfg Config) (*Node, error) {
 		var err error
 		if cli, cfg.Partitions, rf, err = joinCluster(cfg); err != nil {
 			return nil, err
+		}
+		if rf > 1 && cfg.Cold != nil && !cfg.ColdShared {
+			_ = cli.Close()
+			return nil, fmt.Errorf("cluster: a replicated cluster (replicationFactor %d) needs a cold store that every node reads, since a log's cold segments must stay readable from whichever replica leads next: cold.store: s3, or cold.fs.shared: true with cold.fs.dir on a directory every node mounts, or cold.store: none", rf)
 		}
 		if rf > 1 {
 			if num, err = nodeNumber(context.Background(), cli, newKeys(cfg.Cluster.Name), cfg.Cluster.NodeID); err != nil {

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/cold"
+	coldfs "github.com/holdfast/holdfast/cold/fs"
 	"github.com/holdfast/holdfast/replication"
 )
 
@@ -17,8 +20,16 @@ import (
 
 func newReplicatedCluster(t *testing.T, nodes ...string) *testCluster {
 	t.Helper()
+	return startReplicated(t, nil, nodes...)
+}
+
+// startReplicated is newReplicatedCluster with a cold store every node
+// shares (nil: none).
+func startReplicated(t *testing.T, store cold.Store, nodes ...string) *testCluster {
+	t.Helper()
 	tc := newTestCluster(t)
 	tc.rf, tc.failover = 3, 500*time.Millisecond
+	tc.cold, tc.coldShared = store, store != nil
 	for _, id := range nodes {
 		tc.start(id)
 	}
@@ -355,4 +366,82 @@ func TestReplicated_ALeaderStuckWithoutItsLeaseHandsOver(t *testing.T) {
 	start := time.Now()
 	tc.waitServed(30 * time.Second)
 	t.Logf("transfer to the crashed c: %v; partition %d served again %v later", err, g, time.Since(start).Round(time.Millisecond))
+}
+
+// TestReplicated_ColdSegmentsSurviveAFailover: a log's trimmed records go to
+// the cold store every node shares; after its leader's node crashes, the new
+// leader reads them all back.
+func TestReplicated_ColdSegmentsSurviveAFailover(t *testing.T) {
+	store, err := coldfs.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := startReplicated(t, store, "a", "b", "c")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id := actors.ObjectID{App: "app_t", Type: "coldlog", Key: "events"}
+	for i := range 10 {
+		var recs []actors.LogInput
+		for j := range 10 {
+			recs = append(recs, actors.LogInput{Body: []byte(fmt.Sprintf(`{"n":%d}`, i*10+j))})
+		}
+		if _, err := tc.node("a").Request(ctx, id, actors.LogAppend{Records: recs}); err != nil {
+			t.Fatalf("append: %v", err)
+		}
+	}
+	v, served, err := tc.node("a").RequestServed(ctx, id, actors.LogTrim{})
+	if err != nil {
+		t.Fatalf("trim: %v", err)
+	}
+	if tr := v.(*actors.LogTrimmed); tr.Removed != 90 {
+		t.Fatalf("trim removed %d records, want 90 (kept 10)", tr.Removed)
+	}
+	keys, err := store.List(ctx, "")
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("cold store after the trim: %v %v", keys, err)
+	}
+	tc.crash(served.Node)
+	tc.waitServed(30 * time.Second)
+	via := tc.live()[0]
+	var got []string
+	for from := uint64(0); from < 100; {
+		v, s2, err := via.RequestServed(ctx, id, actors.LogRead{From: from})
+		if err != nil {
+			t.Fatalf("read from %d via %s: %v", from, via.member.id, err)
+		}
+		if s2.Node == served.Node {
+			t.Fatalf("read served by the crashed node %s", served.Node)
+		}
+		page := v.(*actors.RecordPage)
+		if len(page.Records) == 0 {
+			t.Fatalf("read from %d: empty page", from)
+		}
+		for _, r := range page.Records {
+			got = append(got, string(r.Body))
+		}
+		from = page.NextOffset
+	}
+	for i, b := range got {
+		if want := fmt.Sprintf(`{"n":%d}`, i); b != want {
+			t.Fatalf("record %d = %s, want %s", i, b, want)
+		}
+	}
+	t.Logf("%d records read back after the leader %s crashed, %d cold objects", len(got), served.Node, len(keys))
+}
+
+// TestReplicated_APrivateColdStoreIsRefused: a node of a replicated cluster
+// whose cold store only it reads does not start.
+func TestReplicated_APrivateColdStoreIsRefused(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	store, err := coldfs.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Start(Config{
+		DataDir: t.TempDir(), Partitions: testPartitions, Logger: testLogger(t), Cold: store,
+		Cluster: &ClusterConfig{Name: tc.name, NodeID: "d", Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}},
+	})
+	if err == nil || !strings.Contains(err.Error(), "cold.fs.shared") {
+		t.Fatalf("start with a private cold store: %v", err)
+	}
 }

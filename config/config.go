@@ -65,6 +65,9 @@ type Cold struct {
 		// Dir holds the segments of the fs store. Default <DataDir>/cold: left unset (or
 		// equal to what it was derived from), Validate derives it again from DataDir.
 		Dir string
+		// Shared (yaml shared) says that every node of the cluster mounts Dir (the
+		// same files): a replicated cluster requires a cold store every node reads.
+		Shared bool
 	}
 	S3 S3
 }

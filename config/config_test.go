@@ -141,7 +141,7 @@ func TestLoad_Defaults(t *testing.T) {
 		c.IdleTimeout != 60*time.Second || len(c.Apps) != 0 || c.Cluster != nil {
 		t.Errorf("defaults: %+v", c)
 	}
-	if c.Cold.Store != "fs" || c.Cold.FS.Dir != filepath.Join("holdfast-data", "cold") {
+	if c.Cold.Store != "fs" || c.Cold.FS.Dir != filepath.Join("holdfast-data", "cold") || c.Cold.FS.Shared {
 		t.Errorf("cold defaults: %+v", c.Cold)
 	}
 	want := TypeConfig{
@@ -489,7 +489,8 @@ func TestLoad_BareZeroIsADuration(t *testing.T) {
 }
 
 func TestLoad_Cluster(t *testing.T) {
-	body := "cluster: {name: prod, nodeId: n1, advertise: '10.0.0.1:7071', etcd: {endpoints: ['10.0.0.9:2379', '10.0.0.8:2379']}, leaseTtl: 3s,\n" +
+	body := "cold: {fs: {dir: /mnt/shared/cold, shared: true}}\n" +
+		"cluster: {name: prod, nodeId: n1, advertise: '10.0.0.1:7071', etcd: {endpoints: ['10.0.0.9:2379', '10.0.0.8:2379']}, leaseTtl: 3s,\n" +
 		"  replicationFactor: 3, failoverTimeout: 1500ms, raftAdvertise: '10.0.0.1:7072', raftBind: ':7072'}\n"
 	if _, err := Load(writeConfig(t, body), func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "apps") {
 		t.Fatalf("a cluster without apps: %v", err)
@@ -502,6 +503,7 @@ func TestLoad_Cluster(t *testing.T) {
 	cl := c.Cluster
 	if cl == nil || cl.Name != "prod" || cl.NodeID != "n1" || cl.Advertise != "10.0.0.1:7071" || cl.LeaseTTL != 3*time.Second ||
 		cl.ReplicationFactor != 3 || cl.FailoverTimeout != 1500*time.Millisecond || cl.RaftAdvertise != "10.0.0.1:7072" || cl.RaftBind != ":7072" ||
+		!c.Cold.FS.Shared || c.Cold.FS.Dir != "/mnt/shared/cold" ||
 		!reflect.DeepEqual(cl.Etcd.Endpoints, []string{"10.0.0.9:2379", "10.0.0.8:2379"}) {
 		t.Fatalf("cluster = %+v", cl)
 	}

@@ -46,7 +46,7 @@ var (
 		"dataDir": {kind: kindString}, "listen": {kind: kindString}, "partitions": {kind: kindInt},
 		"idleTimeout": {kind: kindDuration}, "maxConnections": {kind: kindInt}, "memoryBudget": {kind: kindInt}, "apps": {kind: kindApps}, "types": {kind: kindTypes},
 		"cold": {kind: kindSection}, "cold.store": {kind: kindString},
-		"cold.fs": {kind: kindSection}, "cold.fs.dir": {kind: kindString},
+		"cold.fs": {kind: kindSection}, "cold.fs.dir": {kind: kindString}, "cold.fs.shared": {kind: kindBool},
 		"cold.s3": {kind: kindSection}, "cold.s3.endpoint": {kind: kindString}, "cold.s3.bucket": {kind: kindString},
 		"cold.s3.accessKeyEnv": {kind: kindString}, "cold.s3.secretKeyEnv": {kind: kindString},
 		"cold.s3.secure": {kind: kindBool}, "cold.s3.region": {kind: kindString}, "cold.s3.prefix": {kind: kindString},
@@ -137,6 +137,7 @@ func (c *Config) set(top layer) {
 		c.autoColdDir = "" // set by the file: not derived from dataDir again
 	}
 	s.Secure, _ = top["cold.s3.secure"].(bool)
+	c.Cold.FS.Shared, _ = top["cold.fs.shared"].(bool)
 	cl.Etcd.Endpoints, _ = top["cluster.etcd.endpoints"].([]string)
 	cl.LeaseTTL, _ = top["cluster.leaseTtl"].(time.Duration)
 	cl.FailoverTimeout, _ = top["cluster.failoverTimeout"].(time.Duration)

@@ -168,6 +168,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		TypeOptions: func(typ string) actors.TypeOptions { return typeOptions(cfg.Type(typ)) },
 		Logger:      log,
 		Cold:        store,
+		ColdShared:  cfg.Cold.Store == "s3" || cfg.Cold.FS.Shared,
 		Types:       goTypes,
 		Cluster:     cc,
 		Metrics:     mt,
