@@ -129,7 +129,7 @@ type Pipeline struct {
 	// lastApplied is each replica's newest applied state the applier wrote
 	// since the start (CaptureRaftSnapshot); applier-owned.
 	lastApplied map[raftKey]RaftAppliedState
-	releaseMu      sync.Mutex // held by releasableReplicated
+	releaseMu   sync.Mutex // held by releasableReplicated
 
 	// committed and applied are the sequence numbers of the last record made
 	// durable and the last one the applier is done with; applyCond signals applied.

@@ -42,13 +42,13 @@ type replicaLog struct {
 	mu              sync.Mutex
 	hs              hardState
 	hasHS           bool
-	first, prevTerm uint64     // the first index kept; the term of first-1
-	conf            logConf    // the configuration as of first-1
+	first, prevTerm uint64  // the first index kept; the term of first-1
+	conf            logConf // the configuration as of first-1
 	// snap is the staged snapshot first-1 is, while Badger may not hold it
 	// (raftsnapshot.go); any truncation clears it.
-	snap snapRef
-	ents            []entryLoc // ents[i] is index first+i
-	cached          int        // bytes of data held in ents
+	snap   snapRef
+	ents   []entryLoc // ents[i] is index first+i
+	cached int        // bytes of data held in ents
 	// cacheFrom: entries below this index hold no data (eviction walks up).
 	cacheFrom uint64
 }
