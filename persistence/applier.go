@@ -28,7 +28,14 @@ type applyJob struct {
 	// raft, if set, is a replica's committed entries (replicated mode); seq
 	// and writes are then unset.
 	raft *raftApplyJob
+	// install and capture (raftsnapshot.go) are taken alone, never merged
+	// with other jobs.
+	install *snapInstallJob
+	capture *captureJob
 }
+
+// alone reports whether j is taken as a batch of its own.
+func (j *applyJob) alone() bool { return j.install != nil || j.capture != nil }
 
 // applyQueue holds the committed records the applier has not taken yet.
 type applyQueue struct {
@@ -40,7 +47,7 @@ type applyQueue struct {
 }
 
 func (q *applyQueue) push(j applyJob) {
-	if j.raft == nil {
+	if j.raft == nil && !j.alone() {
 		j.size = j.estimate()
 	}
 	q.bytes.Add(int64(j.size))
@@ -71,9 +78,15 @@ func (q *applyQueue) take(jobs []applyJob, size, limit int) ([]applyJob, int, bo
 	defer q.mu.Unlock()
 	n := 0
 	for n < len(q.jobs) && (len(jobs) == 0 || size < limit) {
+		if q.jobs[n].alone() && len(jobs) > 0 {
+			break // an installation or a capture goes alone
+		}
 		jobs = append(jobs, q.jobs[n])
 		size += q.jobs[n].size
 		n++
+		if jobs[len(jobs)-1].alone() {
+			break
+		}
 	}
 	rest := copy(q.jobs, q.jobs[n:])
 	clear(q.jobs[rest:])
@@ -148,7 +161,15 @@ func (p *Pipeline) applyLoop() {
 					timer.Stop()
 				}
 			}
-			jobs, size, _ = p.applies.take(jobs, size, applyMergeBytes)
+			if c := jobs[0].capture; c != nil {
+				p.capture(c)
+				p.applies.bytes.Add(-int64(size))
+				clear(jobs)
+				continue
+			}
+			if !jobs[0].alone() {
+				jobs, size, _ = p.applies.take(jobs, size, applyMergeBytes)
+			}
 			if !p.applyJobs(jobs) {
 				p.failQueuedRaft()
 				p.finishApplied()
@@ -167,7 +188,7 @@ func (p *Pipeline) applyJobs(jobs []applyJob) bool {
 	// holds raft entries only), and the version it goes to Badger at.
 	var first, last uint64
 	for _, j := range jobs {
-		if j.raft == nil {
+		if j.raft == nil && j.install == nil {
 			first = cmp.Or(first, j.seq)
 			last = j.seq
 		}
@@ -219,8 +240,13 @@ func (p *Pipeline) applyJobs(jobs []applyJob) bool {
 	if p.db.replicated {
 		p.db.version = version
 		for _, j := range jobs {
-			if j.raft != nil {
+			switch {
+			case j.raft != nil:
 				b.raft = append(b.raft, raftMark{j.raft.key, j.raft.state})
+				p.lastApplied[j.raft.key] = j.raft.state
+			case j.install != nil:
+				b.raft = append(b.raft, raftMark{j.install.key, j.install.state})
+				p.lastApplied[j.install.key] = j.install.state
 			}
 		}
 	}
@@ -237,6 +263,9 @@ func (p *Pipeline) applyJobs(jobs []applyJob) bool {
 		}
 		if j.raft != nil && j.raft.done != nil {
 			j.raft.done(nil)
+		}
+		if j.install != nil && j.install.done != nil {
+			j.install.done(nil)
 		}
 	}
 	if last > 0 {
@@ -270,6 +299,12 @@ func (p *Pipeline) failRaftApplies(jobs []applyJob, err error) {
 	for _, j := range jobs {
 		if j.raft != nil && j.raft.done != nil {
 			j.raft.done(err)
+		}
+		if j.install != nil && j.install.done != nil {
+			j.install.done(err)
+		}
+		if j.capture != nil {
+			j.capture.done(RaftCapture{}, err)
 		}
 	}
 }
@@ -384,6 +419,10 @@ func (p *Pipeline) apply(jobs []applyJob, version, last uint64) error {
 		if err := testApplyFault(); err != nil {
 			return err
 		}
+	}
+	if len(jobs) == 1 && jobs[0].install != nil {
+		in := jobs[0].install
+		return p.db.installStaged(in.key, in.ref, in.state.Index, version)
 	}
 	entries := p.sorted[:0]
 	for _, job := range jobs {

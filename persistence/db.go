@@ -74,6 +74,7 @@ type DB struct {
 	// newest Badger version: set by Open, then owned by the applier.
 	replicated bool
 	version    uint64
+	dir        string // the data directory (staged snapshots live in dir/snap)
 }
 
 // Open opens or creates the database in cfg.Dir and replays the write-ahead log
@@ -129,7 +130,7 @@ func open(cfg Config, acceptMissingStart bool) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open badger in %s: %w", cfg.Dir, err)
 	}
-	db := &DB{bdb: bdb, vlog: newValueLog(opts.Dir), log: cfg.Logger, raft: newRaftIndex(), replicated: cfg.Replicated}
+	db := &DB{bdb: bdb, vlog: newValueLog(opts.Dir), log: cfg.Logger, raft: newRaftIndex(), replicated: cfg.Replicated, dir: cfg.Dir}
 	wb := bdb.NewManagedWriteBatch()
 	replayed := 0
 	floor := bdb.MaxVersion()
@@ -174,6 +175,13 @@ func open(cfg Config, acceptMissingStart bool) (*DB, error) {
 		err = wb.Flush()
 	} else {
 		wb.Cancel()
+	}
+	if err == nil && db.replicated {
+		// After the records: a snapshot's keys are partition keys, which
+		// no local record writes (replicated.go).
+		if err = db.reinstallSnapshots(); err != nil {
+			w.closeAll()
+		}
 	}
 	if err != nil {
 		_ = bdb.Close()

@@ -126,7 +126,10 @@ type Pipeline struct {
 	// by batchMu.
 	flushedSeq     uint64
 	flushedApplied map[raftKey]RaftAppliedState
-	releaseMu      sync.Mutex // held by releasableReplicated
+	// lastApplied is each replica's newest applied state the applier wrote
+	// since the start (CaptureRaftSnapshot); applier-owned.
+	lastApplied map[raftKey]RaftAppliedState
+	releaseMu   sync.Mutex // held by releasableReplicated
 
 	// committed and applied are the sequence numbers of the last record made
 	// durable and the last one the applier is done with; applyCond signals applied.
@@ -193,6 +196,7 @@ func NewPipeline(db *DB, cfg PipelineConfig) *Pipeline {
 	if db.replicated {
 		p.discardAbove = db.version
 		p.flushedApplied = map[raftKey]RaftAppliedState{}
+		p.lastApplied = map[raftKey]RaftAppliedState{}
 	}
 	p.applyCond = sync.NewCond(&p.applyMu)
 	return p

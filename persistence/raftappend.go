@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -24,6 +25,11 @@ type RaftAppend struct {
 	Entries []*raftpb.Entry
 	// HardState, if set, is the replica's new HardState.
 	HardState *raftpb.HardState
+	// Snapshot, if set, is installed first (raftsnapshot.go): the log is
+	// reset to start after it (Entries, if any, must start right after
+	// it), and once the record is durable the applier installs its data
+	// into Badger ahead of every later apply. Done does not wait for that.
+	Snapshot *RaftSnapshot
 	// Sync says the append must be durable before Done (raft's MustSync). An
 	// append without it does not make the committer commit: it rides in the
 	// next record (raft: a commit-only HardState change).
@@ -41,6 +47,8 @@ type raftJob struct {
 	truncate uint64 // above zero: an op 5 change, the new first index
 	prevTerm uint64 // with truncate: the term of entry truncate-1
 	conf     logConf
+	snap     *raftSnapshot // an op 8 change before the block
+	install  func(error)   // the snapshot's Installed
 	sync     bool
 	size     int
 	done     func(error)
@@ -65,7 +73,41 @@ func (p *Pipeline) AppendRaft(a RaftAppend) {
 	if err := checkRaftAppend(&j.block); err != nil {
 		j.err = err
 	}
+	if s := a.Snapshot; s != nil && j.err == nil {
+		j.snap = &raftSnapshot{key: j.block.key, index: s.Index, term: s.Term, conf: logConf{set: true, cs: string(s.ConfState)},
+			ref: snapRef{id: s.Ref.ID, size: s.Ref.Size, chunks: s.Ref.Chunks}}
+		j.install, j.sync = s.Installed, true
+		j.err = p.checkRaftSnapshot(j)
+	}
 	p.submitRaft(j)
+}
+
+// checkRaftSnapshot is what a snapshot must pass before op 8 names it:
+// index and term set, a configuration, entries right after it, and a staged
+// file of exactly the size its ref says (it is synced: StagedSnapshot).
+func (p *Pipeline) checkRaftSnapshot(j *raftJob) error {
+	s := j.snap
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("persistence: snapshot of group %d replica %d at index %d: %s", s.key.group, s.key.replica, s.index, fmt.Sprintf(f, a...))
+	}
+	switch {
+	case s.index == 0 || s.term == 0:
+		return bad("index and term must be set (term %d)", s.term)
+	case len(s.conf.cs) == 0:
+		return bad("no configuration")
+	case s.ref.id == 0:
+		return bad("no staged data")
+	case len(j.block.ents) > 0 && j.block.ents[0].index != s.index+1:
+		return bad("entry %d does not follow it", j.block.ents[0].index)
+	}
+	fi, err := os.Stat(p.db.stagedPath(s.key, s.ref.id))
+	if err != nil {
+		return bad("staged data: %v", err)
+	}
+	if uint64(fi.Size()) != s.ref.size {
+		return bad("the staged file holds %d bytes, not %d", fi.Size(), s.ref.size)
+	}
+	return nil
 }
 
 // TruncateRaft queues a truncation of a replica's log: it starts at first
@@ -183,6 +225,14 @@ func (p *Pipeline) encodeRaft(payload []byte, jobs []*raftJob, failErr error) ([
 				l.mu.Unlock()
 			}
 		}
+		if j.snap != nil {
+			if j.snap.index+1 < pd.first {
+				j.err = fmt.Errorf("persistence: snapshot of group %d replica %d at index %d: below the log's first index %d", k.group, k.replica, j.snap.index, pd.first)
+				continue
+			}
+			payload = appendRaftSnapshot(payload, j.snap)
+			pd = raftPending{first: j.snap.index + 1, last: j.snap.index}
+		}
 		if j.truncate > 0 {
 			if j.truncate < pd.first || (j.truncate > pd.last+1 && !j.conf.set) {
 				j.err = fmt.Errorf("persistence: truncation of group %d replica %d to first index %d: the log holds %d..%d", k.group, k.replica, j.truncate, pd.first, pd.last)
@@ -218,12 +268,13 @@ func (p *Pipeline) encodeRaft(payload []byte, jobs []*raftJob, failErr error) ([
 				j.err = fmt.Errorf("persistence: raft append of group %d replica %d: commit index %d past the last index %d", k.group, k.replica, j.block.hs.commit, pd.last)
 				continue
 			}
-			if len(j.block.ents) == 0 && !j.block.hasHS {
+			if len(j.block.ents) == 0 && !j.block.hasHS && j.snap == nil {
 				live = append(live, j) // nothing to log; done with the record
 				continue
 			}
-			payload = appendRaftBlock(payload, &j.block) // sets the entries' dataOff
-
+			if len(j.block.ents) > 0 || j.block.hasHS {
+				payload = appendRaftBlock(payload, &j.block) // sets the entries' dataOff
+			}
 		}
 		pending[k] = pd
 		live = append(live, j)
@@ -239,12 +290,28 @@ func (p *Pipeline) indexCommitted(live []*raftJob, seg uint64, payloadAt int64) 
 	for _, j := range live {
 		l := x.replica(j.block.key, true)
 		l.mu.Lock()
+		old := l.snap
+		if j.snap != nil {
+			l.reset(j.snap)
+		}
 		if j.truncate > 0 {
 			l.truncate(j.truncate, j.prevTerm, j.conf)
 		} else {
 			l.applyBlock(&j.block, seg, payloadAt, false)
 		}
+		cur := l.snap
 		l.mu.Unlock()
+		if old.id != 0 && old.id != cur.id {
+			// Durable now: the log no longer needs the old staged file
+			// (Badger flushed it, or a newer snapshot replaced it).
+			p.db.removeStaged(j.block.key, old.id)
+		}
+		if s := j.snap; s != nil {
+			// Behind every apply queued so far; raft queues the entries
+			// after the snapshot only once this job is done.
+			p.applies.push(applyJob{install: &snapInstallJob{key: s.key, ref: s.ref, done: j.install,
+				state: RaftAppliedState{Index: s.index, Term: s.term, ConfState: []byte(s.conf.cs)}}, size: 1})
+		}
 		if len(j.block.ents) > 0 && j.truncate == 0 {
 			x.mu.Lock()
 			x.noteSegmentLocked(seg, j.block.key, j.block.ents[len(j.block.ents)-1].index)

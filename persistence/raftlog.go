@@ -42,10 +42,13 @@ type replicaLog struct {
 	mu              sync.Mutex
 	hs              hardState
 	hasHS           bool
-	first, prevTerm uint64     // the first index kept; the term of first-1
-	conf            logConf    // the configuration as of first-1
-	ents            []entryLoc // ents[i] is index first+i
-	cached          int        // bytes of data held in ents
+	first, prevTerm uint64  // the first index kept; the term of first-1
+	conf            logConf // the configuration as of first-1
+	// snap is the staged snapshot first-1 is, while Badger may not hold it
+	// (raftsnapshot.go); any truncation clears it.
+	snap   snapRef
+	ents   []entryLoc // ents[i] is index first+i
+	cached int        // bytes of data held in ents
 	// cacheFrom: entries below this index hold no data (eviction walks up).
 	cacheFrom uint64
 }
@@ -202,6 +205,7 @@ func (l *replicaLog) checkTruncate(k raftKey, first, prevTerm uint64, conf logCo
 // if set. A first beyond the last index + 1 (a snapshot's or a bootstrap's
 // point, which always comes with its configuration) empties the log.
 func (l *replicaLog) truncate(first, prevTerm uint64, conf logConf) {
+	l.snap = snapRef{}
 	if conf.set {
 		l.conf = conf
 	}
@@ -229,7 +233,7 @@ func (l *replicaLog) truncate(first, prevTerm uint64, conf logConf) {
 func (l *replicaLog) state(k raftKey) replicaState {
 	last := l.last()
 	lt, _ := l.term(last)
-	return replicaState{key: k, hs: l.hs, first: l.first, prevTerm: l.prevTerm, last: last, lastTerm: lt, conf: l.conf}
+	return replicaState{key: k, hs: l.hs, first: l.first, prevTerm: l.prevTerm, last: last, lastTerm: lt, conf: l.conf, snap: l.snap}
 }
 
 // head returns the op 6 change a new segment's first record starts with, or
@@ -305,7 +309,7 @@ func (x *raftIndex) replayState(states []replicaState) *raftReplayError {
 		listed[s.key] = true
 		l := x.logs[s.key]
 		if l == nil {
-			l = &replicaLog{hs: s.hs, hasHS: s.hs != hardState{}, first: s.first, prevTerm: s.prevTerm, conf: s.conf, cacheFrom: s.last + 1}
+			l = &replicaLog{hs: s.hs, hasHS: s.hs != hardState{}, first: s.first, prevTerm: s.prevTerm, conf: s.conf, snap: s.snap, cacheFrom: s.last + 1}
 			if s.last >= s.first {
 				l.ents = make([]entryLoc, s.last-s.first+1)
 				l.ents[len(l.ents)-1].term = s.lastTerm
@@ -404,6 +408,14 @@ func (r *raftReplay) change(x *raftIndex, d *raftDecoder, op byte, at recordPlac
 			return err
 		}
 		if re := x.replayTruncate(t); re != nil {
+			return re
+		}
+	case opRaftSnapshot:
+		s, err := d.snapshot()
+		if err != nil {
+			return err
+		}
+		if re := x.replaySnapshot(&s); re != nil {
 			return re
 		}
 	case opRaftState:

@@ -13,11 +13,14 @@ import (
 //	                  [count | count x (index | term | type | len | data)] if flags&2 (entries)
 //	op 5  truncate    group | replica | first index kept | term of first-1 | conf
 //	op 6  state       count | count x (group | replica | term | vote | commit |
-//	                  first | term of first-1 | last | term of last | conf)
+//	                  first | term of first-1 | last | term of last | conf | snap)
+//	op 8  snapshot    raftsnapshot.go
 //
 // conf is the replica's configuration as of first-1 (a marshalled
 // raftpb.ConfState): its length + 1 and its bytes, or 0 when the log has
-// none (a truncation that keeps the one before). A replica restarts from
+// none (a truncation that keeps the one before). snap is the staged
+// snapshot the log's restart point still needs (raftsnapshot.go): its id, 0
+// for none, then its size and chunk count. A replica restarts from
 // first-1 with it (replication.WALPipeline): raft's snapshot metadata, with
 // no snapshot data (Badger has it). A truncation carries the term of first-1
 // because replay may not know it: an entry known only from the state record
@@ -81,6 +84,7 @@ type replicaState struct {
 	first, prevTerm uint64 // first index kept, the term of first-1
 	last, lastTerm  uint64
 	conf            logConf
+	snap            snapRef
 }
 
 // logConf is a replica's configuration as of its first index - 1 (a
@@ -162,6 +166,7 @@ func appendRaftState(p []byte, states []replicaState) []byte {
 			p = binary.AppendUvarint(p, v)
 		}
 		p = appendConf(p, s.conf)
+		p = appendSnapRef(p, s.snap)
 	}
 	return p
 }
@@ -319,8 +324,11 @@ func (d *raftDecoder) state(states []replicaState) ([]replicaState, error) {
 		if s.conf, err = d.conf(); err != nil {
 			return states, err
 		}
+		if s.snap, err = d.snapRef(); err != nil {
+			return states, err
+		}
 		if s.first == 0 || s.last+1 < s.first || s.lastTerm < s.prevTerm || s.hs.commit > s.last ||
-			(s.last+1 == s.first && s.lastTerm != s.prevTerm) {
+			(s.last+1 == s.first && s.lastTerm != s.prevTerm) || (s.snap.id != 0 && !s.conf.set) {
 			return states, errCorrupt
 		}
 		states = append(states, s)

@@ -781,7 +781,7 @@ func decodeRecord(payload []byte, set func(k, v []byte) error, del func(k []byte
 	for len(payload) > 0 {
 		op := payload[0]
 		payload = payload[1:]
-		if op >= opRaftBlock && op <= opRaftState {
+		if (op >= opRaftBlock && op <= opRaftState) || op == opRaftSnapshot {
 			if raft == nil {
 				return errCorrupt
 			}

@@ -143,7 +143,8 @@
 // misses it stays until its owner asks the leader (design section 5, step 4;
 // not built).
 //
-// Snapshots travel inline for now: raft's MsgSnap carries Storage.Snapshot()
+// Snapshots travel inline unless the transport streams them: raft's MsgSnap
+// carries Storage.Snapshot()
 // (state, index, term, ConfState); the transport calls ReportSnapshot when
 // the send ended; the receiver's MsgStorageAppend carries the snapshot and
 // the Pipeline installs it (state machine and log replaced, applied index =
@@ -151,8 +152,9 @@
 // index and config to the snapshot's, and proposals at or below it end with
 // ErrOutcomeUnknown. Storage.Snapshot() must describe the state at the
 // applied index (a snapshot older than the change that added a learner is
-// refused by the learner). Streaming the data out of band replaces only the
-// inline data.
+// refused by the learner). NetTransport with NetConfig.Snapshots streams
+// the data out of band (snapstream.go; the WALPipeline is source and sink,
+// walsnapshot.go): the MsgSnap then carries metadata and a reference only.
 //
 // # Invariants (checked by replicationtest's model test)
 //

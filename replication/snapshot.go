@@ -2,7 +2,7 @@ package replication
 
 import "go.etcd.io/raft/v3"
 
-// Snapshots, in process (design section 6; streaming comes later). Raft
+// Snapshots (design section 6; streaming: snapstream.go, walsnapshot.go). Raft
 // emits a MsgSnap when a follower needs entries the leader's log no longer
 // has (or a new replica needs everything): the snapshot it carries is
 // Storage.Snapshot(), data inline. The transport carries it like any message
@@ -11,8 +11,9 @@ import "go.etcd.io/raft/v3"
 // and log replaced, applied index = the snapshot's) before calling Done; the
 // job's MsgStorageAppendResp then carries the snapshot back and the worker
 // moves the group's applied index and config to the snapshot's
-// (installedSnapshot, confchange.go). Keeping the data inline is the one
-// thing the streaming step replaces: the engine side stays as it is.
+// (installedSnapshot, confchange.go). With a streaming transport the data go
+// out of band and the MsgSnap carries a reference: the engine side is the
+// same.
 
 // snapReport is one ReportSnapshot call waiting for the worker.
 type snapReport struct {

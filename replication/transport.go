@@ -2,6 +2,7 @@ package replication
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,6 +62,22 @@ type NetConfig struct {
 	// node's monotonic clock) the answered heartbeat left: the leader lease's
 	// input. Called on the carrier's goroutine; it must not block.
 	OnBeatAck func(g GroupID, from ReplicaID, sent time.Time)
+	// Snapshots, if set, gives the data of the MsgSnaps this node sends:
+	// they are then streamed in chunks (snapstream.go), not sent inline.
+	Snapshots SnapshotSource
+	// SnapshotSink, if set, takes the data of snapshots streamed to this
+	// node; without it incoming streams are refused.
+	SnapshotSink SnapshotSink
+	// SnapshotWindow is how many chunks of one stream may be unacknowledged.
+	// Default 4.
+	SnapshotWindow int
+	// SnapshotTimeout bounds the wait for the other side of a stream (an
+	// acknowledgement, the next chunk). Default 10 s.
+	SnapshotTimeout time.Duration
+	// MaxSnapshotStreams bounds the snapshots this node sends at once (it
+	// receives at most twice as many); past it a MsgSnap is reported
+	// failed (raft tries again later). Default 2.
+	MaxSnapshotStreams int
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -75,7 +92,18 @@ func (c NetConfig) withDefaults() (NetConfig, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.SnapshotWindow == 0 {
+		c.SnapshotWindow = 4
+	}
+	if c.SnapshotTimeout == 0 {
+		c.SnapshotTimeout = 10 * time.Second
+	}
+	if c.MaxSnapshotStreams == 0 {
+		c.MaxSnapshotStreams = 2
+	}
 	switch {
+	case c.SnapshotWindow < 1 || c.SnapshotTimeout < 0 || c.MaxSnapshotStreams < 1:
+		return c, fmt.Errorf("replication: transport: SnapshotWindow %d, SnapshotTimeout %v, MaxSnapshotStreams %d: want positive", c.SnapshotWindow, c.SnapshotTimeout, c.MaxSnapshotStreams)
 	case c.Node == 0:
 		return c, errors.New("replication: transport: Node must be set (non-zero)")
 	case c.Storage == "" || len(c.Storage) > maxStorageIDLen:
@@ -110,6 +138,11 @@ type NetTransport struct {
 	storage map[NodeID]string // the storage id each peer node serves from
 	owner   *owner.Group
 	closed  bool
+	// Snapshot streams (snapstream.go): outgoing by stream id (and by
+	// group and follower, one at a time), incoming by sender and stream.
+	outs    map[uint64]*outStream
+	outKeys map[streamKey]bool
+	ins     map[inKey]*inStream
 
 	stats netStats
 }
@@ -125,6 +158,9 @@ type netStats struct {
 	beatsIn     atomic.Uint64 // beats and beat responses received
 	messagesIn  atomic.Uint64 // messages received
 	messagesOut atomic.Uint64 // messages sent (not beats)
+	// Snapshot streams: frames sent, snapshots sent whole, chunks of those,
+	// sends that failed, snapshots received whole.
+	snapFrames, snapSent, snapChunks, snapFailed, snapReceived atomic.Uint64
 }
 
 // NetStats is a snapshot of a NetTransport's counters.
@@ -132,6 +168,8 @@ type NetStats struct {
 	Frames, BeatFrames, SendErrors, Dropped uint64
 	Received, Refused, BeatsIn, MessagesIn  uint64
 	MessagesOut                             uint64
+	SnapFrames, SnapsSent, SnapChunks       uint64
+	SnapsFailed, SnapsReceived              uint64
 }
 
 // NewNetTransport returns a transport for cfg.Node over carrier. Nothing is
@@ -152,6 +190,9 @@ func NewNetTransport(cfg NetConfig, carrier Carrier) (*NetTransport, error) {
 		peers:   make(map[NodeID]*peer),
 		storage: make(map[NodeID]string),
 		owner:   owner.New(nil),
+		outs:    make(map[uint64]*outStream),
+		outKeys: make(map[streamKey]bool),
+		ins:     make(map[inKey]*inStream),
 	}, nil
 }
 
@@ -197,6 +238,8 @@ func (t *NetTransport) Stats() NetStats {
 		Frames: s.frames.Load(), BeatFrames: s.beatFrames.Load(), SendErrors: s.sendErrors.Load(),
 		Dropped: s.dropped.Load(), Received: s.received.Load(), Refused: s.refused.Load(),
 		BeatsIn: s.beatsIn.Load(), MessagesIn: s.messagesIn.Load(), MessagesOut: s.messagesOut.Load(),
+		SnapFrames: s.snapFrames.Load(), SnapsSent: s.snapSent.Load(), SnapChunks: s.snapChunks.Load(),
+		SnapsFailed: s.snapFailed.Load(), SnapsReceived: s.snapReceived.Load(),
 	}
 }
 
@@ -228,6 +271,8 @@ type peer struct {
 	// full queue dropped (SnapshotFailure). Told by the sender goroutine.
 	snaps, snapsLost []target
 	spare            []byte // the sender's previous buffer, reused
+	// snapq: snapshot stream frames (snapstream.go), each sent alone.
+	snapq []snapOut
 }
 
 // frameReserve is the room kept at the front of a queue buffer for the frame
@@ -256,6 +301,10 @@ func (t *NetTransport) Send(to NodeID, batch []Envelope) {
 			} else {
 				resps = append(resps, beatOf(env.Group, m))
 			}
+			continue
+		}
+		if m.GetType() == raftpb.MsgSnap && t.cfg.Snapshots != nil {
+			t.startSnapshot(p, env.Group, m) // its data are streamed
 			continue
 		}
 		var err error
@@ -422,6 +471,11 @@ func (t *NetTransport) sendLoop(ctx context.Context, p *peer) {
 			p.spare = buf[:frameReserve]
 			p.mu.Unlock()
 		}
+		// One snapshot frame per round: raft frames and beats go between
+		// two chunks.
+		if t.sendSnapFrame(ctx, p) {
+			wake(p.wake)
+		}
 	}
 }
 
@@ -493,6 +547,10 @@ func (t *NetTransport) HandleFrame(b []byte) {
 	r := t.recv.Load()
 	if r == nil {
 		t.stats.refused.Add(1)
+		return
+	}
+	if k, n := binary.Uvarint(b); n > 0 && k == snapFrameKind {
+		t.handleSnapFrame(b)
 		return
 	}
 	f, err := decodeFrame(b)

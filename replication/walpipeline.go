@@ -54,9 +54,11 @@ func init() {
 // whatever KeepEntries says (the design's WAL budget, 1.7).
 //
 // Conf change entries change the configuration each apply records (and so
-// the restart point's); the engine applies them to raft. Snapshots are
-// refused for now (design step 6): the group fails (Err) and waits, and a
-// replica that joins a group waits for one.
+// the restart point's); the engine applies them to raft. Snapshots
+// (walsnapshot.go) are captured from Badger at the applied index and
+// streamed by the transport (the pipeline is its SnapshotSource and
+// SnapshotSink); a snapshot that arrives without staged data fails the group
+// (Err).
 type WALPipeline struct {
 	p       *persistence.Pipeline
 	db      *persistence.DB
@@ -76,10 +78,22 @@ type WALPipeline struct {
 	applied map[GroupID]uint64
 	first   map[GroupID]uint64                       // the log's first index, as this pipeline last set it
 	mark    map[GroupID]persistence.RaftAppliedState // maybeTruncate's next point
-	cfg     WALConfig
-	owner   *owner.Group // the budget sweeper
-	err     error        // the first job the pipeline could not do
-	stopped bool
+	// Snapshots (walsnapshot.go): each group's prepared snapshots (the last
+	// is the current one), whether one is being captured, the applied index
+	// from which a capture is exact, a received snapshot no append took
+	// yet, and the index of an installed snapshot the log still names
+	// (until a truncation at or above it).
+	snaps      map[GroupID][]*prepSnap
+	preparing  map[GroupID]bool
+	safe       map[GroupID]uint64
+	staged     map[GroupID]persistence.RaftSnapshotRef
+	installed  map[GroupID]uint64
+	nextSnapID uint64
+	readers    sync.WaitGroup // open snapshot readers: Close waits for them
+	cfg        WALConfig
+	owner      *owner.Group // the budget sweeper
+	err        error        // the first job the pipeline could not do
+	stopped    bool
 
 	// truncateApplied is the planted truncation bug (testknobs.TruncateApplied).
 	truncateApplied atomic.Bool
@@ -101,6 +115,16 @@ type WALConfig struct {
 	// Observe, if not nil, is called for every entry once Badger holds it, in
 	// log order per group (again for the entries a restart applies again).
 	Observe func(g GroupID, ent *raftpb.Entry)
+	// OnSnapshot, if not nil, is called once Badger holds a snapshot the
+	// replica of g installed (its index, term and configuration); entries
+	// after it follow through Observe.
+	OnSnapshot func(g GroupID, index, term uint64, cs *raftpb.ConfState)
+	// SnapshotChunk is the size of a snapshot's chunks. Default 1 MiB.
+	SnapshotChunk int
+	// SnapshotReuse is how long a captured snapshot is given to followers
+	// that need one (while the configuration is unchanged) before a new
+	// one is captured, and how long an unused one is kept. Default 30 s.
+	SnapshotReuse time.Duration
 	// Logger: default slog.Default().
 	Logger *slog.Logger
 }
@@ -110,7 +134,7 @@ const bootIndex, bootTerm = 1, 1
 
 // DefaultWALConfig returns the defaults.
 func DefaultWALConfig() WALConfig {
-	return WALConfig{KeepEntries: 2000, MaxLogSegments: 64, BudgetEvery: time.Second}
+	return WALConfig{KeepEntries: 2000, MaxLogSegments: 64, BudgetEvery: time.Second, SnapshotChunk: 1 << 20, SnapshotReuse: 30 * time.Second}
 }
 
 // NewWALPipeline returns a pipeline over db's write-ahead log through p (a
@@ -121,6 +145,8 @@ func NewWALPipeline(db *persistence.DB, p *persistence.Pipeline, cfg WALConfig) 
 	cfg.KeepEntries = cmp.Or(cfg.KeepEntries, d.KeepEntries)
 	cfg.MaxLogSegments = cmp.Or(cfg.MaxLogSegments, d.MaxLogSegments)
 	cfg.BudgetEvery = cmp.Or(cfg.BudgetEvery, d.BudgetEvery)
+	cfg.SnapshotChunk = cmp.Or(cfg.SnapshotChunk, d.SnapshotChunk)
+	cfg.SnapshotReuse = cmp.Or(cfg.SnapshotReuse, d.SnapshotReuse)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -134,6 +160,12 @@ func NewWALPipeline(db *persistence.DB, p *persistence.Pipeline, cfg WALConfig) 
 		first:   map[GroupID]uint64{},
 		mark:    map[GroupID]persistence.RaftAppliedState{},
 		owner:   owner.New(nil),
+
+		snaps:     map[GroupID][]*prepSnap{},
+		preparing: map[GroupID]bool{},
+		safe:      map[GroupID]uint64{},
+		staged:    map[GroupID]persistence.RaftSnapshotRef{},
+		installed: map[GroupID]uint64{},
 	}
 	w.owner.Go(w.budgetLoop)
 	return w
@@ -149,6 +181,7 @@ func (w *WALPipeline) budgetLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		w.snapshotChores()
 		pinners, segments := w.db.RaftPinners()
 		if segments <= w.cfg.MaxLogSegments || len(pinners) == 0 {
 			continue
@@ -213,6 +246,7 @@ func (w *WALPipeline) Storage(g GroupID, replica ReplicaID) (raft.Storage, uint6
 	}
 	s := w.db.RaftStorage(uint64(g), uint64(replica), nil)
 	first, _ := s.FirstIndex()
+	last, _ := s.LastIndex()
 	applied := first - 1
 	hs, conf, err := s.InitialState()
 	if err != nil {
@@ -225,11 +259,14 @@ func (w *WALPipeline) Storage(g GroupID, replica ReplicaID) (raft.Storage, uint6
 	w.mu.Lock()
 	w.synced[g] = [2]uint64{hs.GetTerm(), hs.GetVote()}
 	w.replica[g], w.conf[g], w.cs[g], w.applied[g], w.first[g] = replica, cs, conf, applied, first
+	// Badger may hold entries up to the log's last index applied before a
+	// restart: a snapshot's capture is exact once they are applied again.
+	w.safe[g] = last
 	w.mu.Unlock()
 	if hs.GetCommit() >= applied {
-		return s, applied, nil
+		return walStorage{s, w, g}, applied, nil
 	}
-	return raisedCommit{s, applied}, applied, nil
+	return walStorage{raisedCommit{s, applied}, w, g}, applied, nil
 }
 
 // raisedCommit is a Storage whose HardState commits at least commit.
@@ -249,14 +286,18 @@ func (r raisedCommit) InitialState() (*raftpb.HardState, *raftpb.ConfState, erro
 // Append implements Pipeline.
 func (w *WALPipeline) Append(job Job) {
 	m := job.Msg
-	if !raft.IsEmptySnap(m.GetSnapshot()) {
-		// Snapshots come with design step 6; the job is never done, and the
-		// group waits (as after a crash) until restarted.
-		w.fail(fmt.Errorf("replication: group %d: snapshots are not supported by the WAL pipeline yet", job.Group))
-		return
-	}
 	a := persistence.RaftAppend{Group: uint64(job.Group), Replica: m.GetFrom(), Entries: m.GetEntries()}
-	sync := len(m.GetEntries()) > 0 || len(m.GetResponses()) > 0
+	var installing func()
+	if !raft.IsEmptySnap(m.GetSnapshot()) {
+		var err error
+		if installing, err = w.appendSnapshot(job, &a); err != nil {
+			// The job is never done, and the group waits (as after a
+			// crash) until restarted.
+			w.fail(err)
+			return
+		}
+	}
+	sync := len(m.GetEntries()) > 0 || len(m.GetResponses()) > 0 || installing != nil
 	w.mu.Lock()
 	if m.Term != nil { // Term, Vote and Commit are set together or not at all
 		a.HardState = &raftpb.HardState{Term: new(m.GetTerm()), Vote: new(m.GetVote()), Commit: new(m.GetCommit())}
@@ -275,6 +316,9 @@ func (w *WALPipeline) Append(job Job) {
 		case err != nil:
 			w.fail(fmt.Errorf("replication: group %d: append: %w", job.Group, err))
 			return
+		}
+		if installing != nil {
+			installing()
 		}
 		job.Done()
 	}
@@ -401,19 +445,57 @@ func (w *WALPipeline) truncate(g GroupID, replica ReplicaID) {
 
 // truncateTo truncates g's log to start after f.Index, with f's term and
 // configuration as of that index, if that is above where it starts.
+//
+// A snapshot being captured or streamed keeps the entries after its index
+// (walsnapshot.go). A truncation at or above an installed snapshot's index
+// (Badger flushed it) is made even when it does not move the first index:
+// it tells the log that the snapshot need not be installed again.
 func (w *WALPipeline) truncateTo(g GroupID, replica ReplicaID, f persistence.RaftAppliedState) {
 	w.mu.Lock()
-	if f.Index+1 <= w.first[g] {
+	lo, has, capturing := w.protectLocked(g)
+	if capturing {
+		w.mu.Unlock()
+		return
+	}
+	if has && f.Index > lo.Index {
+		f = lo // Badger flushed f, and so lo below it
+	}
+	inst, pending := w.installed[g]
+	clears := pending && f.Index >= inst
+	if f.Index+1 <= w.first[g] && !(clears && f.Index+1 == w.first[g]) {
 		w.mu.Unlock()
 		return
 	}
 	w.first[g] = f.Index + 1
+	if clears {
+		delete(w.installed, g)
+	}
 	w.mu.Unlock()
 	w.p.TruncateRaft(uint64(g), uint64(replica), f.Index+1, f.Term, f.ConfState, func(err error) {
 		if err != nil && !errors.Is(err, persistence.ErrClosed) {
 			w.fail(fmt.Errorf("replication: group %d: truncate the log to %d: %w", g, f.Index+1, err))
 		}
 	})
+}
+
+// snapshotChores releases the snapshots nobody reads any more and tells
+// the log which installed snapshots Badger flushed (budget loop).
+func (w *WALPipeline) snapshotChores() {
+	w.mu.Lock()
+	for g := range w.snaps {
+		w.releaseSnapsLocked(g)
+	}
+	var flushedCheck []GroupID
+	for g := range w.installed {
+		flushedCheck = append(flushedCheck, g)
+	}
+	w.mu.Unlock()
+	for _, g := range flushedCheck {
+		w.mu.Lock()
+		replica := w.replica[g]
+		w.mu.Unlock()
+		w.truncate(g, replica)
+	}
 }
 
 func (w *WALPipeline) fail(err error) {
@@ -444,11 +526,20 @@ func (w *WALPipeline) AppliedIndex() map[GroupID]uint64 {
 }
 
 // Close stops handing jobs on (the Done of applies still in the persistence
-// pipeline is not called any more) and stops the budget sweeper. It does not
-// close the persistence pipeline.
+// pipeline is not called any more), stops the budget sweeper, waits for the
+// open snapshot readers (close the transport first) and releases the
+// snapshots' holds. It does not close the persistence pipeline.
 func (w *WALPipeline) Close() {
 	w.mu.Lock()
 	w.stopped = true
 	w.mu.Unlock()
 	_ = w.owner.Close(context.Background())
+	// A reader reads Badger: it must end before the database closes (the
+	// transport closes its streams' readers when it closes).
+	w.readers.Wait()
+	w.mu.Lock()
+	for g := range w.snaps {
+		w.releaseSnapsLocked(g) // readers still open release theirs on Close
+	}
+	w.mu.Unlock()
 }

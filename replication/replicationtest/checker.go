@@ -287,6 +287,23 @@ func (c *Checker) ackedPayloads() [][]byte {
 	return out
 }
 
+// installedWAL is called when node n's replica of g (replica id = node id)
+// holds a snapshot at idx with term in Badger (the WAL pipeline's test): an
+// index beyond what it applied, that a replica applied with that term.
+func (c *Checker) installedWAL(n replication.NodeID, g replication.GroupID, idx, term uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := [2]uint64{uint64(n), uint64(g)}
+	if last := c.baseLocked(key); idx <= last {
+		c.violate("node %d group %d installed a snapshot at %d, having applied %d", n, g, idx, last)
+	}
+	if rec, ok := c.entries[g][idx]; !ok || rec.term != term {
+		c.violate("group %d: node %d installed a snapshot at %d term %d, which no replica applied (%v %+v)", g, n, idx, term, ok, rec)
+	}
+	c.lastApplied[key] = idx
+	c.installs++
+}
+
 // restored is called when replica r (on node n) of g installs snap.
 func (c *Checker) restored(n replication.NodeID, r replication.ReplicaID, g replication.GroupID, snap *raftpb.Snapshot) {
 	c.mu.Lock()

@@ -4,6 +4,8 @@ import (
 	"container/heap"
 	"context"
 	"encoding/binary"
+	"errors"
+	"io"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -78,6 +80,81 @@ type Network struct {
 	clocks  map[replication.NodeID]func() time.Time
 	// observe, if set, sees every message sent (before faults), under mu.
 	observe func(from replication.NodeID, env replication.Envelope)
+	// snaps: the nodes whose snapshots' data travel beside their MsgSnaps
+	// (SetSnapshots).
+	snaps map[replication.NodeID]snapEnds
+}
+
+type snapEnds struct {
+	source replication.SnapshotSource
+	sink   replication.SnapshotSink
+}
+
+// SetSnapshots makes the network carry the data of node id's snapshots as
+// NetTransport streams them: a MsgSnap from id is delivered only after its
+// data (source's) went through the receiver's sink, with the Data the sink's
+// Commit returned; a failure loses the message (SnapshotFailure). Both ends
+// must have called it; nil sources a node's MsgSnaps inline again.
+func (n *Network) SetSnapshots(id replication.NodeID, source replication.SnapshotSource, sink replication.SnapshotSink) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.snaps == nil {
+		n.snaps = map[replication.NodeID]snapEnds{}
+	}
+	if source == nil {
+		delete(n.snaps, id)
+		return
+	}
+	n.snaps[id] = snapEnds{source, sink}
+}
+
+// relaySnaps carries the data of f's MsgSnaps (SetSnapshots), on the
+// delivery goroutine; a snapshot that fails moves to f.lostSnaps.
+func (n *Network) relaySnaps(f *flight) {
+	n.mu.Lock()
+	from, to := n.snaps[f.from], n.snaps[f.to]
+	n.mu.Unlock()
+	if from.source == nil || to.sink == nil {
+		return
+	}
+	kept := f.batch[:0]
+	for _, env := range f.batch {
+		if env.Msg.GetType() == raftpb.MsgSnap {
+			data, err := relaySnap(from.source, to.sink, env)
+			if err != nil {
+				f.lostSnaps = append(f.lostSnaps, env)
+				continue
+			}
+			env.Msg.Snapshot.Data = data
+		}
+		kept = append(kept, env)
+	}
+	f.batch = kept
+}
+
+func relaySnap(src replication.SnapshotSource, sink replication.SnapshotSink, env replication.Envelope) ([]byte, error) {
+	r, err := src.OpenSnapshot(env.Group, env.Msg.GetSnapshot())
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	w, err := sink.ReceiveSnapshot(env.Group, replication.ReplicaID(env.Msg.GetTo()))
+	if err != nil {
+		return nil, err
+	}
+	for {
+		chunk, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			return w.Commit()
+		}
+		if err == nil {
+			err = w.Write(chunk)
+		}
+		if err != nil {
+			w.Abort()
+			return nil, err
+		}
+	}
 }
 
 // NewNetwork returns a perfect network seeded with seed.
@@ -322,6 +399,7 @@ func (n *Network) deliverLoop(ctx context.Context) {
 		n.mu.Unlock()
 		for _, f := range ready {
 			if f.recv != nil {
+				n.relaySnaps(&f)
 				f.recv.Receive(n.unstampAcks(f.recv, f.batch))
 			}
 			if f.sender != nil {

@@ -113,6 +113,9 @@ func (c *walCluster) start(id replication.NodeID) error {
 	pp.Start()
 	wcfg := c.wcfg
 	wcfg.Observe = func(g replication.GroupID, ent *raftpb.Entry) { c.checker.appliedEntry(id, g, ent) }
+	wcfg.OnSnapshot = func(g replication.GroupID, idx, term uint64, _ *raftpb.ConfState) {
+		c.checker.installedWAL(id, g, idx, term)
+	}
 	wcfg.Logger = c.quiet
 	wp := replication.NewWALPipeline(db, pp, wcfg)
 	ecfg := c.ecfg
@@ -144,6 +147,7 @@ func (c *walCluster) start(id replication.NodeID) error {
 		return err
 	}
 	n.db, n.pp, n.wp, n.e, n.booted = db, pp, wp, e, true
+	c.net.SetSnapshots(id, wp, wp) // as NetTransport streams them
 	c.net.Attach(id, e)
 	c.net.SetDown(id, false)
 	return nil
@@ -369,13 +373,15 @@ func TestWALStorage_ModelChecksHoldAcrossCrashes(t *testing.T) {
 	if c.checker.Acked() < 20 {
 		t.Fatalf("only %d proposals acknowledged: the test did not exercise the log", c.checker.Acked())
 	}
-	t.Logf("%d proposals acknowledged", c.checker.Acked())
+	t.Logf("%d proposals acknowledged, %d snapshots installed", c.checker.Acked(), c.checker.Installs())
 }
 
 // walPayload is a proposal's payload: one write, as the applier takes it
-// (persistence.AppendChanges), of a key unique to n.
+// (persistence.AppendChanges), of a key of g's partition unique to n (a
+// snapshot carries the partition's keys).
 func walPayload(g replication.GroupID, n uint64) []byte {
-	return persistence.AppendChanges(nil, &persistence.Write{Sets: []persistence.KV{{Key: fmt.Appendf(nil, "p/g%d-%d", g, n), Value: []byte("v")}}})
+	key := fmt.Appendf(persistence.PartitionPrefix(uint32(g)), "g%d-%d", g, n)
+	return persistence.AppendChanges(nil, &persistence.Write{Sets: []persistence.KV{{Key: key, Value: []byte("v")}}})
 }
 
 // walPayloadKey is the key walPayload wrote into payload.
@@ -388,7 +394,7 @@ func walPayloadKey(t *testing.T, payload []byte) []byte {
 	return key
 }
 
-var walKeyRE = regexp.MustCompile(`p/g[0-9]+-[0-9]+`)
+var walKeyRE = regexp.MustCompile(`(?s)p..g[0-9]+-[0-9]+`)
 
 // TestWALStorage_AnIdleGroupDoesNotHoldTheLog: a group that stops taking
 // writes keeps its last entries (KeepEntries is far above what it has), and
