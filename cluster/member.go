@@ -67,6 +67,10 @@ type ClusterConfig struct {
 	// Replicated clusters only.
 	RaftAdvertise string
 	RaftBind      string
+	// ReplaceAfter is how long a node with replicas may be down before the
+	// controller re-creates them on other nodes; zero means 10m.
+	// Replicated clusters only.
+	ReplaceAfter time.Duration
 }
 
 // Served says who answered a request: the node, the object's partition, and the
@@ -206,6 +210,9 @@ func newMember(n *Node, cli *clientv3.Client, parts int) *member {
 	if cc.RequestWait <= 0 {
 		cc.RequestWait = 5 * time.Second
 	}
+	if cc.ReplaceAfter <= 0 {
+		cc.ReplaceAfter = 10 * time.Minute
+	}
 	m := &member{
 		n: n, cfg: cc, id: cc.NodeID, log: n.log.With("node", cc.NodeID), cli: cli, k: newKeys(cc.Name),
 		view: newView(parts), boot: newBoot(), storage: n.storageID, refused: map[uint32]string{},
@@ -268,6 +275,7 @@ func (m *member) start() error {
 		m.goOwned(m.r.servingLoop)
 		m.goOwned(m.r.balanceLoop)
 		m.goOwned(m.r.reportLoop)
+		m.goOwned(m.r.moveLoop)
 	}
 	m.goOwned(m.sessionLoop)
 	m.goOwned(m.reconcileLoop)

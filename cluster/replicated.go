@@ -81,6 +81,11 @@ type replicated struct {
 	hints []atomic.Pointer[string]
 	// waitingLogged: the controller said once that it waits for nodes.
 	waitingLogged bool
+	// lostLogged is the count of lost replicas last logged (reconcile).
+	lostLogged int
+	// downSince is when the controller first saw each node with replicas
+	// down (controller only).
+	downSince map[string]time.Time
 }
 
 // newReplicated opens the raft half of node n, raft node number num, over
@@ -94,7 +99,8 @@ func newReplicated(n *Node, cc ClusterConfig, rf int, num uint64) (*replicated, 
 	const electionTicks = 10
 	r := &replicated{
 		rf: rf, db: n.db, num: replication.NodeID(num), tick: timeout / electionTicks,
-		local: map[uint32]replication.ReplicaID{}, peers: map[replication.NodeID]NodeInfo{}, failed: map[uint32]string{},
+		downSince: map[string]time.Time{},
+		local:     map[uint32]replication.ReplicaID{}, peers: map[replication.NodeID]NodeInfo{}, failed: map[uint32]string{},
 		serving: make([]uint64, n.db.Partitions()), hints: make([]atomic.Pointer[string], n.db.Partitions()),
 	}
 	r.names.Store(&map[uint64]string{})
@@ -118,7 +124,8 @@ func newReplicated(n *Node, cc ClusterConfig, rf int, num uint64) (*replicated, 
 			e.OnBeatAck(g, from, sent)
 		}
 	}
-	if r.tr, err = replication.NewNetTransport(replication.NetConfig{Node: r.num, Storage: n.storageID, BeatInterval: r.tick / 2, OnBeatAck: onBeat, Logger: log}, r.carrier); err == nil {
+	if r.tr, err = replication.NewNetTransport(replication.NetConfig{Node: r.num, Storage: n.storageID, BeatInterval: r.tick / 2, OnBeatAck: onBeat,
+		Snapshots: r.wp, SnapshotSink: r.wp, Logger: log}, r.carrier); err == nil {
 		r.carrier.SetHandler(r.tr.HandleFrame)
 		r.e, err = replication.New(replication.Config{Node: r.num, TickInterval: r.tick, ElectionTick: electionTicks, Logger: log}, r.tr, r.wp)
 	}
@@ -279,8 +286,14 @@ func (r *replicated) reconcile() {
 		}
 	}
 	r.names.Store(&names)
+	lost := 0 // replicas placed on this node's previous data directory
 	for i, g := range groups {
 		p := uint32(i)
+		for _, rep := range g.Replicas {
+			if rep.Node == m.id && rep.Storage != m.storage {
+				lost++
+			}
+		}
 		if _, ok := r.local[p]; ok || len(g.Replicas) == 0 {
 			continue
 		}
@@ -297,6 +310,15 @@ func (r *replicated) reconcile() {
 		}
 		delete(r.failed, p)
 		r.local[p] = replication.ReplicaID(me.ID)
+	}
+	if lost != r.lostLogged {
+		r.lostLogged = lost
+		if lost > 0 {
+			m.log.Error("this node's data directory is not the one some of its replicas were placed on: those replicas are lost and never run; the cluster re-creates them from the other replicas (new, empty replicas here, filled by snapshot)",
+				"nodeId", m.id, "lostReplicas", lost, "storageId", m.storage, "dataDir", m.n.cfg.DataDir)
+		} else {
+			m.log.Info("no replica of this node is placed on another data directory any more")
+		}
 	}
 }
 
@@ -326,7 +348,7 @@ func (r *replicated) addGroup(p uint32, g GroupEntry, me ReplicaEntry) error {
 	if err != nil {
 		return err
 	}
-	return r.e.AddGroup(replication.GroupConfig{ID: gid, Replica: rid, Peers: peers, Storage: st, Applied: applied})
+	return r.e.AddGroup(replication.GroupConfig{ID: gid, Replica: rid, Peers: peers, Storage: st, Applied: applied, OnRemoved: r.onRemoved})
 }
 
 // servingLoop follows the leases of this node's replicas: a partition whose
@@ -429,7 +451,7 @@ func (r *replicated) placeGroups() error {
 		}
 	}
 	if missing == 0 {
-		return nil
+		return r.planMoves()
 	}
 	var eligible []NodeInfo
 	for _, id := range sortedIDs(nodes) {
@@ -475,13 +497,20 @@ func (r *replicated) notLeaderErr(p uint32) error {
 }
 
 // request runs msg on object id on the node that leads its partition,
-// waiting out an election for at most RequestWait.
+// waiting out an election for at most RequestWait. Where to send it, in
+// order: this node if it serves the partition; the leader its own replica
+// knows; the leader the last refusal named; then the group's other replicas
+// in turn (a replica that does not lead refuses with the leader it knows).
+// A node that refused this request, or did not answer, is skipped for it,
+// so that a replica with a stale view (cut off, just restarted, or on a
+// wiped disk) cannot keep it waiting.
 func (r *replicated) request(ctx context.Context, id actors.ObjectID, msg any) (any, Served, error) {
 	m := r.m
 	p := persistence.Partition(id, len(m.state))
 	waitUntil := time.Now().Add(m.cfg.RequestWait)
-	tried := 0
-	for {
+	skip := map[string]bool{} // nodes tried in this round
+	attempt := 0
+	for ; ; attempt++ {
 		var why error
 		if e := r.epoch(p); e != 0 {
 			v, err := m.n.host.Request(ctx, id, msg)
@@ -489,28 +518,22 @@ func (r *replicated) request(ctx context.Context, id actors.ObjectID, msg any) (
 				return v, Served{Node: m.id, Partition: p, Epoch: e}, err
 			}
 			why = err
+		} else if g := m.view.group(p); len(g.Replicas) == 0 {
+			why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is not formed yet: the cluster waits for %d nodes", p, r.rf), RetryAfter: time.Second}
 		} else {
-			target := r.leader(p)
-			if target == "" && r.e != nil {
-				if _, err := r.e.Status(replication.GroupID(p)); err != nil {
-					// No replica here and no hint: ask the group's replicas in turn.
-					if g := m.view.group(p); len(g.Replicas) > 0 {
-						target = g.Replicas[tried%len(g.Replicas)].Node
-					}
-				}
-			}
+			target := r.route(p, g, skip, attempt)
 			info, live := m.view.node(target)
 			switch {
-			case len(m.view.group(p).Replicas) == 0:
-				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is not formed yet: the cluster waits for %d nodes", p, r.rf), RetryAfter: time.Second}
 			case target == "":
 				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d has no leader now (an election is under way)", p), RetryAfter: 200 * time.Millisecond}
+				clear(skip) // a new round: everyone may know more now
 			case target == m.id:
 				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is being taken up by this node", p), RetryAfter: 100 * time.Millisecond}
+				skip[target] = true
 			case !live || m.tr.isDown(info.Addr):
 				why = &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d's leader %s does not answer; waiting for an election", p, target), RetryAfter: 500 * time.Millisecond}
+				skip[target] = true
 				r.hint(p, "")
-				tried++
 			default:
 				var v any
 				var served Served
@@ -524,11 +547,14 @@ func (r *replicated) request(ctx context.Context, id actors.ObjectID, msg any) (
 				if !retry {
 					return v, served, err
 				}
+				skip[target] = true
 				var no *notOwnerError
-				if errors.As(err, &no) {
+				if errors.As(err, &no) && no.leader != target {
 					r.hint(p, no.leader)
+					if no.leader != "" {
+						delete(skip, no.leader) // follow the news at once
+					}
 				}
-				tried++
 				why = err
 			}
 		}
@@ -539,13 +565,69 @@ func (r *replicated) request(ctx context.Context, id actors.ObjectID, msg any) (
 	}
 }
 
-// leave hands the leadership of every group this node leads to a replica on
-// a live node that is not leaving, so that its partitions are served
-// elsewhere before it stops (a graceful stop or `holdfast cluster leave`).
-// Its replicas stay: moving them away is not built yet, so a node that
-// leaves for good leaves its groups a replica short.
+// route picks the node to send a request for p to (see request), or "" when
+// every candidate was tried in this round.
+func (r *replicated) route(p uint32, g GroupEntry, skip map[string]bool, attempt int) string {
+	ok := func(id string) bool { return id != "" && !skip[id] }
+	if r.e != nil {
+		if st, err := r.e.Status(replication.GroupID(p)); err == nil && st.Leader != 0 {
+			if id := r.nameOf(st.Leader); ok(id) {
+				return id
+			}
+		}
+	}
+	if h := r.hints[p].Load(); h != nil && ok(*h) {
+		return *h
+	}
+	for i := range g.Replicas {
+		rep := g.Replicas[(attempt+i)%len(g.Replicas)]
+		if rep.Node != r.m.id && ok(rep.Node) {
+			return rep.Node
+		}
+	}
+	return ""
+}
+
+// leave moves this node's replicas to other nodes before it stops (a
+// graceful stop or `holdfast cluster leave`): the controller moves them once
+// the node is marked leaving. With too few other nodes to take them, it
+// hands the leadership of every group it leads to a replica on a live node
+// that is not leaving, so that its partitions are served elsewhere, and its
+// replicas stay (the groups are a replica short while it is away).
 func (r *replicated) leave(ctx context.Context) error {
 	m := r.m
+	// The controller moves this node's replicas away (moves.go) if enough
+	// other nodes can take them: wait for that first.
+	for start := time.Now(); ; {
+		changed := m.view.wait()
+		nodes, _, _, _ := m.view.snapshot()
+		others := 0
+		for id, n := range nodes {
+			if id != m.id && !n.Client && !n.Leaving && n.Num != 0 {
+				others++
+			}
+		}
+		held := 0
+		for _, g := range m.view.groupsSnapshot() {
+			if _, ok := g.replicaOn(m.id, m.storage); ok {
+				held++
+			}
+		}
+		if held == 0 {
+			m.log.Info("left the cluster: every replica moved to other nodes", "took", time.Since(start).Round(time.Millisecond))
+			return nil
+		}
+		if others < r.rf {
+			m.log.Info("leaving the cluster: too few other nodes to take this node's replicas; handing leaderships over only", "replicas", held, "otherNodes", others, "replicationFactor", r.rf)
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d replicas not moved away: %w", held, ctx.Err())
+		case <-changed:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 	nodes, _, _, _ := m.view.snapshot()
 	var wg sync.WaitGroup
 	var failed atomic.Int64

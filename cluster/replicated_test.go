@@ -11,6 +11,7 @@ import (
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cold"
 	coldfs "github.com/holdfast/holdfast/cold/fs"
+	"github.com/holdfast/holdfast/persistence"
 	"github.com/holdfast/holdfast/replication"
 )
 
@@ -30,6 +31,7 @@ func startReplicated(t *testing.T, store cold.Store, nodes ...string) *testClust
 	tc := newTestCluster(t)
 	tc.rf, tc.failover = 3, 500*time.Millisecond
 	tc.cold, tc.coldShared = store, store != nil
+	tc.activity.serving = tc.serves
 	for _, id := range nodes {
 		tc.start(id)
 	}
@@ -37,6 +39,12 @@ func startReplicated(t *testing.T, store cold.Store, nodes ...string) *testClust
 	tc.waitServed(30 * time.Second)
 	t.Logf("%d partitions served %v after the last node started", testPartitions, time.Since(start).Round(time.Millisecond))
 	return tc
+}
+
+// serves reports whether node id serves object obj's partition now.
+func (tc *testCluster) serves(id string, obj actors.ObjectID) bool {
+	n := tc.node(id)
+	return n != nil && n.member.servingEpoch(persistence.Partition(obj, testPartitions)) != 0
 }
 
 // servers returns the live nodes that serve partition p now.
@@ -273,30 +281,141 @@ func TestReplicated_ARestartedNodeCatchesUp(t *testing.T) {
 
 // TestReplicated_AWipedDiskNeverVotes: a node back with an empty data
 // directory under its old nodeId runs none of its old replicas (they would
-// vote with a log they forgot); the others keep serving.
+// vote with a log they forgot); the others keep serving, and it gets new,
+// empty replicas filled by snapshot, which then count: with another node
+// down, it and the third hold every acknowledged write.
 func TestReplicated_AWipedDiskNeverVotes(t *testing.T) {
 	tc := newReplicatedCluster(t, "a", "b", "c")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	if _, err := tc.set(ctx, tc.node("a"), "k", "v", 1); err != nil {
-		t.Fatal(err)
-	}
-	tc.crash("c")
-	tc.dirs["c"] = filepath.Join(t.TempDir(), "c-new")
-	c := tc.start("c")
-	time.Sleep(time.Second) // a few reconcile passes
-	if got := c.member.r.e.Groups(); len(got) != 0 {
-		t.Fatalf("the wiped node runs replicas %v of its old data directory", got)
-	}
-	st, _, err := tc.get(ctx, c, "k")
-	if err != nil || string(st.State["v"]) != "1" {
-		t.Fatalf("get k via the wiped node: %v %v", st, err)
-	}
-	for p := range uint32(testPartitions) {
-		if s := tc.servers(p); len(s) != 1 || s[0] == "c" {
-			t.Fatalf("partition %d served by %v", p, s)
+	for i := range 50 {
+		if _, err := tc.set(ctx, tc.node("a"), fmt.Sprintf("k%d", i), "v", i); err != nil {
+			t.Fatal(err)
 		}
 	}
+	tc.crash("c")
+	old := tc.node("a").member.view.groupsSnapshot()
+	tc.dirs["c"] = filepath.Join(t.TempDir(), "c-new")
+	c := tc.start("c")
+	// At once, before any new replica exists: c forwards every partition's
+	// requests, the ones whose first replica was its own included.
+	for p := range uint32(testPartitions) {
+		if _, err := tc.set(ctx, c, keyIn(p), "w", 1); err != nil {
+			t.Fatalf("write to partition %d through the wiped node: %v", p, err)
+		}
+	}
+	tc.waitSettled(ctx)
+	for p, g := range c.member.view.groupsSnapshot() {
+		rep, ok := g.replicaOn("c", c.storageID)
+		was, _ := old[p].replicaOn("c", g.Replicas[0].Storage)
+		if !ok || rep.Founder || rep.ID <= 3 {
+			t.Fatalf("partition %d: c's replica %+v (old %+v), want a new one", p, rep, was)
+		}
+	}
+	for _, id := range c.member.r.e.Groups() {
+		st, _ := c.member.r.e.Status(id)
+		if st.Replica <= 3 {
+			t.Fatalf("c runs replica %d of partition %d: an old one", st.Replica, id)
+		}
+	}
+	tc.crash("a")
+	tc.waitServed(30 * time.Second)
+	for i := range 50 {
+		st, _, err := tc.get(ctx, c, fmt.Sprintf("k%d", i))
+		if err != nil || string(st.State["v"]) != fmt.Sprint(i) {
+			t.Fatalf("k%d via c with a down: %v %v", i, st, err)
+		}
+	}
+}
+
+// waitSettled waits until every partition is served with replicationFactor
+// live replicas and no move in progress.
+func (tc *testCluster) waitSettled(ctx context.Context) {
+	tc.t.Helper()
+	tc.waitStatus(ctx, "settled: all served, none under-replicated, no move", func(st *Status) string {
+		if st.Served != testPartitions || st.UnderReplicated != 0 {
+			return fmt.Sprintf("%d served, %d under-replicated", st.Served, st.UnderReplicated)
+		}
+		for _, p := range st.Parts {
+			if len(p.Replicas) != tc.rf {
+				return fmt.Sprintf("partition %d has replicas %+v", p.Partition, p.Replicas)
+			}
+		}
+		return ""
+	})
+}
+
+// replicasOn counts the replicas the table places on each node.
+func (tc *testCluster) replicasOn() map[string]int {
+	out := map[string]int{}
+	for _, g := range tc.live()[0].member.view.groupsSnapshot() {
+		for _, r := range g.Replicas {
+			out[r.Node]++
+		}
+	}
+	return out
+}
+
+// TestReplicated_ANodeDownPastReplaceAfterIsReplaced: the replicas of a node
+// down for longer than ReplaceAfter are re-created on the other nodes from
+// the survivors, so the cluster is fully replicated again, and can then lose
+// another node.
+func TestReplicated_ANodeDownPastReplaceAfterIsReplaced(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.rf, tc.failover, tc.replaceAfter = 3, 500*time.Millisecond, 2*time.Second
+	tc.activity.serving = tc.serves
+	for _, id := range []string{"a", "b", "c", "d"} {
+		tc.start(id)
+	}
+	tc.waitServed(30 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
+	defer cancel()
+	stop := make(chan struct{})
+	wait := tc.load(stop, 8)
+	time.Sleep(time.Second)
+	tc.crash("d")
+	tc.waitSettled(ctx)
+	if n := tc.replicasOn()["d"]; n != 0 {
+		t.Fatalf("d still holds %d replicas after replaceAfter", n)
+	}
+	tc.crash("a")
+	tc.waitServed(30 * time.Second)
+	time.Sleep(time.Second)
+	close(stop)
+	counts := wait()
+	tc.checkCounts(counts)
+	tc.activity.verify(t)
+	t.Logf("replicas now %v", tc.replicasOn())
+}
+
+// TestReplicated_JoinAndLeaveMoveReplicas: a fourth node gets its share of
+// replicas; leaving gracefully, it gives them back; writes go on throughout
+// and none is lost.
+func TestReplicated_JoinAndLeaveMoveReplicas(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
+	defer cancel()
+	stop := make(chan struct{})
+	wait := tc.load(stop, 8)
+	tc.start("d")
+	tc.waitStatus(ctx, "d holds its share", func(st *Status) string {
+		on := tc.replicasOn()
+		if on["d"] < testPartitions*3/4-1 {
+			return fmt.Sprintf("replicas %v", on)
+		}
+		return ""
+	})
+	tc.waitSettled(ctx)
+	t.Logf("after the join: %v", tc.replicasOn())
+	tc.leave("d")
+	if n := tc.replicasOn()["d"]; n != 0 {
+		t.Fatalf("d left with %d replicas still placed on it", n)
+	}
+	tc.waitSettled(ctx)
+	close(stop)
+	counts := wait()
+	tc.checkCounts(counts)
+	tc.activity.verify(t)
 }
 
 // TestReplicated_TheReplicationFactorIsFixed: a node configured with another

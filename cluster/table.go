@@ -110,6 +110,13 @@ type ReplicaEntry struct {
 	// starts its log from the founding configuration. A replica added later
 	// starts empty and is sent a snapshot.
 	Founder bool `json:"founder,omitempty"`
+	// Replaces, on a replica being added by a move, is the replica it
+	// replaces (moves.go); 0 once the move is done.
+	Replaces uint64 `json:"replaces,omitempty"`
+	// Abort, on a replica being added, asks the group's leader to give the
+	// move up (its node went down or away): the new replica is removed
+	// from the group if it was added, and from the entry.
+	Abort bool `json:"abort,omitempty"`
 }
 
 // replicaOn returns the replica of g on node id with data directory storage.
@@ -387,6 +394,25 @@ func casGroup(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old, 
 		return errConflict
 	}
 	return nil
+}
+
+// readGroup reads partition p's group entry from etcd (not from a view).
+func readGroup(ctx context.Context, cli *clientv3.Client, k keys, p uint32) (GroupEntry, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, k.group(p))
+	if err != nil {
+		return GroupEntry{}, err
+	}
+	if len(resp.Kvs) == 0 {
+		return GroupEntry{}, nil
+	}
+	var g GroupEntry
+	if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil {
+		return GroupEntry{}, fmt.Errorf("partition %d's group: %w", p, err)
+	}
+	g.rev = resp.Kvs[0].ModRevision
+	return g, nil
 }
 
 // readPart reads partition p's entry from etcd (not from a view).

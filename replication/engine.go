@@ -272,11 +272,20 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 		return
 	}
 	rd := g.rn.Ready()
+	wasLeader, prevTerm := g.role == raft.StateLeader, g.term
 	if rd.SoftState != nil {
 		g.lead, g.role = ReplicaID(rd.SoftState.Lead), rd.SoftState.RaftState
 	}
 	if rd.HardState != nil {
 		g.term = rd.HardState.GetTerm()
+	}
+	if wasLeader && g.role != raft.StateLeader && g.term == prevTerm {
+		// A leader that steps down in its own term (CheckQuorum: cut off
+		// from the majority) may not hear what became of its entries while
+		// the cut lasts: answer now rather than then. (One that saw a later
+		// term hears from its new leader: its entries are applied, or
+		// found overwritten, soon.)
+		g.failPending(fmt.Errorf("%w: group %d: this replica stopped leading (cut off from the majority) before its entry was applied", ErrOutcomeUnknown, g.id))
 	}
 	g.publish()
 	e.leaseStep(g) // before any message of this Ready leaves

@@ -274,6 +274,14 @@ func (g *group) noteAppended(ents []*raftpb.Entry, incarnation uint64) {
 	}
 }
 
+// failPending settles every proposal handed to raft with err (worker only).
+func (g *group) failPending(err error) {
+	for seq, p := range g.pending {
+		delete(g.pending, seq)
+		p.finish(Result{}, err)
+	}
+}
+
 // failAll settles every pending and buffered proposal with err (worker, or
 // Close once no worker runs).
 func (g *group) failAll(proposed, buffered error) {

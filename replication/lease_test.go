@@ -436,3 +436,32 @@ func TestEngine_TransferOnACutOffLeaderEnds(t *testing.T) {
 	c.Heal()
 	checkClean(t, c)
 }
+
+// TestEngine_ACutOffLeaderAnswersItsProposals: a leader cut off from the
+// majority steps down in its own term (CheckQuorum) and may never learn what
+// became of its entries while the cut lasts: its pending proposals end with
+// ErrOutcomeUnknown when it steps down, not when the cut heals.
+func TestEngine_ACutOffLeaderAnswersItsProposals(t *testing.T) {
+	c := newCluster(t, replicationtest.Config{Nodes: 3, Groups: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	g := leaseGroup
+	old, _ := waitLease(ctx, t, c, g)
+	c.Partition([]replication.NodeID{old}, others(c, old))
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Engine(old).Propose(ctx, g, []byte("x"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, replication.ErrOutcomeUnknown) && !errors.Is(err, replication.ErrNotWritten) {
+			t.Fatalf("proposal on the cut-off leader: %v", err)
+		}
+		t.Logf("proposal on the cut-off leader: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("a proposal on a cut-off leader still waits 20 s after the cut")
+	}
+	c.Heal()
+	checkClean(t, c)
+}
