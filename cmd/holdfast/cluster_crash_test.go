@@ -112,6 +112,10 @@ type procCluster struct {
 	started []startedNode
 	// leaseTTL, when set, is the nodes' cluster.leaseTtl (else 2s).
 	leaseTTL string
+	// clusterYAML, when set, gives node id's further entries of its cluster
+	// map (flow style, e.g. "replicationFactor: 3, raftBind: '...'"), written
+	// with its config at its first start.
+	clusterYAML func(id string) string
 }
 
 type startedNode struct {
@@ -193,11 +197,15 @@ func (pc *procCluster) start(id string) *server {
 	pc.t.Helper()
 	cfgFile := filepath.Join(pc.dir, id+".yaml")
 	if _, err := os.Stat(cfgFile); err != nil {
+		extra := ""
+		if pc.clusterYAML != nil {
+			extra = ", " + pc.clusterYAML(id)
+		}
 		cfg := fmt.Sprintf("apps:\n  - {id: app_crash, key: %s, secret: %s}\n"+
 			"partitions: 32\n"+
 			"types:\n  \"*\":\n    objects: {changeLogEntries: 1000000}\n%s"+
-			"cluster: {name: %s, nodeId: %s, advertise: '%s', etcd: {endpoints: ['%s']}, leaseTtl: %s}\n",
-			crashAppKey, crashAppSecret, pc.types, pc.name, id, freeAddr(pc.t), pc.etcdFor(id), cmp.Or(pc.leaseTTL, "2s"))
+			"cluster: {name: %s, nodeId: %s, advertise: '%s', etcd: {endpoints: ['%s']}, leaseTtl: %s%s}\n",
+			crashAppKey, crashAppSecret, pc.types, pc.name, id, freeAddr(pc.t), pc.etcdFor(id), cmp.Or(pc.leaseTTL, "2s"), extra)
 		if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
 			pc.t.Fatal(err)
 		}
@@ -317,6 +325,11 @@ func (pc *procCluster) callServed(ctx context.Context, c *http.Client, method, u
 
 // callServedBy is callServed that also returns the X-Holdfast-Served-By header.
 func (pc *procCluster) callServedBy(ctx context.Context, c *http.Client, method, url string, body any) (int, map[string]any, string, error) {
+	return pc.callServedWith(ctx, c, method, url, body, nil)
+}
+
+// callServedWith is callServedBy with further request headers (nil: none).
+func (pc *procCluster) callServedWith(ctx context.Context, c *http.Client, method, url string, body any, header http.Header) (int, map[string]any, string, error) {
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
@@ -328,6 +341,9 @@ func (pc *procCluster) callServedBy(ctx context.Context, c *http.Client, method,
 	}
 	req.Header.Set("X-App-Key", crashAppKey)
 	req.Header.Set("X-App-Secret", crashAppSecret)
+	for k, v := range header {
+		req.Header[k] = v
+	}
 	start := time.Now()
 	resp, err := c.Do(req)
 	if err != nil {
