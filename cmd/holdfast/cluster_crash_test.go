@@ -116,6 +116,8 @@ type procCluster struct {
 	// map (flow style, e.g. "replicationFactor: 3, raftBind: '...'"), written
 	// with its config at its first start.
 	clusterYAML func(id string) string
+	// topYAML, when set, is more top-level configuration every node gets.
+	topYAML string
 }
 
 type startedNode struct {
@@ -203,7 +205,7 @@ func (pc *procCluster) start(id string) *server {
 		}
 		cfg := fmt.Sprintf("apps:\n  - {id: app_crash, key: %s, secret: %s}\n"+
 			"partitions: 32\n"+
-			"types:\n  \"*\":\n    objects: {changeLogEntries: 1000000}\n%s"+
+			"types:\n  \"*\":\n    objects: {changeLogEntries: 1000000}\n%s"+pc.topYAML+
 			"cluster: {name: %s, nodeId: %s, advertise: '%s', etcd: {endpoints: ['%s']}, leaseTtl: %s%s}\n",
 			crashAppKey, crashAppSecret, pc.types, pc.name, id, freeAddr(pc.t), pc.etcdFor(id), cmp.Or(pc.leaseTTL, "2s"), extra)
 		if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/internal/tcpproxy"
 )
 
@@ -53,6 +54,9 @@ func newReplicatedProcCluster(t *testing.T, via map[string]raftAddrs) (*procClus
 		t.Skip("starts an etcd process and several server processes")
 	}
 	pc := newProcCluster(t, "")
+	// A replicated cluster needs a cold store every node reads: the nodes
+	// share one directory on this machine.
+	pc.topYAML = fmt.Sprintf("cold: {fs: {dir: '%s', shared: true}}\n", filepath.Join(pc.dir, "cold"))
 	if via == nil {
 		via = map[string]raftAddrs{}
 	}
@@ -440,21 +444,6 @@ func (pc *procCluster) waitLog(id string, timeout time.Duration, parts ...string
 	}
 }
 
-// knownBugsEnv, set to 1, runs the checks of what cluster/ does not do yet
-// (each names the bug), which otherwise are only logged as not checked, so
-// that the suite stays green until they are fixed.
-const knownBugsEnv = "HOLDFAST_TEST_KNOWN_BUGS"
-
-// checkKnownBug says whether to run the check of known bug what.
-func checkKnownBug(t *testing.T, what string) bool {
-	t.Helper()
-	if os.Getenv(knownBugsEnv) == "1" {
-		return true
-	}
-	t.Logf("not checked (a known bug; %s=1 checks it): %s", knownBugsEnv, what)
-	return false
-}
-
 // lateServing collects replies served by node after a moment, for checks
 // that a node no longer serves anything.
 type lateServing struct {
@@ -543,13 +532,12 @@ func TestReplicated_ProcessesKillOfALeaderLosesNothing(t *testing.T) {
 
 // TestReplicated_ProcessesWipedDiskNeverServesOldReplicas: a node killed -9
 // comes back under its nodeId with an empty data directory. It must run none
-// of its old replicas (they would vote with a log they forgot), say so in
-// its log, serve no partition, and route every request to the others; the
-// cluster keeps every acknowledged increment.
+// of its old replicas (they would vote with a log they forgot) and say so in
+// its log, route every request to the others at once, and get new, empty
+// replicas filled by snapshot; once they are, another node is killed and
+// the wiped node and the third hold every acknowledged increment.
 func TestReplicated_ProcessesWipedDiskNeverServesOldReplicas(t *testing.T) {
 	pc, objects := newReplicatedProcCluster(t, nil)
-	var late lateServing
-	pc.hook = late.hook
 	l := newIncLedger(pc)
 	stop := make(chan struct{})
 	wait := l.load(stop, 16, objects, "load")
@@ -562,38 +550,48 @@ func TestReplicated_ProcessesWipedDiskNeverServesOldReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
-	late.watch(victim, restarted)
 	pc.start(victim)
-	if checkKnownBug(t, "a node back with a wiped disk logs no ERROR about its storage: replicated.reconcile skips the groups placed on its old storage ID without a word") {
-		line := pc.waitLog(victim, 30*time.Second, "level=ERROR", "storage")
-		t.Logf("the wiped node %s says: %s", victim, line)
-	}
-
-	if checkKnownBug(t, "a node back with a wiped disk answers 503 'being taken up by this node' for ever for the partitions whose first replica was its own: replicated.request, with no replica of its own and no hint, picks the group's replicas in turn, its old one among them, and does not move on from itself") {
-		took := l.writableAfter(restarted, objects, func() string { return pc.nodeURL(victim) }, "via-wiped")
-		t.Logf("every object written through the wiped node %s: %s", victim, failoverSummary(took, objects, by, victim))
-	}
+	line := pc.waitLog(victim, 30*time.Second, "level=ERROR", "lostReplicas")
+	t.Logf("the wiped node %s says: %s", victim, line)
+	took := l.writableAfter(restarted, objects, func() string { return pc.nodeURL(victim) }, "via-wiped")
+	t.Logf("every object written through the wiped node %s: %s", victim, failoverSummary(took, objects, by, victim))
 	for _, id := range []string{"a", "b", "c"} {
 		if id != victim {
 			l.writableAfter(time.Now(), objects, func() string { return pc.nodeURL(id) }, "via-"+id)
 		}
 	}
+	// Its replicas are re-created: every partition has three live ones again.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		st, err := cluster.ReadStatus(ctx, []string{pc.etcd}, pc.name)
+		cancel()
+		if err == nil && st.UnderReplicated == 0 && st.Served == st.Partitions {
+			t.Logf("the wiped node's replicas re-created %v after its restart", time.Since(restarted).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas not re-created 90 s after the wiped node came back: %+v %v", st, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	l.waitAcks(200, 60*time.Second, "after the restart")
-	var others []string
+	var other string
 	for _, id := range []string{"a", "b", "c"} {
 		if id != victim {
-			others = append(others, id)
+			other = id
+			break
 		}
 	}
-	_, count = pc.leaders(objects, others...)
+	pc.kill(other)
+	l.writableAfter(time.Now(), objects, l.anyNode, "after-kill-"+other)
+	l.waitAcks(100, 60*time.Second, "with "+other+" down")
 	close(stop)
 	wait()
-	t.Logf("partitions served after the wiped node came back: %v", count)
-	late.check(t, "it came back with a wiped disk")
 	if err := pc.check.Verify(); err != nil {
 		t.Error(err)
 	}
-	l.verify(objects, others...) // not through the wiped node: see the known bug above
+	l.verify(objects)
 }
 
 // TestReplicated_ProcessesRaftCutNodeStepsDown: every node's raft carrier
@@ -645,7 +643,7 @@ func TestReplicated_ProcessesRaftCutNodeStepsDown(t *testing.T) {
 	took := l.writableAfter(cut, objects, othersPick, "cut")
 	t.Logf("cut %s's raft traffic (it led %d partitions %v): every object written again through the others after the cut: %s",
 		victim, count[victim], count, failoverSummary(took, objects, by, victim))
-	if checkKnownBug(t, "a write forwarded to a leader just before its raft traffic is cut gets no answer until the gateway's RequestTimeout (30 s): the deposed leader's proposal is never failed (it stepped down in the same term), although the others elect within ~2.5 s; here the client's 8 s timeout and retry bound it") {
+	{ // a write forwarded to the leader as its raft traffic was cut is answered when it steps down
 		for p, obj := range objects {
 			if by[uint32(p)] == victim && took[obj] > 5*time.Second {
 				t.Errorf("%s (partition %d, led by %s at the cut) written again only %v after the cut", obj, p, victim, took[obj])
@@ -664,9 +662,6 @@ func TestReplicated_ProcessesRaftCutNodeStepsDown(t *testing.T) {
 		}
 	}
 	for _, id := range []string{"a", "b", "c"} {
-		if id == victim && !checkKnownBug(t, "a node whose raft traffic is cut answers 503 'has no leader now' for every partition it does not lead once its replicas lost track of the leaders (replicated.request asks no other node), each after waiting RequestWait (5 s)") {
-			continue
-		}
 		took := l.writableAfter(time.Now(), objects, func() string { return pc.nodeURL(id) }, "cut-via-"+id)
 		t.Logf("during the cut, every object written through %s: %s", id, failoverSummary(took, objects, by, victim))
 	}
