@@ -109,6 +109,10 @@ type Cluster struct {
 	// partition's replicas go without hearing from its leader before they
 	// elect another: 200ms to 60s, zero means 1s. Replicated clusters only.
 	FailoverTimeout time.Duration
+	// ReplaceAfter (yaml replaceAfter, optional) is how long a node with
+	// replicas may be down before they are re-created on other nodes: 1s to
+	// 30 days, zero means 10m. Replicated clusters only.
+	ReplaceAfter time.Duration
 	// RaftAdvertise and RaftBind (yaml raftAdvertise, raftBind, optional) are
 	// where other nodes reach this node's raft traffic and where it listens
 	// for it; empty means the port above advertise's (bind's).

@@ -309,6 +309,7 @@ func TestLoad_Refusals(t *testing.T) {
 		{"cluster rf 8", "cluster: {name: c, nodeId: n1, advertise: 'h:1', etcd: {endpoints: [e:2379]}, replicationFactor: 8}\n", nil, "cluster.replicationFactor", "1 to 7"},
 		{"cluster failover short", "cluster: {name: c, nodeId: n1, advertise: 'h:1', etcd: {endpoints: [e:2379]}, failoverTimeout: 100ms}\n", nil, "cluster.failoverTimeout", "200ms to 60s"},
 		{"cluster raft advertise", "cluster: {name: c, nodeId: n1, advertise: 'h:1', raftAdvertise: ':5', etcd: {endpoints: [e:2379]}}\n", nil, "cluster.raftAdvertise", "host:port"},
+		{"cluster replace after short", "cluster: {name: c, nodeId: n1, advertise: 'h:1', etcd: {endpoints: [e:2379]}, replaceAfter: 10ms}\n", nil, "cluster.replaceAfter", "1s to 720h"},
 		{"cluster raft bind", "cluster: {name: c, nodeId: n1, advertise: 'h:1', raftBind: 'h:0', etcd: {endpoints: [e:2379]}}\n", nil, "cluster.raftBind", "host:port"},
 		// apps
 		{"app id prefix", "apps: [{id: demo, key: pk_a, secret: sk_a_0123456789abcdef}]\n", nil, "apps[0].id", "must be app_"},
@@ -491,7 +492,7 @@ func TestLoad_BareZeroIsADuration(t *testing.T) {
 func TestLoad_Cluster(t *testing.T) {
 	body := "cold: {fs: {dir: /mnt/shared/cold, shared: true}}\n" +
 		"cluster: {name: prod, nodeId: n1, advertise: '10.0.0.1:7071', etcd: {endpoints: ['10.0.0.9:2379', '10.0.0.8:2379']}, leaseTtl: 3s,\n" +
-		"  replicationFactor: 3, failoverTimeout: 1500ms, raftAdvertise: '10.0.0.1:7072', raftBind: ':7072'}\n"
+		"  replicationFactor: 3, failoverTimeout: 1500ms, replaceAfter: 30m, raftAdvertise: '10.0.0.1:7072', raftBind: ':7072'}\n"
 	if _, err := Load(writeConfig(t, body), func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "apps") {
 		t.Fatalf("a cluster without apps: %v", err)
 	}
@@ -502,7 +503,7 @@ func TestLoad_Cluster(t *testing.T) {
 	}
 	cl := c.Cluster
 	if cl == nil || cl.Name != "prod" || cl.NodeID != "n1" || cl.Advertise != "10.0.0.1:7071" || cl.LeaseTTL != 3*time.Second ||
-		cl.ReplicationFactor != 3 || cl.FailoverTimeout != 1500*time.Millisecond || cl.RaftAdvertise != "10.0.0.1:7072" || cl.RaftBind != ":7072" ||
+		cl.ReplicationFactor != 3 || cl.FailoverTimeout != 1500*time.Millisecond || cl.ReplaceAfter != 30*time.Minute || cl.RaftAdvertise != "10.0.0.1:7072" || cl.RaftBind != ":7072" ||
 		!c.Cold.FS.Shared || c.Cold.FS.Dir != "/mnt/shared/cold" ||
 		!reflect.DeepEqual(cl.Etcd.Endpoints, []string{"10.0.0.9:2379", "10.0.0.8:2379"}) {
 		t.Fatalf("cluster = %+v", cl)

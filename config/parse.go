@@ -52,7 +52,7 @@ var (
 		"cold.s3.secure": {kind: kindBool}, "cold.s3.region": {kind: kindString}, "cold.s3.prefix": {kind: kindString},
 		"cluster": {kind: kindSwitch}, "cluster.name": {kind: kindString}, "cluster.nodeId": {kind: kindString},
 		"cluster.advertise": {kind: kindString}, "cluster.bind": {kind: kindString}, "cluster.etcd": {kind: kindSection}, "cluster.etcd.endpoints": {kind: kindList},
-		"cluster.leaseTtl": {kind: kindDuration}, "cluster.replicationFactor": {kind: kindInt}, "cluster.failoverTimeout": {kind: kindDuration},
+		"cluster.leaseTtl": {kind: kindDuration}, "cluster.replicationFactor": {kind: kindInt}, "cluster.failoverTimeout": {kind: kindDuration}, "cluster.replaceAfter": {kind: kindDuration},
 		"cluster.raftAdvertise": {kind: kindString}, "cluster.raftBind": {kind: kindString},
 	}
 	appKeys = map[string]leaf{"id": {kind: kindString}, "key": {kind: kindString},
@@ -141,6 +141,7 @@ func (c *Config) set(top layer) {
 	cl.Etcd.Endpoints, _ = top["cluster.etcd.endpoints"].([]string)
 	cl.LeaseTTL, _ = top["cluster.leaseTtl"].(time.Duration)
 	cl.FailoverTimeout, _ = top["cluster.failoverTimeout"].(time.Duration)
+	cl.ReplaceAfter, _ = top["cluster.replaceAfter"].(time.Duration)
 	if n, ok := top["cluster.replicationFactor"].(int64); ok {
 		cl.ReplicationFactor = int(max(min(n, math.MaxInt32), math.MinInt32)) // out of range stays out of range
 	}

@@ -138,6 +138,8 @@ func (c *Config) validateCluster(k checker) error {
 			fmt.Sprintf("expected 1 to 7 (the nodes that keep each partition), got %d", cl.ReplicationFactor))),
 		k.check("cluster.failoverTimeout", when(cl.FailoverTimeout != 0 && (cl.FailoverTimeout < 200*time.Millisecond || cl.FailoverTimeout > time.Minute),
 			fmt.Sprintf("expected 200ms to 60s, got %v", cl.FailoverTimeout))),
+		k.check("cluster.replaceAfter", when(cl.ReplaceAfter != 0 && (cl.ReplaceAfter < time.Second || cl.ReplaceAfter > 30*24*time.Hour),
+			fmt.Sprintf("expected 1s to 720h, got %v", cl.ReplaceAfter))),
 		k.check("cluster.raftAdvertise", when(cl.RaftAdvertise != "" && checkHostPort(cl.RaftAdvertise) != nil,
 			fmt.Sprintf("expected host:port, got %q", cl.RaftAdvertise))),
 		k.check("cluster.raftBind", checkBind(cl.RaftBind)),

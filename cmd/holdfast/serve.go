@@ -153,7 +153,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var cc *cluster.ClusterConfig
 	if c := cfg.Cluster; c != nil {
 		cc = &cluster.ClusterConfig{Name: c.Name, NodeID: c.NodeID, Advertise: c.Advertise, Bind: c.Bind, Endpoints: c.Etcd.Endpoints,
-			LeaseTTL: c.LeaseTTL, HTTP: ln.Addr().String(), ReplicationFactor: c.ReplicationFactor, FailoverTimeout: c.FailoverTimeout,
+			LeaseTTL: c.LeaseTTL, HTTP: ln.Addr().String(), ReplicationFactor: c.ReplicationFactor, FailoverTimeout: c.FailoverTimeout, ReplaceAfter: c.ReplaceAfter,
 			RaftAdvertise: c.RaftAdvertise, RaftBind: c.RaftBind}
 	}
 	mt := metrics.New()
