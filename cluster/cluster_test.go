@@ -16,6 +16,7 @@ import (
 	"github.com/holdfast/holdfast/cold"
 	"github.com/holdfast/holdfast/internal/devetcd"
 	"github.com/holdfast/holdfast/internal/ownership"
+	"github.com/holdfast/holdfast/metrics"
 )
 
 // The in-process tier: several nodes and an embedded etcd in one test process.
@@ -37,6 +38,8 @@ type testCluster struct {
 	// rf and failover configure replicated clusters (0: one copy).
 	rf       int
 	failover time.Duration
+	// metrics, when not nil, gets each node's metrics (by node id) as it starts.
+	metrics map[string]*metrics.Metrics
 	// replaceAfter is the nodes' ReplaceAfter (0: the default).
 	replaceAfter time.Duration
 	// cold, when set, is every node's cold store, shared if coldShared.
@@ -138,10 +141,15 @@ func (tc *testCluster) start(id string) *Node {
 		dir = filepath.Join(tc.t.TempDir(), id)
 		tc.dirs[id] = dir
 	}
+	var mt *metrics.Metrics
+	if tc.metrics != nil {
+		mt = metrics.New()
+		tc.metrics[id] = mt
+	}
 	n, err := Start(Config{
 		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t), TypeOptions: testTypeOptions,
 		Hooks: actors.Hooks{Routed: tc.activity.routed(id)},
-		Cold:  tc.cold, ColdShared: tc.coldShared,
+		Cold:  tc.cold, ColdShared: tc.coldShared, Metrics: mt,
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second,
 			ReplicationFactor: tc.rf, FailoverTimeout: tc.failover, ReplaceAfter: tc.replaceAfter},
 	})

@@ -269,6 +269,9 @@ func (n *Node) registerMetrics(m *metrics.Metrics) {
 		}
 		return d.Queues, [4]int64{d.Pending, d.Processing, d.Complete, d.Failed}, nil
 	})
+	if r := n.member.replicatedHalf(); r != nil {
+		r.registerMetrics(m)
+	}
 	m.GaugeFunc("holdfast_partitions_served", "Partitions this node serves now.", func() float64 {
 		if n.member == nil {
 			return float64(len(n.table.epochs))

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/holdfast/holdfast/metrics"
 )
 
 // What a replicated node tells the cluster about its replicas, for
@@ -197,4 +199,41 @@ func replicaReports(k keys, kvs map[string][]byte, nodes map[string]NodeInfo) ma
 		}
 	}
 	return out
+}
+
+// replicatedHalf returns the member's raft half, or nil (a single node, or a
+// cluster of one copy).
+func (m *member) replicatedHalf() *replicated {
+	if m == nil {
+		return nil
+	}
+	return m.r
+}
+
+// registerMetrics registers the raft measurements of a replicated node.
+func (r *replicated) registerMetrics(mt *metrics.Metrics) {
+	mt.GaugeFunc("holdfast_raft_replicas", "Raft replicas (partitions' group members) this node runs.", func() float64 { return float64(len(r.e.Groups())) })
+	mt.GaugeFunc("holdfast_raft_leaders", "Partitions this node leads under the leader lease (serves).", func() float64 { return float64(len(r.served())) })
+	mt.CounterFunc("holdfast_raft_proposals_total", "Entries this node's leaders proposed.", func() float64 { return float64(r.e.Stats().Proposed) })
+	mt.CounterFunc("holdfast_raft_commits_total", "Entries this node's replicas saw committed.", func() float64 { return float64(r.e.Stats().Committed) })
+	mt.CounterFunc("holdfast_raft_applies_total", "Entries this node's replicas applied.", func() float64 { return float64(r.e.Stats().Applied) })
+	mt.CounterFunc("holdfast_raft_elections_won_total", "Leaderships this node's replicas won (elections and transfers).", func() float64 { return float64(r.e.Stats().Elected) })
+	mt.CounterFunc("holdfast_raft_leaderships_lost_total", "Leaderships this node's replicas lost.", func() float64 { return float64(r.e.Stats().SteppedDown) })
+	mt.CounterFunc("holdfast_raft_snapshots_sent_total", "Snapshots this node streamed to a replica that was behind or new.", func() float64 { return float64(r.tr.Stats().SnapsSent) })
+	mt.CounterFunc("holdfast_raft_snapshots_received_total", "Snapshots this node's replicas received whole.", func() float64 { return float64(r.tr.Stats().SnapsReceived) })
+	mt.GaugeFunc("holdfast_raft_follower_lag_entries", "The most entries any follower of a partition this node leads is behind its log.", func() float64 {
+		var most uint64
+		for _, g := range r.e.Groups() {
+			if st, err := r.e.Status(g); err != nil || !st.IsLeader {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			lag, _ := r.e.Lag(ctx, g) // a group that just lost its leader has none
+			cancel()
+			for _, l := range lag {
+				most = max(most, l)
+			}
+		}
+		return float64(most)
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cold"
 	coldfs "github.com/holdfast/holdfast/cold/fs"
+	"github.com/holdfast/holdfast/metrics"
 	"github.com/holdfast/holdfast/persistence"
 	"github.com/holdfast/holdfast/replication"
 )
@@ -175,7 +176,14 @@ func TestReplicated_FormsGroupsOnEveryNodeAndRoutesToLeaders(t *testing.T) {
 // most partitions under load: the other replicas elect leaders and serve,
 // and every acknowledged increment is there, through every live node.
 func TestReplicated_KillOfALeaderLosesNothing(t *testing.T) {
-	tc := newReplicatedCluster(t, "a", "b", "c")
+	tc := newTestCluster(t)
+	tc.rf, tc.failover = 3, 500*time.Millisecond
+	tc.activity.serving = tc.serves
+	tc.metrics = map[string]*metrics.Metrics{}
+	for _, id := range []string{"a", "b", "c"} {
+		tc.start(id)
+	}
+	tc.waitServed(30 * time.Second)
 	stop := make(chan struct{})
 	wait := tc.load(stop, 12)
 	time.Sleep(1500 * time.Millisecond)
@@ -185,9 +193,29 @@ func TestReplicated_KillOfALeaderLosesNothing(t *testing.T) {
 			victim, most = id, c
 		}
 	}
+	won := map[string]float64{}
+	for id, mt := range tc.metrics {
+		won[id] = metricValue(t, mt, "holdfast_raft_elections_won_total")
+	}
 	crashed := time.Now()
 	tc.crash(victim)
 	tc.waitServed(30 * time.Second)
+	// The survivors' metrics: they lead every partition now, won the
+	// elections of the victim's, proposed, committed and applied entries.
+	leaders, newWins := 0.0, 0.0
+	for _, n := range tc.live() {
+		mt := tc.metrics[n.member.id]
+		leaders += metricValue(t, mt, "holdfast_raft_leaders")
+		newWins += metricValue(t, mt, "holdfast_raft_elections_won_total") - won[n.member.id]
+		if metricValue(t, mt, "holdfast_raft_replicas") != testPartitions || metricValue(t, mt, "holdfast_raft_applies_total") == 0 ||
+			metricValue(t, mt, "holdfast_raft_commits_total") == 0 {
+			t.Errorf("node %s's raft metrics: replicas %v, commits %v, applies %v", n.member.id, metricValue(t, mt, "holdfast_raft_replicas"),
+				metricValue(t, mt, "holdfast_raft_commits_total"), metricValue(t, mt, "holdfast_raft_applies_total"))
+		}
+	}
+	if leaders != testPartitions || newWins < float64(most) {
+		t.Errorf("after the crash the survivors lead %v partitions (want %d) and won %v elections (want at least %d)", leaders, testPartitions, newWins, most)
+	}
 	t.Logf("crashed %s (leading %d of %d partitions): every partition served again after %v", victim, most, testPartitions, time.Since(crashed).Round(time.Millisecond))
 	time.Sleep(1500 * time.Millisecond)
 	close(stop)
@@ -563,4 +591,27 @@ func TestReplicated_APrivateColdStoreIsRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cold.fs.shared") {
 		t.Fatalf("start with a private cold store: %v", err)
 	}
+}
+
+// metricValue returns the value of the metric called name (0 if absent).
+func metricValue(t *testing.T, mt *metrics.Metrics, name string) float64 {
+	t.Helper()
+	fams, err := mt.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			switch {
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

@@ -52,6 +52,28 @@ type Engine struct {
 	epoch time.Time
 	// leaseIgnoresTransfer is the planted bug testknobs.LeaseIgnoresTransfer.
 	leaseIgnoresTransfer atomic.Bool
+
+	stats engineStats
+}
+
+// engineStats are the engine's counters (Stats).
+type engineStats struct {
+	proposed, committed, applied, elected, steppedDown atomic.Uint64
+}
+
+// Stats is a snapshot of an engine's counters, over all its groups since it
+// started: entries proposed by this node's leaders (handed to raft),
+// entries committed and applied by its replicas, leaderships won, and
+// leaderships lost.
+type Stats struct {
+	Proposed, Committed, Applied, Elected, SteppedDown uint64
+}
+
+// Stats returns the engine's counters. Safe from any goroutine.
+func (e *Engine) Stats() Stats {
+	s := &e.stats
+	return Stats{Proposed: s.proposed.Load(), Committed: s.committed.Load(), Applied: s.applied.Load(),
+		Elected: s.elected.Load(), SteppedDown: s.steppedDown.Load()}
 }
 
 // New returns an engine for cfg.Node that sends through transport and stores
@@ -237,6 +259,7 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	for _, m := range msgs {
 		switch m.GetType() {
 		case raftpb.MsgStorageApplyResp:
+			e.stats.applied.Add(uint64(len(m.GetEntries())))
 			g.applyConfChanges(m.GetEntries())
 			g.resolveApplied(m.GetEntries(), e.incarnation)
 			g.releaseReads()
@@ -279,6 +302,14 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	if rd.HardState != nil {
 		g.term = rd.HardState.GetTerm()
 	}
+	if isLeader := g.role == raft.StateLeader; isLeader != wasLeader {
+		if isLeader {
+			e.stats.elected.Add(1)
+		} else {
+			e.stats.steppedDown.Add(1)
+		}
+	}
+	e.stats.committed.Add(uint64(len(rd.CommittedEntries)))
 	if wasLeader && g.role != raft.StateLeader && g.term == prevTerm {
 		// A leader that steps down in its own term (CheckQuorum: cut off
 		// from the majority) may not hear what became of its entries while
@@ -370,6 +401,7 @@ func (e *Engine) propose(g *group, props []*proposal) {
 		}
 		return
 	}
+	e.stats.proposed.Add(uint64(len(taken)))
 	for i, p := range taken {
 		if p.cc != nil && ents[i].GetType() == raftpb.EntryNormal {
 			// raft replaced a conf change it refuses by an empty entry
@@ -594,4 +626,35 @@ func (e *Engine) Status(id GroupID) (Status, error) {
 		st.Err = *f
 	}
 	return st, nil
+}
+
+// Lag returns, on group id's leader, how many entries each other replica's
+// log is behind the leader's last index (raft's Progress.Match), waiting for
+// the group's worker (bounded by ctx). On a replica that does not lead it
+// returns a *NotLeaderError.
+func (e *Engine) Lag(ctx context.Context, id GroupID) (map[ReplicaID]uint64, error) {
+	var out map[ReplicaID]uint64
+	var leader bool
+	err := e.onWorker(ctx, id, func(rn *raft.RawNode) {
+		st := rn.Status()
+		if leader = st.RaftState == raft.StateLeader; !leader {
+			return
+		}
+		last := st.Progress[st.ID].Match
+		out = make(map[ReplicaID]uint64, len(st.Progress))
+		for r, pr := range st.Progress {
+			if r != st.ID {
+				out[ReplicaID(r)] = last - min(last, pr.Match)
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !leader {
+		if g := e.group(id); g != nil {
+			return nil, g.notLeader()
+		}
+	}
+	return out, nil
 }
