@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -614,4 +615,146 @@ func metricValue(t *testing.T, mt *metrics.Metrics, name string) float64 {
 		}
 	}
 	return 0
+}
+
+// leaderOf returns the node serving object id's partition now.
+func (tc *testCluster) leaderOf(t *testing.T, id actors.ObjectID) string {
+	t.Helper()
+	s := tc.servers(persistence.Partition(id, testPartitions))
+	if len(s) != 1 {
+		t.Fatalf("%s served by %v", id, s)
+	}
+	return s[0]
+}
+
+// TestReplicated_AlarmsAndQueuesFailOver: an alarm set on the leader fires
+// on the replica that leads after the leader's node crashes, at its time; a
+// queue message out for delivery when the leader crashed is delivered again
+// by the new leader (at least once), its attempt counted.
+func TestReplicated_AlarmsAndQueuesFailOver(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	// Both objects in partitions led by one node, the victim.
+	var alarmed, queued actors.ObjectID
+	victim := ""
+	for i := 0; victim == "" || queued.Key == ""; i++ {
+		id := actors.ObjectID{App: "app_t", Type: "jobs", Key: fmt.Sprintf("o%d", i)}
+		l := tc.leaderOf(t, id)
+		switch {
+		case victim == "":
+			victim, alarmed = l, id
+		case l == victim && id.Key != alarmed.Key:
+			queued = actors.ObjectID{App: "app_t", Type: "work", Key: id.Key}
+			if tc.leaderOf(t, queued) != victim {
+				queued = actors.ObjectID{}
+			}
+		}
+	}
+	via := tc.live()[0]
+	if via.member.id == victim {
+		via = tc.live()[1]
+	}
+	due := time.Now().Add(4 * time.Second).UnixMilli()
+	if _, err := via.Request(ctx, alarmed, actors.AlarmSet{Name: "wake", At: due,
+		Action: json.RawMessage(`{"kind":"enqueue","topic":"fired","payload":{"n":1}}`)}); err != nil {
+		t.Fatalf("set alarm: %v", err)
+	}
+	if _, err := via.Request(ctx, queued, actors.QueueEnqueue{Messages: []actors.QueueMessageIn{{ID: "m1", Payload: json.RawMessage(`"hello"`)}}}); err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	v, err := via.Request(ctx, queued, actors.QueueReceive{Visibility: 3 * time.Second})
+	if err != nil || len(v.(*actors.QueueReceived).Messages) != 1 {
+		t.Fatalf("receive before the crash: %v %v", v, err)
+	}
+	tc.crash(victim)
+	var got *actors.QueueReceived
+	for start := time.Now(); time.Since(start) < 30*time.Second; time.Sleep(100 * time.Millisecond) {
+		v, err := via.Request(ctx, queued, actors.QueueReceive{})
+		if err != nil {
+			continue // the election
+		}
+		if got = v.(*actors.QueueReceived); len(got.Messages) == 1 {
+			break
+		}
+	}
+	if got == nil || len(got.Messages) != 1 || got.Messages[0].ID != "m1" || got.Messages[0].Attempt != 2 {
+		t.Fatalf("after the crash of %s: %+v", victim, got)
+	}
+	for {
+		v, err := via.Request(ctx, alarmed, actors.QueueReceive{Topic: "fired"})
+		if err == nil {
+			if msgs := v.(*actors.QueueReceived).Messages; len(msgs) == 1 {
+				if now := time.Now().UnixMilli(); now < due {
+					t.Fatalf("the alarm fired %d ms early", due-now)
+				}
+				break
+			}
+		}
+		if time.Now().UnixMilli() > due+15000 {
+			t.Fatalf("the alarm did not fire after its leader %s crashed (last: %v)", victim, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if l := tc.leaderOf(t, alarmed); l == victim {
+		t.Fatalf("served by the crashed node")
+	}
+}
+
+// TestReplicated_ALiveFeedFollowsAFailover: a subscription held by the
+// object's leader is lost when the leader's node crashes (the subscriber's
+// node sees another leader), and a new subscription resuming after the last
+// log_id it saw replays exactly what it missed from the new leader, whose
+// log_ids go on from the old one's.
+func TestReplicated_ALiveFeedFollowsAFailover(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var id actors.ObjectID
+	for i := 0; ; i++ {
+		id = actors.ObjectID{App: "app_t", Type: "kv", Key: fmt.Sprintf("feed%d", i)}
+		if tc.leaderOf(t, id) == "b" {
+			break
+		}
+	}
+	a := tc.node("a")
+	sub := newCollector()
+	if _, err := a.Request(ctx, id, actors.KVSubscribe{Sub: sub}); err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	for i := range 5 {
+		if _, err := tc.set(ctx, a, id.Key, "v", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { _, live := sub.logIDs(t); return len(live) == 5 })
+	_, live := sub.logIDs(t)
+	last := live[4]
+	tc.crash("b")
+	select {
+	case <-sub.gotLost:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the subscription was not lost when its leader's node crashed")
+	}
+	r, err := tc.set(ctx, a, id.Key, "v", 100) // while nobody watches
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.LogID != last+1 {
+		t.Fatalf("the new leader wrote log_id %d, want %d (the old leader's last + 1)", r.LogID, last+1)
+	}
+	again := newCollector()
+	if _, err := a.Request(ctx, id, actors.KVSubscribe{Sub: again, After: &last}); err != nil {
+		t.Fatalf("subscribe again: %v", err)
+	}
+	if _, err := tc.set(ctx, a, id.Key, "v", 101); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, live := again.logIDs(t); return len(live) == 1 })
+	if replayed := again.count(actors.EventReplay); replayed != 1 {
+		t.Fatalf("replay after %d gave %d items, want the one change made during the failover", last, replayed)
+	}
+	if _, live := again.logIDs(t); live[0] != last+2 {
+		t.Fatalf("live log_id %d after the failover, want %d", live[0], last+2)
+	}
 }
