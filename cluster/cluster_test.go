@@ -40,7 +40,8 @@ type testCluster struct {
 	failover time.Duration
 	// metrics, when not nil, gets each node's metrics (by node id) as it starts.
 	metrics map[string]*metrics.Metrics
-	// replaceAfter is the nodes' ReplaceAfter (0: the default).
+	// replaceAfter and formAfter are the nodes' (0: the defaults).
+	formAfter    time.Duration
 	replaceAfter time.Duration
 	// cold, when set, is every node's cold store, shared if coldShared.
 	cold       cold.Store
@@ -151,7 +152,7 @@ func (tc *testCluster) start(id string) *Node {
 		Hooks: actors.Hooks{Routed: tc.activity.routed(id)},
 		Cold:  tc.cold, ColdShared: tc.coldShared, Metrics: mt,
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second,
-			ReplicationFactor: tc.rf, FailoverTimeout: tc.failover, ReplaceAfter: tc.replaceAfter},
+			ReplicationFactor: tc.rf, FailoverTimeout: tc.failover, ReplaceAfter: tc.replaceAfter, formAfter: tc.formAfter},
 	})
 	if err != nil {
 		tc.t.Fatalf("start %s: %v", id, err)

@@ -71,6 +71,12 @@ type ClusterConfig struct {
 	// controller re-creates them on other nodes; zero means 10m.
 	// Replicated clusters only.
 	ReplaceAfter time.Duration
+
+	// formAfter is how long a replicated cluster with fewer live nodes than
+	// its replication factor waits before it forms its partitions with the
+	// nodes it has (the groups grow as more join); zero means 10s. Tests set
+	// it.
+	formAfter time.Duration
 }
 
 // Served says who answered a request: the node, the object's partition, and the
@@ -212,6 +218,9 @@ func newMember(n *Node, cli *clientv3.Client, parts int) *member {
 	}
 	if cc.ReplaceAfter <= 0 {
 		cc.ReplaceAfter = 10 * time.Minute
+	}
+	if cc.formAfter <= 0 {
+		cc.formAfter = 10 * time.Second
 	}
 	m := &member{
 		n: n, cfg: cc, id: cc.NodeID, log: n.log.With("node", cc.NodeID), cli: cli, k: newKeys(cc.Name),

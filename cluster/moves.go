@@ -92,10 +92,12 @@ func (r *replicated) planMoves() error {
 		}
 		return best
 	}
+	// move adds a replica on node to in place of from (from.ID 0: in
+	// addition to g's replicas).
 	move := func(p int, g GroupEntry, from ReplicaEntry, to, why string) error {
 		n := nodes[to]
 		ne := GroupEntry{Replicas: append([]ReplicaEntry(nil), g.Replicas...), Next: g.Next + 1}
-		ne.Replicas = append(ne.Replicas, ReplicaEntry{ID: g.Next, Node: to, Num: n.Num, Storage: n.Storage, Replaces: from.ID})
+		ne.Replicas = append(ne.Replicas, ReplicaEntry{ID: g.Next, Node: to, Num: n.Num, Storage: n.Storage, Replaces: from.ID, Adding: from.ID == 0})
 		if err := casGroup(m.ctx, m.cli, m.k, uint32(p), g, ne); err != nil {
 			return err
 		}
@@ -109,7 +111,7 @@ func (r *replicated) planMoves() error {
 	// another data directory is given up (the leader undoes it).
 	for p, g := range groups {
 		for i, rep := range g.Replicas {
-			if rep.Replaces == 0 || rep.Abort {
+			if !rep.pending() || rep.Abort {
 				continue
 			}
 			if n, live := nodes[rep.Node]; live && !n.Leaving && n.Storage == rep.Storage {
@@ -130,6 +132,15 @@ func (r *replicated) planMoves() error {
 		}
 		if len(g.Replicas) == 0 || g.moving() {
 			continue
+		}
+		if len(g.Replicas) < r.rf {
+			// Formed with fewer nodes than the factor: grow as nodes come.
+			if to := pick(g); to != "" {
+				if err := move(p, g, ReplicaEntry{}, to, "the group has fewer replicas than the replication factor"); err != nil {
+					return err
+				}
+				continue
+			}
 		}
 		for _, rep := range g.Replicas {
 			n, live := nodes[rep.Node]
@@ -195,12 +206,15 @@ func (r *replicated) planMoves() error {
 // moving reports whether g has a move in progress.
 func (g GroupEntry) moving() bool {
 	for _, r := range g.Replicas {
-		if r.Replaces != 0 {
+		if r.pending() {
 			return true
 		}
 	}
 	return false
 }
+
+// pending reports whether r is being added by a move.
+func (r ReplicaEntry) pending() bool { return r.Replaces != 0 || r.Adding }
 
 // hasNode reports whether g has a replica on node id (any data directory).
 func (g GroupEntry) hasNode(id string) bool {
@@ -236,7 +250,7 @@ func (r *replicated) moveLoop() {
 			entry := r.m.view.group(p)
 			var add ReplicaEntry
 			for _, rep := range entry.Replicas {
-				if rep.Replaces != 0 {
+				if rep.pending() {
 					add = rep
 				}
 			}
@@ -269,6 +283,20 @@ func (r *replicated) runMove(g replication.GroupID, self replication.ReplicaID, 
 	remove := replication.ReplicaID(add.Replaces)
 	if add.Abort {
 		r.abortMove(g, add)
+		return
+	}
+	if add.Adding {
+		ctx, cancel := context.WithTimeout(m.ctx, moveAttempt)
+		defer cancel()
+		if err := r.e.AddVoter(ctx, g, replication.ReplicaID(add.ID), replication.NodeID(add.Num)); err != nil {
+			if m.ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+				m.log.Warn("adding a replica did not finish; trying again", "partition", p, "to", add.Node, "err", err)
+			}
+			return
+		}
+		if r.settle(p, 0, add.ID) {
+			m.log.Info("added a replica", "partition", p, "on", add.Node)
+		}
 		return
 	}
 	if remove == self {
@@ -320,6 +348,12 @@ func (r *replicated) abortMove(g replication.GroupID, add ReplicaEntry) {
 		return
 	}
 	isVoter := slices.Contains(cs.GetVoters(), add.ID)
+	if isVoter && add.Adding {
+		if r.settle(p, 0, add.ID) {
+			m.log.Info("added a replica (its move was given up after raft finished it)", "partition", p, "on", add.Node)
+		}
+		return
+	}
 	if isVoter && !slices.Contains(cs.GetVoters(), add.Replaces) && !slices.Contains(cs.GetLearners(), add.Replaces) {
 		if r.settle(p, add.Replaces, add.ID) {
 			m.log.Info("moved a replica (its move was given up after raft finished it)", "partition", p, "to", add.Node)
@@ -359,7 +393,7 @@ func (r *replicated) settle(p uint32, gone, done uint64) bool {
 			switch {
 			case rep.ID == gone:
 			case rep.ID == done:
-				rep.Replaces, rep.Abort = 0, false
+				rep.Replaces, rep.Adding, rep.Abort = 0, false, false
 				ne.Replicas = append(ne.Replicas, rep)
 			default:
 				ne.Replicas = append(ne.Replicas, rep)

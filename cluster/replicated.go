@@ -83,6 +83,9 @@ type replicated struct {
 	waitingLogged bool
 	// lostLogged is the count of lost replicas last logged (reconcile).
 	lostLogged int
+	// unformedSince is when the controller first saw partitions without a
+	// group (controller only).
+	unformedSince time.Time
 	// downSince is when the controller first saw each node with replicas
 	// down (controller only).
 	downSince map[string]time.Time
@@ -437,9 +440,11 @@ func (r *replicated) unstick(g replication.GroupID, serving bool, stuck map[uint
 
 // placeGroups is the controller's pass in a replicated cluster: every
 // partition without a group gets one, once replicationFactor eligible nodes
-// are live, its replicas spread over them in turn (partition p's first
-// replica on the p-th node, the next ones on the following nodes), so that
-// each node holds about as many replicas, and first replicas, as the others.
+// are live (or, after formAfter, with the nodes that are: the groups grow as
+// more join, moves.go), its replicas spread over them in turn (partition p's
+// first replica on the p-th node, the next ones on the following nodes), so
+// that each node holds about as many replicas, and first replicas, as the
+// others.
 func (r *replicated) placeGroups() error {
 	m := r.m
 	nodes, _, _, _ := m.view.snapshot()
@@ -460,10 +465,14 @@ func (r *replicated) placeGroups() error {
 			eligible = append(eligible, n)
 		}
 	}
-	if len(eligible) < r.rf {
+	if r.unformedSince.IsZero() {
+		r.unformedSince = time.Now()
+	}
+	size := min(r.rf, len(eligible))
+	if size == 0 || size < r.rf && time.Since(r.unformedSince) < m.cfg.formAfter {
 		if !r.waitingLogged {
 			r.waitingLogged = true
-			m.log.Info("waiting for nodes to form the cluster's replicated partitions", "live", len(eligible), "replicationFactor", r.rf)
+			m.log.Info("waiting for nodes to form the cluster's replicated partitions", "live", len(eligible), "replicationFactor", r.rf, "formsAnywayAfter", m.cfg.formAfter)
 		}
 		return nil
 	}
@@ -472,8 +481,8 @@ func (r *replicated) placeGroups() error {
 		if len(g.Replicas) != 0 {
 			continue
 		}
-		ne := GroupEntry{Next: uint64(r.rf) + 1}
-		for j := range r.rf {
+		ne := GroupEntry{Next: uint64(size) + 1}
+		for j := range size {
 			n := eligible[(i+j)%len(eligible)]
 			ne.Replicas = append(ne.Replicas, ReplicaEntry{ID: uint64(j + 1), Node: n.ID, Num: n.Num, Storage: n.Storage, Founder: true})
 		}
@@ -482,7 +491,7 @@ func (r *replicated) placeGroups() error {
 		}
 		placed++
 	}
-	m.log.Info("formed the cluster's replicated partitions", "partitions", placed, "nodes", len(eligible), "replicationFactor", r.rf)
+	m.log.Info("formed the cluster's replicated partitions", "partitions", placed, "nodes", len(eligible), "replicas", size, "replicationFactor", r.rf)
 	return nil
 }
 

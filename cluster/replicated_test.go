@@ -758,3 +758,39 @@ func TestReplicated_ALiveFeedFollowsAFailover(t *testing.T) {
 		t.Fatalf("live log_id %d after the failover, want %d", live[0], last+2)
 	}
 }
+
+// TestReplicated_AClusterSmallerThanItsFactorGrowsIntoIt: a node started
+// alone in a cluster of replication factor 3 serves with one copy after
+// formAfter; as two more join, every group grows to three replicas (each
+// new one filled by snapshot, then promoted), and the first node's crash
+// loses nothing.
+func TestReplicated_AClusterSmallerThanItsFactorGrowsIntoIt(t *testing.T) {
+	tc := newTestCluster(t)
+	tc.rf, tc.failover, tc.formAfter = 3, 500*time.Millisecond, time.Second
+	tc.activity.serving = tc.serves
+	a := tc.start("a")
+	tc.waitServed(30 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	for i := range 40 {
+		if _, err := tc.set(ctx, a, fmt.Sprintf("k%d", i), "v", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if on := tc.replicasOn(); on["a"] != testPartitions || len(on) != 1 {
+		t.Fatalf("replicas with one node: %v", on)
+	}
+	tc.start("b")
+	tc.start("c")
+	tc.waitSettled(ctx)
+	t.Logf("after the joins: %v", tc.replicasOn())
+	tc.crash("a")
+	tc.waitServed(30 * time.Second)
+	for i := range 40 {
+		st, _, err := tc.get(ctx, tc.node("b"), fmt.Sprintf("k%d", i))
+		if err != nil || string(st.State["v"]) != fmt.Sprint(i) {
+			t.Fatalf("k%d after a crashed: %v %v", i, st, err)
+		}
+	}
+	tc.activity.verify(t)
+}

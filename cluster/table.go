@@ -113,6 +113,10 @@ type ReplicaEntry struct {
 	// Replaces, on a replica being added by a move, is the replica it
 	// replaces (moves.go); 0 once the move is done.
 	Replaces uint64 `json:"replaces,omitempty"`
+	// Adding, on a replica being added to a group with fewer replicas than
+	// the replication factor (no replica is replaced), says the move is not
+	// done yet.
+	Adding bool `json:"adding,omitempty"`
 	// Abort, on a replica being added, asks the group's leader to give the
 	// move up (its node went down or away): the new replica is removed
 	// from the group if it was added, and from the entry.

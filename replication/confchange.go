@@ -523,6 +523,46 @@ func (e *Engine) ReplaceVoter(ctx context.Context, id GroupID, add ReplicaID, ad
 	}
 }
 
+// AddVoter grows group id by one voter, on its leader: add replica add (on
+// node addNode) as a learner, wait until it caught up to the commit index
+// (by snapshot and log), then promote it. Each step is skipped when already
+// done, so a caller may call it again after an error. The replica must
+// already run on addNode, empty, under an id never used in the group.
+func (e *Engine) AddVoter(ctx context.Context, id GroupID, add ReplicaID, addNode NodeID) error {
+	g := e.group(id)
+	if g == nil {
+		return fmt.Errorf("%w: %d", ErrUnknownGroup, id)
+	}
+	if add == 0 {
+		return fmt.Errorf("replication: AddVoter group %d: replica 0", id)
+	}
+	cs := g.member.stConf.Load()
+	if slices.Contains(cs.GetVoters(), uint64(add)) {
+		return nil // done already
+	}
+	peers := PeersContext(map[ReplicaID]NodeID{add: addNode})
+	if !slices.Contains(cs.GetLearners(), uint64(add)) {
+		cc := &raftpb.ConfChangeV2{
+			Changes: []*raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode.Enum(), NodeId: new(uint64(add))}},
+			Context: peers,
+		}
+		if _, err := e.ProposeConfChange(ctx, id, cc); err != nil {
+			return fmt.Errorf("replication: group %d: add learner %d: %w", id, add, err)
+		}
+	}
+	if err := e.waitCaughtUp(ctx, id, add); err != nil {
+		return err
+	}
+	cc := &raftpb.ConfChangeV2{
+		Changes: []*raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddNode.Enum(), NodeId: new(uint64(add))}},
+		Context: peers,
+	}
+	if _, err := e.ProposeConfChange(ctx, id, cc); err != nil {
+		return fmt.Errorf("replication: group %d: promote %d: %w", id, add, err)
+	}
+	return nil
+}
+
 // waitCaughtUp waits, on the leader, until replica r's Match reaches the
 // commit index taken at the first look.
 func (e *Engine) waitCaughtUp(ctx context.Context, id GroupID, r ReplicaID) error {

@@ -356,3 +356,52 @@ func TestMembership_RemovedLearnsOnLossyNetwork(t *testing.T) {
 		})
 	}
 }
+
+// TestMembership_AddVoter: a group grows by one voter (learner, catch-up by
+// snapshot, promotion); with one of the old voters then down, the new one
+// makes the majority.
+func TestMembership_AddVoter(t *testing.T) {
+	c := newCluster(t, replicationtest.Config{Nodes: 4, Replicas: 3, Groups: 1, CompactEvery: 16, CompactKeep: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitLeaders(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const g = replication.GroupID(1)
+	for i := range 40 {
+		if _, err := c.Propose(ctx, g, fmt.Appendf(nil, "p%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := c.AddReplica(g, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := c.Leader(g)
+	if err := c.Engine(l).AddVoter(ctx, g, r, 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Engine(l).AddVoter(ctx, g, r, 4); err != nil { // done already
+		t.Fatalf("AddVoter again: %v", err)
+	}
+	cs, _, err := c.Engine(l).Membership(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cs.GetVoters(), uint64(r)) || len(cs.GetVoters()) != 4 || len(cs.GetLearners()) != 0 {
+		t.Fatalf("config after AddVoter: %v", cs)
+	}
+	// Two of the old voters down: the remaining one and the new voter are
+	// two of four, not a majority; one down: three of four are.
+	var old []replication.NodeID
+	for _, id := range c.NodeIDs() {
+		if id != 4 && id != l {
+			old = append(old, id)
+		}
+	}
+	c.Crash(old[0])
+	if _, err := c.Propose(ctx, g, []byte("with a voter down")); err != nil {
+		t.Fatalf("propose with one old voter down: %v", err)
+	}
+	checkClean(t, c)
+}
