@@ -269,6 +269,9 @@ func readStatus(ctx context.Context, cli *clientv3.Client, k keys, name string) 
 	return st, nil
 }
 
+// ErrReplicated refuses forget-node in a replicated cluster.
+var ErrReplicated = errors.New("not for a replicated cluster")
+
 // ErrNodeLive refuses to forget a node that is running (and serves its
 // partitions).
 var ErrNodeLive = errors.New("the node is live; stop it first (or let it leave: holdfast cluster leave)")
@@ -307,6 +310,9 @@ func ForgetNode(ctx context.Context, endpoints []string, name, node string) (int
 	st, err := readStatus(ctx, cli, k, name)
 	if err != nil {
 		return 0, err
+	}
+	if st.ReplicationFactor > 1 {
+		return 0, fmt.Errorf("%w: cluster %q keeps %d replicas of each partition: a node's replicas are re-created from the others once it has been down for cluster.replaceAfter (or at once when it comes back on another data directory); forget-node is for clusters of one copy", ErrReplicated, name, st.ReplicationFactor)
 	}
 	n := 0
 	for _, ps := range st.Parts {

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -457,6 +458,10 @@ func TestReplicated_TheReplicationFactorIsFixed(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "keeps 3 replicas") || !strings.Contains(err.Error(), "replicationFactor 1") {
 		t.Fatalf("start with replicationFactor 1 in a cluster of 3: %v", err)
+	}
+	// forget-node is for clusters of one copy.
+	if _, err := ForgetNode(context.Background(), []string{tc.etcd.Endpoint()}, tc.name, "c"); !errors.Is(err, ErrReplicated) {
+		t.Fatalf("forget-node in a replicated cluster: %v", err)
 	}
 }
 
