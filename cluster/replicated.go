@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -140,39 +141,46 @@ func newReplicated(n *Node, cc ClusterConfig, rf int, num uint64) (*replicated, 
 	return r, nil
 }
 
-// raftAddrs derives the carrier's listen and advertised addresses.
+// raftAddrs derives the carrier's listen and advertised addresses:
+// raftAdvertise defaults to advertise's host with the port above; raftBind
+// to bind's host (advertise's when bind is empty) with raftAdvertise's port
+// if that was set, else the port above bind's. Port 0 stays 0 (tests).
 func raftAddrs(cc ClusterConfig) (bind, advertise string, err error) {
-	next := func(addr string) (string, error) {
+	portAbove := func(addr string) (string, string, error) {
 		host, port, err := net.SplitHostPort(addr)
 		if err != nil {
-			return "", fmt.Errorf("cluster: address %q: %w", addr, err)
+			return "", "", fmt.Errorf("cluster: address %q: %w", addr, err)
 		}
 		n, err := strconv.Atoi(port)
 		if err != nil || n < 0 || n >= 65535 {
-			return "", fmt.Errorf("cluster: address %q: no port above it for the raft carrier; set cluster.raftAdvertise", addr)
+			return "", "", fmt.Errorf("cluster: address %q: no port above it for the raft carrier; set cluster.raftAdvertise", addr)
 		}
 		if n == 0 {
-			return net.JoinHostPort(host, "0"), nil
+			return host, "0", nil
 		}
-		return net.JoinHostPort(host, strconv.Itoa(n+1)), nil
+		return host, strconv.Itoa(n + 1), nil
 	}
 	advertise = cc.RaftAdvertise
 	if advertise == "" {
-		if advertise, err = next(cc.Advertise); err != nil {
+		host, port, err := portAbove(cc.Advertise)
+		if err != nil {
 			return "", "", err
 		}
+		advertise = net.JoinHostPort(host, port)
 	}
 	bind = cc.RaftBind
 	if bind == "" {
-		from := cc.Bind
-		if from == "" {
-			from = cc.Advertise
-		}
-		if cc.RaftAdvertise != "" && cc.Bind == "" {
-			bind = cc.RaftAdvertise
-		} else if bind, err = next(from); err != nil {
+		from := cmp.Or(cc.Bind, cc.Advertise)
+		host, port, err := portAbove(from)
+		if err != nil {
 			return "", "", err
 		}
+		if cc.RaftAdvertise != "" {
+			if _, p, err := net.SplitHostPort(cc.RaftAdvertise); err == nil {
+				port = p
+			}
+		}
+		bind = net.JoinHostPort(host, port)
 	}
 	return bind, advertise, nil
 }

@@ -799,3 +799,29 @@ func TestReplicated_AClusterSmallerThanItsFactorGrowsIntoIt(t *testing.T) {
 	}
 	tc.activity.verify(t)
 }
+
+func TestReplicated_RaftAddresses(t *testing.T) {
+	for _, c := range []struct {
+		cc         ClusterConfig
+		bind, adv  string
+		errPattern string
+	}{
+		{ClusterConfig{Advertise: "10.0.0.1:7071"}, "10.0.0.1:7072", "10.0.0.1:7072", ""},
+		{ClusterConfig{Advertise: "10.0.0.1:7071", Bind: ":7171"}, ":7172", "10.0.0.1:7072", ""},
+		{ClusterConfig{Advertise: "10.0.0.1:7071", Bind: "0.0.0.0:7071", RaftAdvertise: "1.2.3.4:9000"}, "0.0.0.0:9000", "1.2.3.4:9000", ""},
+		{ClusterConfig{Advertise: "10.0.0.1:7071", RaftAdvertise: "10.0.0.1:9000", RaftBind: ":9100"}, ":9100", "10.0.0.1:9000", ""},
+		{ClusterConfig{Advertise: "127.0.0.1:0"}, "127.0.0.1:0", "127.0.0.1:0", ""},
+		{ClusterConfig{Advertise: "10.0.0.1:65535"}, "", "", "no port above it"},
+	} {
+		bind, adv, err := raftAddrs(c.cc)
+		if c.errPattern != "" {
+			if err == nil || !strings.Contains(err.Error(), c.errPattern) {
+				t.Errorf("%+v: err %v, want %q", c.cc, err, c.errPattern)
+			}
+			continue
+		}
+		if err != nil || bind != c.bind || adv != c.adv {
+			t.Errorf("%+v: bind %q advertise %q (%v), want %q %q", c.cc, bind, adv, err, c.bind, c.adv)
+		}
+	}
+}

@@ -37,6 +37,7 @@ func main() {
 		seed     = flag.Int64("seed", 0, "seed of the first run (0: the time)")
 		histDir  = flag.String("history-dir", "", "write each run's KV histories as JSON lines under this directory")
 		nodes    = flag.Int("cluster", 0, "run a cluster of this many nodes (at least 3) instead of one server")
+		rf       = flag.Int("replication-factor", 0, "with -cluster: the nodes' cluster.replicationFactor (0: 1, one copy per partition)")
 		keepAll  = flag.Bool("keep", false, "keep every run's directory (data, and each node's log in cluster mode), not only a failed one's")
 	)
 	flag.Parse()
@@ -78,7 +79,7 @@ func main() {
 			hist = filepath.Join(*histDir, fmt.Sprintf("run%d", i))
 		}
 		v, err := torture.Run(context.Background(), torture.Config{Binary: *bin, Dir: dir, Duration: *duration, Clients: *clients, HistoryDir: hist,
-			Objects: *objects, Logs: *logs, KillMin: *killMin, KillMax: *killMax, Seed: s, Cluster: *nodes, Progress: os.Stdout})
+			Objects: *objects, Logs: *logs, KillMin: *killMin, KillMax: *killMax, Seed: s, Cluster: *nodes, ReplicationFactor: *rf, Progress: os.Stdout})
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "torture: the run's directory is kept: %s\n", dir)
 			keep = true

@@ -76,9 +76,19 @@ func (t *clusterTarget) start(context.Context) error {
 		}
 		n := &clusterNode{id: id, cfgFile: filepath.Join(cfg.Dir, id+".yaml"), dataDir: filepath.Join(cfg.Dir, id),
 			logFile: filepath.Join(cfg.Dir, id+".log")}
-		conf := appsYAML + typesYAML + fmt.Sprintf("partitions: %d\n", clusterPartitions) +
-			fmt.Sprintf("cluster: {name: %s, nodeId: %s, advertise: '%s', etcd: {endpoints: ['%s']}, leaseTtl: 2s}\n",
-				clusterName, id, advertise, e.Endpoint())
+		extra, top := "", ""
+		if rf := cfg.ReplicationFactor; rf > 1 {
+			raftAddr, err := advertiseAddr()
+			if err != nil {
+				return err
+			}
+			// A replicated cluster needs a cold store every node reads.
+			top = fmt.Sprintf("cold: {fs: {dir: '%s', shared: true}}\n", filepath.Join(cfg.Dir, "cold"))
+			extra = fmt.Sprintf(", replicationFactor: %d, failoverTimeout: 1s, raftAdvertise: '%s'", rf, raftAddr)
+		}
+		conf := appsYAML + typesYAML + top + fmt.Sprintf("partitions: %d\n", clusterPartitions) +
+			fmt.Sprintf("cluster: {name: %s, nodeId: %s, advertise: '%s', etcd: {endpoints: ['%s']}, leaseTtl: 2s%s}\n",
+				clusterName, id, advertise, e.Endpoint(), extra)
 		if err := os.WriteFile(n.cfgFile, []byte(conf), 0o644); err != nil {
 			return err
 		}

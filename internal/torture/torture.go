@@ -57,6 +57,10 @@ type Config struct {
 	// never leaving fewer than 2 running. Zero means one server; otherwise at
 	// least 3.
 	Cluster int
+	// ReplicationFactor, in cluster mode, is the nodes' cluster.replicationFactor
+	// (zero: 1, one copy per partition). Above 1 the nodes share a cold
+	// directory and each has its raft port.
+	ReplicationFactor int
 	// Seed of the random choices; zero means the time.
 	Seed int64
 	// CheckTimeout bounds the linearizability check of one object; zero means 60s.

@@ -79,3 +79,25 @@ func TestTorture_ClusterPasses(t *testing.T) {
 	}
 	t.Logf("\n%s", progress.String())
 }
+
+// A short torture run against a replicated cluster of 3 nodes (every
+// partition a raft group of 3), with kills and graceful leaves of one node
+// at a time, passes the linearizability check.
+func TestTorture_ReplicatedClusterPasses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a torture run of a replicated 3-node cluster, about 30 s")
+	}
+	var progress strings.Builder
+	v, err := Run(context.Background(), Config{Binary: build(t, ""), Dir: t.TempDir(), Duration: 15 * time.Second, Cluster: 3, ReplicationFactor: 3,
+		Objects: 4, KillMin: 500 * time.Millisecond, KillMax: 2 * time.Second, Seed: 1, Progress: &progress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Kills < 2 {
+		t.Fatalf("only %d kills (the last one of every node included)\n%s", v.Kills, progress.String())
+	}
+	if !v.OK {
+		t.Fatalf("the cluster failed the check:\n%s", progress.String())
+	}
+	t.Logf("\n%s", progress.String())
+}
