@@ -562,15 +562,7 @@ func (m *member) request(ctx context.Context, id actors.ObjectID, msg any) (any,
 			case m.tr.isDown(info.Addr):
 				return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: fmt.Sprintf("partition %d is unavailable: its node %s does not answer", p, entry.Owner), RetryAfter: time.Second}
 			default:
-				var v any
-				var served Served
-				var err error
-				var retry bool
-				if sub, ok := msg.(actors.KVSubscribe); ok {
-					v, served, err, retry = m.subscribeRemote(ctx, info, id, sub)
-				} else {
-					v, served, err, retry = m.forward(ctx, info, id, msg)
-				}
+				v, served, err, retry := m.sendTo(ctx, info, id, msg)
 				if !retry {
 					return v, served, err
 				}
@@ -588,6 +580,15 @@ func (m *member) request(ctx context.Context, id actors.ObjectID, msg any) (any,
 		}
 		t.Stop()
 	}
+}
+
+// sendTo runs msg on object id at node n: a subscription through
+// subscribeRemote, anything else through forward (retry as forward says).
+func (m *member) sendTo(ctx context.Context, n NodeInfo, id actors.ObjectID, msg any) (v any, served Served, err error, retry bool) {
+	if sub, ok := msg.(actors.KVSubscribe); ok {
+		return m.subscribeRemote(ctx, n, id, sub)
+	}
+	return m.forward(ctx, n, id, msg)
 }
 
 // refusedErr is the 503 for partition p, whose owner refuses to serve it from

@@ -552,15 +552,7 @@ func (r *replicated) request(ctx context.Context, id actors.ObjectID, msg any) (
 				skip[target] = true
 				r.hint(p, "")
 			default:
-				var v any
-				var served Served
-				var err error
-				var retry bool
-				if sub, ok := msg.(actors.KVSubscribe); ok {
-					v, served, err, retry = m.subscribeRemote(ctx, info, id, sub)
-				} else {
-					v, served, err, retry = m.forward(ctx, info, id, msg)
-				}
+				v, served, err, retry := m.sendTo(ctx, info, id, msg)
 				if !retry {
 					return v, served, err
 				}

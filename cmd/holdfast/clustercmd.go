@@ -178,20 +178,11 @@ func printStatus(w io.Writer, st *cluster.Status) {
 	fmt.Fprintf(w, "; controller %s\n\n", orNone(st.Controller))
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tSTATE\tPARTITIONS\tSERVED\tUNAVAILABLE\tREFUSED\tADDRESS\tHTTP")
-	var reasons []string
 	for _, n := range st.Nodes {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", n.ID, n.State, n.Owned, n.Served, n.Unavailable, n.Refused, orNone(n.Addr), orNone(n.HTTP))
-		if n.Reason != "" {
-			reasons = append(reasons, fmt.Sprintf("node %s is %s: %s", n.ID, n.State, n.Reason))
-		}
 	}
 	tw.Flush()
-	if len(reasons) > 0 {
-		fmt.Fprintln(w)
-		for _, r := range reasons {
-			fmt.Fprintln(w, r)
-		}
-	}
+	printReasons(w, st)
 	if len(st.Parts) == 0 {
 		if u := st.Unavailable + st.Refused; u > 0 {
 			fmt.Fprintf(w, "\n%d partitions not served (--partitions lists them)\n", u)
@@ -214,20 +205,11 @@ func printReplicatedStatus(w io.Writer, st *cluster.Status) {
 		st.Name, st.Partitions, st.ReplicationFactor, st.Served, st.Unavailable, st.UnderReplicated, orNone(st.Controller))
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tSTATE\tREPLICAS\tLEADS\tADDRESS\tRAFT\tHTTP")
-	var reasons []string
 	for _, n := range st.Nodes {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.ID, n.State, n.Owned, n.Served, orNone(n.Addr), orNone(n.Raft), orNone(n.HTTP))
-		if n.Reason != "" {
-			reasons = append(reasons, fmt.Sprintf("node %s is %s: %s", n.ID, n.State, n.Reason))
-		}
 	}
 	tw.Flush()
-	if len(reasons) > 0 {
-		fmt.Fprintln(w)
-		for _, r := range reasons {
-			fmt.Fprintln(w, r)
-		}
-	}
+	printReasons(w, st)
 	if len(st.Parts) == 0 {
 		if st.Unavailable > 0 {
 			fmt.Fprintf(w, "\n%d partitions not served (--partitions lists them)\n", st.Unavailable)
@@ -249,6 +231,21 @@ func printReplicatedStatus(w io.Writer, st *cluster.Status) {
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\n", p.Partition, orNone(p.Leader), p.Term, orNone(strings.Join(reps, " ")), state, orNone(p.Reason))
 	}
 	tw.Flush()
+}
+
+// printReasons prints why each node that has a reason is in its state.
+func printReasons(w io.Writer, st *cluster.Status) {
+	first := true
+	for _, n := range st.Nodes {
+		if n.Reason == "" {
+			continue
+		}
+		if first {
+			fmt.Fprintln(w)
+			first = false
+		}
+		fmt.Fprintf(w, "node %s is %s: %s\n", n.ID, n.State, n.Reason)
+	}
 }
 
 func orNone(s string) string {
