@@ -216,8 +216,9 @@ func (c *r3Cluster) writes(s r3Spec, d time.Duration) (peers.Result, error) {
 }
 
 // holdfastR3Case runs workload w on a fresh holdfast-r3 cluster in dir. The
-// CPU profile ($HOLDFAST_BENCH_CPUPROFILE) covers the writes: set-up, warm-up
-// and the measured interval, not the cluster's start.
+// CPU profile ($HOLDFAST_BENCH_CPUPROFILE) and the execution trace
+// ($HOLDFAST_BENCH_TRACE) cover the writes: set-up, warm-up and the measured
+// interval, not the cluster's start.
 func holdfastR3Case(w workload, dir string, d time.Duration) (result, error) {
 	if w.r3 == nil {
 		return result{}, fmt.Errorf("holdfast-r3 does not run %s", w.name)
@@ -230,8 +231,9 @@ func holdfastR3Case(w workload, dir string, d time.Duration) (result, error) {
 		return result{}, err
 	}
 	defer c.close()
-	stopProfile := profileCPU()
+	stopProfile, stopTrace := profileCPU(), traceRun()
 	r, err := c.writes(*w.r3, d)
+	stopTrace()
 	stopProfile()
 	if err != nil {
 		return result{}, err
