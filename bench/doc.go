@@ -26,10 +26,12 @@
 // the one-writer and 1000-objects cases: etcd3 (three member processes of the
 // etcd binary built from the module cache, cached in ~/.cache/holdfast-test-bin),
 // etcd1 (one member, for reference) and jetstream-r3 (three embedded servers,
-// streams with three replicas); the report adds a table with each operation's
-// latency (p50, p99):
+// streams with three replicas); and Holdfast replicated, holdfast-r3 (three
+// nodes with replicationFactor 3 and an embedded etcd in the case's process,
+// each write sent to a random node). The report adds a table with each
+// operation's latency (p50, p99) and Holdfast R3's ratio to each peer:
 //
-//	go run ./bench -systems etcd3,jetstream-r3 -cases 1000-objects,one-writer -rounds 3
+//	go run ./bench -systems holdfast,holdfast-r3,etcd3,jetstream-r3 -cases 1000-objects,one-writer -rounds 3
 //
 // Other modes: -fanout (websocket fan-out), -cold (cold storage), -alarms,
 // -cluster, -stall (write latency with storage maintenance, issue 25).

@@ -94,19 +94,8 @@ func drive(base string, cfg driveConfig) int {
 			}
 		}
 		// Ratios to the peers, side by side in the same round.
-		for _, w := range cfg.workloads {
-			h, ok := got[caseName(sysHoldfast, w.name)]
-			if !ok {
-				continue
-			}
-			for _, peer := range slices.Concat([]string{sysRedis, sysJetStream}, replicatedSystems) {
-				if p, ok := got[caseName(peer, w.name)]; ok && p.OpsPerSec > 0 {
-					rep.vs[caseName(peer, w.name)] = append(rep.vs[caseName(peer, w.name)], h.OpsPerSec/p.OpsPerSec)
-					if hh, ok := got[caseName(sysHoldfastHTTP, w.name)]; ok {
-						rep.vs[caseName(peer, w.name)+"/http"] = append(rep.vs[caseName(peer, w.name)+"/http"], hh.OpsPerSec/p.OpsPerSec)
-					}
-				}
-			}
+		for k, v := range roundRatios(cfg.workloads, got) {
+			rep.vs[k] = append(rep.vs[k], v)
 		}
 		fmt.Fprintf(os.Stderr, "round %d of %d: probe %.0f/%.0f per s\n", round+1, cfg.rounds, p1.OpsPerSec, p2.OpsPerSec)
 	}
@@ -138,6 +127,37 @@ func drive(base string, cfg driveConfig) int {
 	}
 	rep.failures = failures
 	return rep.write()
+}
+
+// roundRatios returns one round's ratios to the peers, keyed as report.vs:
+// under a peer's case name, Holdfast's figure over the peer's (on
+// holdfast-r3's case, the single node's over R3's); with "/http" appended,
+// Holdfast over HTTP's; with "/r3" appended, Holdfast R3's over a replicated
+// peer's (issue 27's targets).
+func roundRatios(ws []workload, got map[string]result) map[string]float64 {
+	out := map[string]float64{}
+	for _, w := range ws {
+		h, hok := got[caseName(sysHoldfast, w.name)]
+		hh, hhok := got[caseName(sysHoldfastHTTP, w.name)]
+		r3, r3ok := got[caseName(sysHoldfastR3, w.name)]
+		for _, peer := range slices.Concat([]string{sysRedis, sysJetStream}, replicatedSystems) {
+			name := caseName(peer, w.name)
+			p, ok := got[name]
+			if !ok || p.OpsPerSec <= 0 {
+				continue
+			}
+			if hok {
+				out[name] = h.OpsPerSec / p.OpsPerSec
+				if hhok {
+					out[name+"/http"] = hh.OpsPerSec / p.OpsPerSec
+				}
+			}
+			if r3ok && peer != sysHoldfastR3 && slices.Contains(replicatedSystems, peer) {
+				out[name+"/r3"] = r3.OpsPerSec / p.OpsPerSec
+			}
+		}
+	}
+	return out
 }
 
 // report is what the rounds measured.
@@ -210,7 +230,10 @@ type systemFigures struct {
 	// HoldfastHTTPOver the same for Holdfast over HTTP.
 	HoldfastOver     *stat `json:"holdfastOver,omitempty"`
 	HoldfastHTTPOver *stat `json:"holdfastHttpOver,omitempty"`
-	SyncsPerOp       *stat `json:"syncsPerOp,omitempty"`
+	// HoldfastR3Over is Holdfast R3's figure over this replicated peer's,
+	// round by round.
+	HoldfastR3Over *stat `json:"holdfastR3Over,omitempty"`
+	SyncsPerOp     *stat `json:"syncsPerOp,omitempty"`
 	// LatencyP50Ms and LatencyP99Ms are one operation's latency (the peers'
 	// write cases).
 	LatencyP50Ms *stat    `json:"latencyP50Ms,omitempty"`
@@ -267,6 +290,10 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 		s := summarize(vs)
 		f.HoldfastHTTPOver = &s
 	}
+	if vs := r.vs[name+"/r3"]; len(vs) > 0 {
+		s := summarize(vs)
+		f.HoldfastR3Over = &s
+	}
 	for _, c := range r.cases[name] {
 		for _, n := range strings.Split(c.Note, "; ") {
 			// Notes that carry a measurement (fill times) differ run to run;
@@ -280,7 +307,7 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 }
 
 var systemTitle = map[string]string{sysHoldfast: "Holdfast", sysHoldfastHTTP: "Holdfast over HTTP", sysRedis: "Redis", sysJetStream: "JetStream",
-	sysEtcd3: "etcd, 3 members", sysEtcd1: "etcd, 1 member", sysJetStreamR3: "JetStream R3"}
+	sysEtcd3: "etcd, 3 members", sysEtcd1: "etcd, 1 member", sysJetStreamR3: "JetStream R3", sysHoldfastR3: "Holdfast R3"}
 
 // write prints the Markdown report, writes the JSON and Markdown files, and
 // returns the exit code.
@@ -530,16 +557,20 @@ func machine(dir string) string {
 
 // writeReplicated adds the table of the replicated peers (issue 27), one row
 // per case and system, when the run had one: throughput, ratio to the probe,
-// Holdfast's ratio to it (when Holdfast ran), CPU per operation of the client
+// Holdfast's ratio to it (when Holdfast ran; on Holdfast R3's row, the single
+// node's over R3's), Holdfast R3's ratio to it (when it ran), CPU per
+// operation of the client
 // and of the servers, disk bytes per payload byte, and one operation's
 // latency.
 func (r *report) writeReplicated(md *strings.Builder) {
 	if !slices.ContainsFunc(r.cfg.systems, func(s string) bool { return slices.Contains(replicatedSystems, s) }) {
 		return
 	}
-	fmt.Fprintf(md, "\nReplicated peers (issue 27), side by side with the systems of the same run. CPU: the case's process (client; for JetStream R3 and Holdfast, client and servers together), "+
+	fmt.Fprintf(md, "\nReplicated peers (issue 27), side by side with the systems of the same run. Holdfast ÷ it is the single node's throughput over the system's (on Holdfast R3's row: the single node over R3), "+
+		"Holdfast R3 ÷ it the same for Holdfast with three replicas, each round by round. "+
+		"CPU: the case's process (client; for JetStream R3, Holdfast and Holdfast R3, client and servers together), "+
 		"and the member processes summed (etcd; Redis's server). Latency: one operation, from the call to its acknowledgement, over the measured interval (medians over the rounds of each round's percentile).\n\n")
-	fmt.Fprintf(md, "| case | system | ops/s | ÷ probe | Holdfast ÷ it | CPU µs/op: process | servers | disk bytes per payload byte | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(md, "| case | system | ops/s | ÷ probe | Holdfast ÷ it | Holdfast R3 ÷ it | CPU µs/op: process | servers | disk bytes per payload byte | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, w := range r.cfg.workloads {
 		if !slices.Contains(replicatedWorkloads, w.name) {
 			continue
@@ -558,8 +589,8 @@ func (r *report) writeReplicated(md *strings.Builder) {
 				}
 				return fmtStat(*st, format)
 			}
-			fmt.Fprintf(md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, systemTitle[s],
-				fmtStat(f.OpsPerSec, "%.0f"), fmtStat(f.RatioToProbe, "%.2fx"), opt(f.HoldfastOver, "%.2fx"),
+			fmt.Fprintf(md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, systemTitle[s],
+				fmtStat(f.OpsPerSec, "%.0f"), fmtStat(f.RatioToProbe, "%.2fx"), opt(f.HoldfastOver, "%.2fx"), opt(f.HoldfastR3Over, "%.2fx"),
 				fmtStat(f.CPUMicrosPerOp, "%.1f"), opt(f.ServerCPUMicrosPerOp, "%.1f"), opt(f.DiskBytesPerPayloadByte, "%.2f"),
 				opt(f.LatencyP50Ms, "%.2f"), opt(f.LatencyP99Ms, "%.2f"))
 		}

@@ -27,14 +27,16 @@ var systems = []string{sysHoldfast, sysHoldfastHTTP, sysRedis, sysJetStream}
 // The replicated peers (issue 27), run only when -systems names them and only
 // for replicatedWorkloads: a 3-member etcd cluster (three processes of the
 // etcd binary built from the module cache), a 1-member one for reference, and
-// JetStream R3 (three embedded servers in the case's process).
+// JetStream R3 (three embedded servers in the case's process); and Holdfast
+// itself with three replicas (holdfast-r3, holdfastr3.go), three nodes in the
+// case's process.
 const (
 	sysEtcd3       = "etcd3"
 	sysEtcd1       = "etcd1"
 	sysJetStreamR3 = "jetstream-r3"
 )
 
-var replicatedSystems = []string{sysEtcd3, sysEtcd1, sysJetStreamR3}
+var replicatedSystems = []string{sysHoldfastR3, sysEtcd3, sysEtcd1, sysJetStreamR3}
 
 // replicatedWorkloads are the workloads the replicated peers run: writes.
 var replicatedWorkloads = []string{"one-writer", "1000-objects"}
@@ -63,6 +65,8 @@ type workload struct {
 	peer func(p peers.Peer, d time.Duration) (peers.Result, error)
 	// http is the workload over Holdfast's REST API; nil: embedded only.
 	http *httpSpec
+	// r3 is the workload on holdfast-r3; nil: not run there.
+	r3 *r3Spec
 	// fill, for the lease and queue cases, is how many records per second of
 	// the run they put in the log or queue first.
 	fill int
@@ -74,9 +78,11 @@ func writes(objects, callers int) func(peers.Peer, time.Duration) (peers.Result,
 
 var workloads = []workload{
 	{name: "one-writer", title: "one writer, one write at a time", unit: "writes/s", target: 0.9, payload: true,
-		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 1) }, peer: writes(1, 1), http: httpWrites(1, 1)},
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 1) }, peer: writes(1, 1), http: httpWrites(1, 1),
+		r3: &r3Spec{objects: 1, callers: 1}},
 	{name: "1000-objects", title: "1,000 objects, one write in flight each", unit: "writes/s", target: 40, vsRedis: 2.5, vsJetStream: 10, payload: true,
-		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 1000) }, peer: writes(1000, 1000), http: httpWrites(1000, 1000)},
+		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1000, 1000) }, peer: writes(1000, 1000), http: httpWrites(1000, 1000),
+		r3: &r3Spec{objects: 1000, callers: 1000}},
 	{name: "10000-objects", title: "10,000 objects, one write in flight each", unit: "writes/s", payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 10000, 10000) }, peer: writes(10000, 10000), http: httpWrites(10000, 10000)},
 	// Holdfast only: the floor under 1000-objects (userRequests).
@@ -131,6 +137,8 @@ func (w workload) has(s string) bool {
 		return true
 	case sysHoldfastHTTP:
 		return w.http != nil
+	case sysHoldfastR3:
+		return w.r3 != nil
 	}
 	if slices.Contains(replicatedSystems, s) {
 		return w.peer != nil && slices.Contains(replicatedWorkloads, w.name)

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/holdfast/holdfast/actors"
+	"github.com/holdfast/holdfast/bench/peers"
+	"github.com/holdfast/holdfast/cluster"
+	"github.com/holdfast/holdfast/internal/devetcd"
+	"github.com/holdfast/holdfast/persistence"
+)
+
+// holdfast-r3 (issue 27): Holdfast replicated, side by side with the
+// replicated peers. Three nodes of one cluster with ReplicationFactor 3 run
+// in the case's process (one Go runtime, as jetstream-r3's three servers),
+// with an embedded etcd (internal/devetcd) and each node's data directory
+// under the case's directory; partitions, FailoverTimeout and every other
+// setting are the defaults (the single-node holdfast system's partitions).
+// The case waits until every partition is served with all its replicas live
+// and every node has reached every partition before its warm-up. Each write
+// goes to a node picked at random, which forwards it to the partition's
+// leader when it does not lead it: two thirds of the writes take a hop.
+// Writes, warm-up and figures are the peers' (peers.Measure): the same 256-byte
+// value set into slot v of object obj-<c mod objects> as the holdfast system's
+// writes, and CPU and disk bytes of the whole process (client, three nodes
+// and etcd).
+const sysHoldfastR3 = "holdfast-r3"
+
+// r3Spec is a write case of holdfast-r3: callers goroutines, caller c setting
+// slot v of object c mod objects, one write in flight each.
+type r3Spec struct{ objects, callers int }
+
+// r3Note is what the case's figures mean; the report splits notes at "; ".
+const r3Note = "3 nodes (replicationFactor 3, default partitions and failoverTimeout) and an embedded etcd in the case's process; " +
+	"every write goes to a node picked at random, which forwards it to the partition's leader unless it leads it; " +
+	"a write is acknowledged once a majority of the partition's replicas fsynced it; CPU and disk bytes cover the client, the 3 nodes and etcd together; " +
+	"syncs per write not measured (a replicated node's Stats count the applier's Badger commits, not the WAL's syncs)"
+
+// r3Config configures startR3; zero values are what the benchmark uses.
+type r3Config struct {
+	// partitions is the cluster's partition count; 0: the default (256).
+	partitions int
+	// readyTimeout bounds the wait for every partition to be served; 0: 2m.
+	readyTimeout time.Duration
+}
+
+// r3Cluster is the three nodes of a holdfast-r3 case and their etcd.
+type r3Cluster struct {
+	etcd  *devetcd.Server
+	nodes []*cluster.Node
+	// sent counts the writes sent through each node (by index in nodes).
+	sent []atomic.Int64
+}
+
+// r3Name is the cluster's name in etcd.
+const r3Name = "bench-r3"
+
+// startR3 starts etcd and three nodes under dir and waits until every
+// partition is served (waitServed).
+func startR3(dir string, cfg r3Config) (*r3Cluster, error) {
+	if cfg.readyTimeout <= 0 {
+		cfg.readyTimeout = 2 * time.Minute
+	}
+	e, err := devetcd.Start(devetcd.Config{Dir: filepath.Join(dir, "etcd")})
+	if err != nil {
+		return nil, err
+	}
+	log := quietLogger()
+	if os.Getenv("HOLDFAST_BENCH_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	c := &r3Cluster{etcd: e}
+	for _, id := range []string{"a", "b", "c"} {
+		n, err := cluster.Start(cluster.Config{
+			DataDir: filepath.Join(dir, id), Partitions: cfg.partitions, Logger: log.With("node", id),
+			Cluster: &cluster.ClusterConfig{Name: r3Name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{e.Endpoint()},
+				ReplicationFactor: 3},
+		})
+		if err != nil {
+			c.close()
+			return nil, fmt.Errorf("holdfast-r3: start node %s: %w", id, err)
+		}
+		c.nodes = append(c.nodes, n)
+	}
+	c.sent = make([]atomic.Int64, len(c.nodes))
+	if err := c.waitServed(cfg.readyTimeout); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// waitServed waits, at most timeout, until the cluster's status shows every
+// partition served with all its replicas live, and then until one request
+// per partition through every node has been answered: every node reaches
+// every partition's leader.
+func (c *r3Cluster) waitServed(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		why := ""
+		st, err := cluster.ReadStatus(ctx, []string{c.etcd.Endpoint()}, r3Name)
+		switch {
+		case err != nil:
+			why = err.Error()
+		case st.Served != st.Partitions || st.UnderReplicated != 0:
+			why = fmt.Sprintf("%d of %d partitions served, %d under-replicated", st.Served, st.Partitions, st.UnderReplicated)
+		}
+		if why == "" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("holdfast-r3: not every partition served within %v: %s", timeout, why)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	ids := partitionObjects(c.nodes[0].Partitions())
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	sem := make(chan struct{}, 32)
+	for _, n := range c.nodes {
+		for _, id := range ids {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				var err error
+				for ctx.Err() == nil {
+					if _, err = n.Request(ctx, id, actors.KVGet{}); err == nil {
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				failed.Store(fmt.Errorf("holdfast-r3: object %s (partition %d) not reached within %v: %w",
+					id.Key, persistence.Partition(id, len(ids)), timeout, errors.Join(err, ctx.Err())))
+			}()
+		}
+	}
+	wg.Wait()
+	err, _ := failed.Load().(error)
+	return err
+}
+
+// partitionObjects returns one object of type bench per partition, ready-<i>
+// for the first i that falls in it (index p for partition p).
+func partitionObjects(parts int) []actors.ObjectID {
+	out := make([]actors.ObjectID, parts)
+	left := parts
+	for i := 0; left > 0; i++ {
+		id := actors.ObjectID{App: "app_bench", Type: "bench", Key: fmt.Sprintf("ready-%d", i)}
+		if p := persistence.Partition(id, parts); out[p].Key == "" {
+			out[p] = id
+			left--
+		}
+	}
+	return out
+}
+
+// close closes the nodes, all at once, then etcd.
+func (c *r3Cluster) close() {
+	var wg sync.WaitGroup
+	for _, n := range c.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = n.Close(ctx)
+		}()
+	}
+	wg.Wait()
+	c.etcd.Close()
+}
+
+// writes runs s for d after peers.Warmup, each write through a node picked at
+// random.
+func (c *r3Cluster) writes(s r3Spec, d time.Duration) (peers.Result, error) {
+	if s.objects < 1 || s.callers < 1 {
+		return peers.Result{}, fmt.Errorf("holdfast-r3: %d objects, %d callers: both must be positive", s.objects, s.callers)
+	}
+	// objs[i][o] is object obj-<o> through node i.
+	objs := make([][]*actors.KV, len(c.nodes))
+	for i, n := range c.nodes {
+		objs[i] = make([]*actors.KV, s.objects)
+		for o := range objs[i] {
+			objs[i][o] = actors.NewKV(n, actors.ObjectID{App: "app_bench", Type: "bench", Key: fmt.Sprintf("obj-%d", o)})
+		}
+	}
+	var value any = string(peers.Payload()) // boxed once, as the holdfast system's
+	r, err := peers.Measure(s.callers, d, func(ctx context.Context, w int) (int64, error) {
+		i := rand.IntN(len(c.nodes))
+		c.sent[i].Add(1)
+		ctx, cancel := context.WithTimeout(ctx, peers.OpTimeout)
+		defer cancel()
+		if _, err := objs[i][w%s.objects].Set(ctx, "v", value); err != nil {
+			return 0, fmt.Errorf("set obj-%d through node %d: %w", w%s.objects, i, err)
+		}
+		return 1, nil
+	})
+	if err != nil {
+		return peers.Result{}, fmt.Errorf("holdfast-r3 writes (%d objects, %d callers): %w", s.objects, s.callers, err)
+	}
+	r.Note = r3Note
+	return r, nil
+}
+
+// holdfastR3Case runs workload w on a fresh holdfast-r3 cluster in dir. The
+// CPU profile ($HOLDFAST_BENCH_CPUPROFILE) and the execution trace
+// ($HOLDFAST_BENCH_TRACE) cover the writes: set-up, warm-up and the measured
+// interval, not the cluster's start.
+func holdfastR3Case(w workload, dir string, d time.Duration) (result, error) {
+	if w.r3 == nil {
+		return result{}, fmt.Errorf("holdfast-r3 does not run %s", w.name)
+	}
+	// As a Holdfast process does (holdfast.Open, holdfast serve): once for
+	// the process, whatever its nodes.
+	cluster.TuneGOMAXPROCS(nil)
+	c, err := startR3(dir, r3Config{})
+	if err != nil {
+		return result{}, err
+	}
+	defer c.close()
+	stopProfile, stopTrace := profileCPU(), traceRun()
+	r, err := c.writes(*w.r3, d)
+	stopTrace()
+	stopProfile()
+	if err != nil {
+		return result{}, err
+	}
+	out := result{OpsPerSec: r.OpsPerSec, Ops: r.Ops, DiskBytes: r.DiskBytes, CPUSeconds: r.ClientCPU.Seconds(), Note: r.Note,
+		LatencyP50Ms: ms(r.LatencyP50), LatencyP99Ms: ms(r.LatencyP99)}
+	if w.payload {
+		out.PayloadBytes = float64(r.Ops) * peers.PayloadSize
+	}
+	return out, nil
+}
