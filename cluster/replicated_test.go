@@ -101,6 +101,37 @@ func (tc *testCluster) waitStatus(ctx context.Context, what string, bad func(*St
 	}
 }
 
+// waitBalanced waits until every partition is led by its first replica
+// (where balancing leaves it with every node up: no leadership moves after
+// that) and the live nodes' leadership counts differ by at most one, and
+// returns the counts.
+func (tc *testCluster) waitBalanced() map[string]int {
+	tc.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		led := tc.ledBy()
+		lo, hi := testPartitions, 0
+		for _, node := range tc.live() {
+			lo, hi = min(lo, led[node.member.id]), max(hi, led[node.member.id])
+		}
+		settled := true
+		groups := tc.live()[0].member.view.groupsSnapshot()
+		for p := range uint32(testPartitions) {
+			if s := tc.servers(p); len(s) != 1 || len(groups[p].Replicas) == 0 || s[0] != groups[p].Replicas[0].Node {
+				settled = false
+				break
+			}
+		}
+		if hi-lo <= 1 && settled {
+			return led
+		}
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("leaderships not balanced after 30s: %v", led)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // ledBy counts the partitions each live node serves.
 func (tc *testCluster) ledBy() map[string]int {
 	out := map[string]int{}
@@ -135,22 +166,7 @@ func TestReplicated_FormsGroupsOnEveryNodeAndRoutesToLeaders(t *testing.T) {
 	}
 	// Leaderships spread out: each node leads its share (the groups whose
 	// first replica it has).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		led := tc.ledBy()
-		lo, hi := testPartitions, 0
-		for _, node := range tc.live() {
-			lo, hi = min(lo, led[node.member.id]), max(hi, led[node.member.id])
-		}
-		if hi-lo <= 1 {
-			t.Logf("leaders: %v", led)
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("leaderships not balanced after 30s: %v", led)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	t.Logf("leaders: %v", tc.waitBalanced())
 	// Every node reaches every object; the served-by epochs never interleave.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -622,14 +638,21 @@ func metricValue(t *testing.T, mt *metrics.Metrics, name string) float64 {
 	return 0
 }
 
-// leaderOf returns the node serving object id's partition now.
+// leaderOf returns the node serving object id's partition now, waiting
+// out a leadership transfer (balancing moves leaderships after the start).
 func (tc *testCluster) leaderOf(t *testing.T, id actors.ObjectID) string {
 	t.Helper()
-	s := tc.servers(persistence.Partition(id, testPartitions))
-	if len(s) != 1 {
-		t.Fatalf("%s served by %v", id, s)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := tc.servers(persistence.Partition(id, testPartitions))
+		if len(s) == 1 {
+			return s[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s served by %v for 10 s", id, s)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	return s[0]
 }
 
 // TestReplicated_AlarmsAndQueuesFailOver: an alarm set on the leader fires
@@ -638,6 +661,7 @@ func (tc *testCluster) leaderOf(t *testing.T, id actors.ObjectID) string {
 // by the new leader (at least once), its attempt counted.
 func TestReplicated_AlarmsAndQueuesFailOver(t *testing.T) {
 	tc := newReplicatedCluster(t, "a", "b", "c")
+	tc.waitBalanced() // no leadership moves from here on
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	// Both objects in partitions led by one node, the victim.
@@ -713,6 +737,7 @@ func TestReplicated_AlarmsAndQueuesFailOver(t *testing.T) {
 // log_ids go on from the old one's.
 func TestReplicated_ALiveFeedFollowsAFailover(t *testing.T) {
 	tc := newReplicatedCluster(t, "a", "b", "c")
+	tc.waitBalanced() // no leadership moves from here on
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var id actors.ObjectID
