@@ -420,4 +420,7 @@ func (r *replicated) onRemoved(g replication.GroupID, rid replication.ReplicaID)
 	if r.local[uint32(g)] == rid {
 		delete(r.local, uint32(g))
 	}
+	if r.removing[uint32(g)] == rid {
+		delete(r.removing, uint32(g))
+	}
 }

@@ -82,6 +82,8 @@ type replicated struct {
 	hints []atomic.Pointer[string]
 	// waitingLogged: the controller said once that it waits for nodes.
 	waitingLogged bool
+	// removing holds the replicas reconcile asked the engine to stop.
+	removing map[uint32]replication.ReplicaID
 	// lostLogged is the count of lost replicas last logged (reconcile).
 	lostLogged int
 	// unformedSince is when the controller first saw partitions without a
@@ -103,8 +105,8 @@ func newReplicated(n *Node, cc ClusterConfig, rf int, num uint64) (*replicated, 
 	const electionTicks = 10
 	r := &replicated{
 		rf: rf, db: n.db, num: replication.NodeID(num), tick: timeout / electionTicks,
-		downSince: map[string]time.Time{},
-		local:     map[uint32]replication.ReplicaID{}, peers: map[replication.NodeID]NodeInfo{}, failed: map[uint32]string{},
+		downSince: map[string]time.Time{}, removing: map[uint32]replication.ReplicaID{},
+		local: map[uint32]replication.ReplicaID{}, peers: map[replication.NodeID]NodeInfo{}, failed: map[uint32]string{},
 		serving: make([]uint64, n.db.Partitions()), hints: make([]atomic.Pointer[string], n.db.Partitions()),
 	}
 	r.names.Store(&map[uint64]string{})
@@ -303,6 +305,17 @@ func (r *replicated) reconcile() {
 		for _, rep := range g.Replicas {
 			if rep.Node == m.id && rep.Storage != m.storage {
 				lost++
+			}
+		}
+		if rid, ok := r.local[p]; ok && len(g.Replicas) > 0 {
+			if me, placed := g.replicaOn(m.id, m.storage); !placed || replication.ReplicaID(me.ID) != rid {
+				// The group removed this replica (a move settled) and it
+				// never learned it: stop it (OnRemoved forgets it).
+				if r.removing[p] != rid {
+					r.removing[p] = rid
+					m.log.Info("stopping a replica its group no longer has", "partition", p, "replica", uint64(rid))
+					_ = r.e.RemoveGroup(replication.GroupID(p))
+				}
 			}
 		}
 		if _, ok := r.local[p]; ok || len(g.Replicas) == 0 {

@@ -850,3 +850,44 @@ func TestReplicated_RaftAddresses(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicated_AReplicaItsGroupDroppedStops: a replica whose group entry
+// no longer lists it (its removal settled while it heard nothing: the
+// leader's goodbyes were lost) is stopped by its node, which then takes a
+// new replica of that group when one is placed there.
+func TestReplicated_AReplicaItsGroupDroppedStops(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	c := tc.node("c")
+	const p = uint32(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cur, err := readGroup(ctx, c.member.cli, c.member.k, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ne := GroupEntry{Next: cur.Next}
+	for _, rep := range cur.Replicas {
+		if rep.Node != "c" {
+			ne.Replicas = append(ne.Replicas, rep)
+		}
+	}
+	// Only the table changes: raft still counts c's replica.
+	if err := casGroup(ctx, c.member.cli, c.member.k, p, cur, ne); err != nil {
+		t.Fatal(err)
+	}
+	// The group has two replicas now: the controller grows it back with a
+	// new replica on c, which c can start only once the old one stopped.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := c.member.r.e.Status(replication.GroupID(p))
+		if err == nil && uint64(st.Replica) >= cur.Next {
+			t.Logf("c runs replica %d of partition %d (the dropped one was below %d)", st.Replica, p, cur.Next)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("c still runs replica %d of partition %d (%v) 30 s after its group dropped it", st.Replica, p, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tc.waitSettled(ctx)
+}

@@ -411,6 +411,24 @@ func (e *Engine) onWorker(ctx context.Context, id GroupID, f func(*raft.RawNode)
 	}
 }
 
+// RemoveGroup stops this node's replica of group id without a
+// configuration change: for a replica its group already removed but which
+// never learned it (the leader's goodbyes were all lost), as its owner
+// learns from elsewhere. The replica retires on its worker's next pass, as a
+// removed one does (proposals fail, the group leaves the engine, OnRemoved
+// is called); RemoveGroup does not wait for it.
+func (e *Engine) RemoveGroup(id GroupID) error {
+	g := e.group(id)
+	if g == nil {
+		return fmt.Errorf("%w: %d", ErrUnknownGroup, id)
+	}
+	g.mu.Lock()
+	g.member.calls = append(g.member.calls, func(*raft.RawNode) { g.member.removed = true })
+	g.mu.Unlock()
+	e.sched.enqueue(g, flagMessage)
+	return nil
+}
+
 // Membership returns the local replica's view of group id's configuration:
 // the ConfState at its applied index (shared: do not modify it) and a copy
 // of the address book it routes by.
