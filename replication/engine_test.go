@@ -45,6 +45,11 @@ func TestEngine_Basic(t *testing.T) {
 	seen := map[[2]uint64][]string{} // (node, group) -> payloads in apply order
 	c := newCluster(t, replicationtest.Config{
 		Nodes: nodes, Groups: groups,
+		// Nothing is faulty here, so no leader may step down: with the
+		// default 100 ms election timeout, 192 replicas on 2 cores under the
+		// race detector starved ticks long enough for CheckQuorum to depose a
+		// leader (CI: ErrOutcomeUnknown). 500 ms keeps this test about order.
+		Engine: replication.Config{ElectionTick: 50},
 		OnApply: func(n replication.NodeID, g replication.GroupID, ent *raftpb.Entry) {
 			if _, p, ok, _ := replication.DecodeEntry(ent.GetData()); ok {
 				mu.Lock()
