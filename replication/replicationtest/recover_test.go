@@ -1,0 +1,150 @@
+package replicationtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/holdfast/holdfast/persistence"
+	"github.com/holdfast/holdfast/replication"
+)
+
+// TestWALStorage_ReseedRecoversAGroupFromOneSurvivor: a group of three loses
+// two nodes for good; the survivor's log is copied into a new replica (9)
+// that is the group's only voter (WALPipeline.Reseed, recover-partition). It
+// elects itself, applies every entry the survivor held (the copy keeps them
+// all), takes new writes, and its configuration is {9}: the conf change in
+// the copied log (a learner added) is not applied again. The old replica's
+// log is then ended (Forget): it holds no entries. A second Reseed is a
+// no-op (the seeding is idempotent).
+func TestWALStorage_ReseedRecoversAGroupFromOneSurvivor(t *testing.T) {
+	c := newWALCluster(t, 3, 1, uint64(time.Now().UnixNano()), func(c *walCluster) { c.wcfg.KeepEntries = 0 })
+	defer c.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	g := c.groups[0]
+	c.leadAll(t, 1)
+	var payloads [][]byte
+	for i := range 20 {
+		p := walPayload(g, uint64(i))
+		c.propose(ctx, g, p)
+		payloads = append(payloads, p)
+	}
+	for {
+		cc := &raftpb.ConfChangeV2{
+			Changes: []*raftpb.ConfChangeSingle{{Type: raftpb.ConfChangeAddLearnerNode.Enum(), NodeId: new(uint64(7))}},
+			Context: replication.PeersContext(map[replication.ReplicaID]replication.NodeID{7: 3}),
+		}
+		_, err := c.engine(1).ProposeConfChange(ctx, g, cc)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, replication.ErrNotWritten) || ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i := 20; i < 30; i++ {
+		p := walPayload(g, uint64(i))
+		c.propose(ctx, g, p)
+		payloads = append(payloads, p)
+	}
+	c.crash(2)
+	c.crash(3)
+	c.crash(1)
+
+	// Node 1 alone: its database, a pipeline, and the new replica.
+	dir := c.nodes[1].dir
+	db, err := persistence.Open(persistence.Config{Dir: dir, Partitions: 1, SegmentSize: 64 << 10, MemTableSize: 8 << 20, BlockCacheSize: 1 << 20, ValueLogFileSize: 1 << 20, Logger: c.quiet, Replicated: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := persistence.NewPipeline(db, persistence.PipelineConfig{Logger: c.quiet, ValueLogGCEvery: -1})
+	pp.Start()
+	var mu sync.Mutex
+	var seen [][]byte
+	wp := replication.NewWALPipeline(db, pp, replication.WALConfig{Logger: c.quiet, Observe: func(_ replication.GroupID, ent *raftpb.Entry) {
+		if _, p, ok, _ := replication.DecodeEntry(ent.GetData()); ok && len(p) > 0 {
+			mu.Lock()
+			seen = append(seen, bytes.Clone(p))
+			mu.Unlock()
+		}
+	}})
+	defer func() {
+		wp.Close()
+		pp.Close()
+		_ = db.Close()
+	}()
+	oldLast, _ := db.RaftStorage(uint64(g), 1, nil).LastIndex()
+	last, err := wp.Reseed(ctx, g, 1, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last != oldLast {
+		t.Fatalf("the copy ends at %d, the survivor's log at %d", last, oldLast)
+	}
+	if again, err := wp.Reseed(ctx, g, 1, 9); err != nil || again != last {
+		t.Fatalf("a second Reseed: %d, %v (want %d, nil)", again, err, last)
+	}
+	if err := wp.Forget(ctx, g, 1); err != nil {
+		t.Fatal(err)
+	}
+	s1 := db.RaftStorage(uint64(g), 1, nil)
+	if first, _ := s1.FirstIndex(); first != oldLast+1 {
+		t.Fatalf("the old replica's log starts at %d after Forget, want %d (empty)", first, oldLast+1)
+	}
+	net := NewNetwork(1)
+	net.Start()
+	defer net.Close()
+	e, err := replication.New(replication.Config{Node: 1, TickInterval: 2 * time.Millisecond, ElectionTick: 10, Workers: 2, Logger: c.quiet}, net.Endpoint(1), wp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	st, applied, err := wp.Storage(g, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.AddGroup(replication.GroupConfig{ID: g, Replica: 9, Peers: map[replication.ReplicaID]replication.NodeID{9: 1}, Storage: st, Applied: applied}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(); err != nil {
+		t.Fatal(err)
+	}
+	net.Attach(1, e)
+	var res replication.Result
+	for {
+		p := walPayload(g, 1000)
+		if res, err = e.Propose(ctx, g, p); err == nil {
+			payloads = append(payloads, p)
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the recovered replica takes no write: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if res.Index <= last {
+		t.Fatalf("the first write after the recovery is at index %d, not after the copied log's %d", res.Index, last)
+	}
+	cs, _, err := e.Membership(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cs.GetVoters(), []uint64{9}) || len(cs.GetLearners()) > 0 || len(cs.GetVotersOutgoing()) > 0 {
+		t.Fatalf("the recovered group's configuration is %v, want voters [9] only", cs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range payloads {
+		if !slices.ContainsFunc(seen, func(s []byte) bool { return bytes.Equal(s, p) }) {
+			t.Fatalf("the recovered replica never applied %q (applied %d payloads)", walPayloadKey(t, p), len(seen))
+		}
+	}
+}
