@@ -237,19 +237,22 @@ func (o *object) kvStage(k *kvState, w *persistence.Write, changes []Change, pur
 }
 
 // nextLogID is the log_id of the object's next change-log entry: the one after
-// its newest, or, for an object with no stored entry, the one after the floor
-// of its partition's data losses (logfloor.go).
+// its newest, or, when its partition's data losses raised the floor above it
+// (an object with no stored entry, or one whose partition was recovered from
+// a replica that may lack its newest entries), the one after the floor
+// (logfloor.go).
 func (o *object) nextLogID(k *kvState) uint64 {
-	if k.logID == 0 {
-		return logFloor(o.h.dataLosses(o.part)) + 1
-	}
-	return k.logID + 1
+	return max(k.logID, logFloor(o.h.dataLosses(o.part))) + 1
 }
 
-// newOldest is the oldest log_id held after the next entry is recorded.
+// newOldest is the oldest log_id held after the next entry is recorded. An
+// entry that jumps over the floor starts the log again: the entries before
+// the jump go, so that a reader resuming from any log_id below the floor
+// (one this object may have issued before the loss, on a lost replica) gets
+// log_truncated instead of a history with a hole in it.
 func (o *object) newOldest(k *kvState, purge bool) uint64 {
 	id := o.nextLogID(k)
-	if purge || k.logID == 0 {
+	if purge || k.logID == 0 || id != k.logID+1 {
 		return id
 	}
 	keep := uint64(o.opts.ChangeLogEntries)

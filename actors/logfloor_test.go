@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 )
 
@@ -110,5 +111,50 @@ func TestResumeAfter(t *testing.T) {
 	}
 	if logFloor(0) != 0 || logFloor(1) != 1<<32 || logFloor(2) != 2<<32 || logFloor(1<<40) >= 1<<53 {
 		t.Error("logFloor")
+	}
+}
+
+// TestKV_LogIDsJumpAfterARecovery models `recover-partition
+// --accept-data-loss`: the object keeps its stored state (the surviving
+// replica's), but the lost replicas may have issued log_ids above its newest.
+// Its next write jumps above the floor the recovery raised, its change log
+// starts again there, and a reader resuming from a log_id before the jump
+// gets log_truncated.
+func TestKV_LogIDsJumpAfterARecovery(t *testing.T) {
+	ctx := context.Background()
+	var losses atomic.Uint64
+	n := startNode(t, t.TempDir(), nodeOpts{cfg: Config{DataLosses: func(uint32) uint64 { return losses.Load() }}})
+	o := n.kv("kv", "k")
+	for i := 1; i <= 3; i++ {
+		if r, err := o.Set(ctx, "s", i); err != nil || r.LogID != uint64(i) {
+			t.Fatalf("write %d: %+v %v", i, r, err)
+		}
+	}
+	losses.Store(1) // the partition was recovered from this copy
+	if page, err := o.Log(ctx, 3, 10); err != nil || len(page.Items) != 0 {
+		t.Fatalf("log after the newest before the next write: %v %v", page, err)
+	}
+	r, err := o.Set(ctx, "s", "after")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := uint64(1)<<32 + 1; r.LogID != want {
+		t.Fatalf("first write after the recovery: log_id %d, want %d", r.LogID, want)
+	}
+	var lt *LogTruncatedError
+	for _, after := range []uint64{2, 3, 5} { // held, newest, and one only a lost replica issued
+		if _, err := o.Log(ctx, after, 10); !errors.As(err, &lt) || lt.Oldest != r.LogID {
+			t.Fatalf("log after %d: %v, want log truncated with oldest %d", after, err, r.LogID)
+		}
+	}
+	page, err := o.Log(ctx, 0, 10)
+	if err != nil || len(page.Items) != 1 || page.Items[0].LogID != r.LogID {
+		t.Fatalf("log from the beginning after the jump: %+v %v, want the one new entry", page, err)
+	}
+	if r2, err := o.Set(ctx, "s", "more"); err != nil || r2.LogID != r.LogID+1 {
+		t.Fatalf("second write after the recovery: %+v %v, want log_id %d", r2, err, r.LogID+1)
+	}
+	if st, err := o.Get(ctx); err != nil || string(st.State["s"]) != `"more"` || st.LogID != r.LogID+1 {
+		t.Fatalf("the object: %+v %v", st, err)
 	}
 }
