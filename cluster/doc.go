@@ -40,8 +40,10 @@
 //     node's data directory; serving under the lease; routing to leaders;
 //     leadership balancing and the stuck-lease handover; leave); moves.go: replica
 //     moves (join, leave, repair after replaceAfter, wiped disks, growing groups
-//     formed with fewer nodes); replicastatus.go: the replica reports in etcd, the
-//     replicated `cluster status`, raft metrics.
+//     formed with fewer nodes; ending a removed replica's log); replicastatus.go:
+//     the replica reports in etcd, the replicated `cluster status`, raft metrics;
+//     recover.go: recover-partition (a partition that lost its majority restarts
+//     from its best survivor).
 //   - remote.go, wire.go: requests between nodes over protoactor remote; feed.go:
 //     live feeds of objects served by another node; client.go: client members;
 //     admin.go: the operator commands (status, leave, forget-node).

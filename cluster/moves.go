@@ -96,7 +96,7 @@ func (r *replicated) planMoves() error {
 	// addition to g's replicas).
 	move := func(p int, g GroupEntry, from ReplicaEntry, to, why string) error {
 		n := nodes[to]
-		ne := GroupEntry{Replicas: append([]ReplicaEntry(nil), g.Replicas...), Next: g.Next + 1}
+		ne := GroupEntry{Replicas: append([]ReplicaEntry(nil), g.Replicas...), Next: g.Next + 1, Losses: g.Losses}
 		ne.Replicas = append(ne.Replicas, ReplicaEntry{ID: g.Next, Node: to, Num: n.Num, Storage: n.Storage, Replaces: from.ID, Adding: from.ID == 0})
 		if err := casGroup(m.ctx, m.cli, m.k, uint32(p), g, ne); err != nil {
 			return err
@@ -117,7 +117,7 @@ func (r *replicated) planMoves() error {
 			if n, live := nodes[rep.Node]; live && !n.Leaving && n.Storage == rep.Storage {
 				continue
 			}
-			ne := GroupEntry{Replicas: append([]ReplicaEntry(nil), g.Replicas...), Next: g.Next}
+			ne := GroupEntry{Replicas: append([]ReplicaEntry(nil), g.Replicas...), Next: g.Next, Losses: g.Losses}
 			ne.Replicas[i].Abort = true
 			if err := casGroup(m.ctx, m.cli, m.k, uint32(p), g, ne); err != nil {
 				return err
@@ -388,7 +388,7 @@ func (r *replicated) settle(p uint32, gone, done uint64) bool {
 			sleep(m.ctx, 200*time.Millisecond)
 			continue
 		}
-		ne := GroupEntry{Next: cur.Next}
+		ne := GroupEntry{Next: cur.Next, Losses: cur.Losses}
 		for _, rep := range cur.Replicas {
 			switch {
 			case rep.ID == gone:
@@ -422,5 +422,33 @@ func (r *replicated) onRemoved(g replication.GroupID, rid replication.ReplicaID)
 	}
 	if r.removing[uint32(g)] == rid {
 		delete(r.removing, uint32(g))
+	}
+	r.retired = append(r.retired, [2]uint64{uint64(g), uint64(rid)})
+	r.m.poke()
+}
+
+// forgetRetired ends the logs of the replicas that left their groups for
+// good (onRemoved): their entries no longer pin the write-ahead log's
+// segments, and a snapshot they named is not installed again at the next
+// start over the data of the group's later replicas here. Reconcile's
+// goroutine only (Forget waits for a commit).
+func (r *replicated) forgetRetired() {
+	r.mu.Lock()
+	todo := r.retired
+	r.retired = nil
+	r.mu.Unlock()
+	for i, k := range todo {
+		ctx, cancel := context.WithTimeout(r.m.ctx, 30*time.Second)
+		err := r.wp.Forget(ctx, replication.GroupID(k[0]), replication.ReplicaID(k[1]))
+		cancel()
+		if err != nil {
+			if r.m.ctx.Err() == nil {
+				r.m.log.Warn("could not end a removed replica's log; trying again", "partition", k[0], "replica", k[1], "err", err)
+			}
+			r.mu.Lock()
+			r.retired = append(r.retired, todo[i:]...)
+			r.mu.Unlock()
+			return
+		}
 	}
 }

@@ -39,7 +39,8 @@ type Config struct {
 	// Cold is the node's cold segment store; nil means none.
 	Cold cold.Store
 	// ColdShared says that every node of the cluster reads the same cold
-	// store (S3, or a directory every node mounts). A replicated cluster
+	// store (S3, or a directory every node mounts), or that no object type
+	// flushes segments to it (config: no log.cold). A replicated cluster
 	// requires it: a log's cold segments, flushed by one partition leader,
 	// must stay readable from whichever replica leads next.
 	ColdShared bool
@@ -117,7 +118,7 @@ func Start(cfg Config) (*Node, error) {
 		}
 		if rf > 1 && cfg.Cold != nil && !cfg.ColdShared {
 			_ = cli.Close()
-			return nil, fmt.Errorf("cluster: a replicated cluster (replicationFactor %d) needs a cold store that every node reads, since a log's cold segments must stay readable from whichever replica leads next: cold.store: s3, or cold.fs.shared: true with cold.fs.dir on a directory every node mounts, or cold.store: none", rf)
+			return nil, fmt.Errorf("cluster: a replicated cluster (replicationFactor %d) needs a cold store that every node reads, since a log's cold segments must stay readable from whichever replica leads next: cold.store: s3, or cold.fs.shared: true with cold.fs.dir on a directory every node mounts, or no type with log.cold: true", rf)
 		}
 		if rf > 1 {
 			if num, err = nodeNumber(context.Background(), cli, newKeys(cfg.Cluster.Name), cfg.Cluster.NodeID); err != nil {

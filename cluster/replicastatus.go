@@ -36,8 +36,12 @@ type replicaState struct {
 	Replica uint64 `json:"replica"`
 	Term    uint64 `json:"term"`
 	Applied uint64 `json:"applied"`
-	Serving bool   `json:"serving,omitempty"`
-	Failed  string `json:"failed,omitempty"` // the replica could not start, or its group failed
+	// Last and LastTerm are the end of the replica's log (what
+	// recover-partition compares).
+	Last     uint64 `json:"last,omitempty"`
+	LastTerm uint64 `json:"lastTerm,omitempty"`
+	Serving  bool   `json:"serving,omitempty"`
+	Failed   string `json:"failed,omitempty"` // the replica could not start, or its group failed
 }
 
 // report builds this node's replica report now.
@@ -49,6 +53,9 @@ func (r *replicated) report() replicaReport {
 			continue
 		}
 		rs := replicaState{Replica: uint64(st.Replica), Term: st.Term, Applied: st.Applied, Serving: r.epoch(uint32(g)) != 0}
+		ls := r.db.RaftStorage(uint64(g), uint64(st.Replica), nil)
+		rs.Last, _ = ls.LastIndex()
+		rs.LastTerm, _ = ls.Term(rs.Last)
 		if st.Err != nil {
 			rs.Failed = st.Err.Error()
 		}
@@ -168,7 +175,7 @@ func replicatedStatus(st *Status, rf int, nodes map[string]NodeInfo, groups []Gr
 			st.Served++
 			rows[ps.Leader].Served++
 		case len(g.Replicas) > 0 && 2*live <= len(g.Replicas):
-			ps.Reason = fmt.Sprintf("only %d of its %d replicas are live: a majority is needed", live, len(g.Replicas))
+			ps.Reason = fmt.Sprintf("only %d of its %d replicas are live: a majority is needed (it is served again once enough of them return; holdfast cluster recover-partition %d --accept-data-loss serves it from what is left)", live, len(g.Replicas), p)
 			st.Unavailable++
 		default:
 			if len(g.Replicas) > 0 {

@@ -84,6 +84,10 @@ type replicated struct {
 	waitingLogged bool
 	// removing holds the replicas reconcile asked the engine to stop.
 	removing map[uint32]replication.ReplicaID
+	// retired holds the replicas that left their group for good (removed by
+	// a move, stopped by reconcile) whose logs reconcile has yet to end
+	// (WALPipeline.Forget).
+	retired [][2]uint64
 	// lostLogged is the count of lost replicas last logged (reconcile).
 	lostLogged int
 	// unformedSince is when the controller first saw partitions without a
@@ -265,11 +269,18 @@ func (r *replicated) hint(p uint32, id string) {
 // every group entry that places one on this node's data directory.
 func (r *replicated) reconcile() {
 	m := r.m
+	r.forgetRetired()
 	nodes, _, _, _ := m.view.snapshot()
 	groups := m.view.groupsSnapshot()
 	names := map[uint64]string{}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for i, g := range groups {
+		// Before any replica of the group starts here: an object that
+		// writes after a recovery numbers its log_ids above every one the
+		// lost replicas may have issued (actors/logfloor.go).
+		m.n.table.losses[i].Store(g.Losses)
+	}
 	for id, n := range nodes {
 		if n.Num == 0 || n.Raft == "" {
 			continue
@@ -346,6 +357,13 @@ func (r *replicated) reconcile() {
 	}
 }
 
+// recoveredTerm is the lowest term a group recovered for the losses-th time
+// starts at: terms (the serving epochs) of the lost replicas are below it,
+// as long as a group holds fewer than 2^40 elections between recoveries, so
+// no epoch is served twice; it stays below 2^53 (JSON numbers) for 2^13
+// recoveries of one partition.
+func recoveredTerm(losses uint64) uint64 { return min(losses, 1<<13-1) << 40 }
+
 // addGroup starts this node's replica me of partition p's group g: a
 // founder bootstraps its log with the founding voters the first time.
 func (r *replicated) addGroup(p uint32, g GroupEntry, me ReplicaEntry) error {
@@ -358,7 +376,20 @@ func (r *replicated) addGroup(p uint32, g GroupEntry, me ReplicaEntry) error {
 			cs.Voters = append(cs.Voters, rep.ID)
 		}
 	}
-	if me.Founder {
+	if me.RecoverFrom != 0 {
+		// recover-partition: this replica starts as the group's only voter,
+		// from the log of the replica that survived here.
+		ctx, cancel := context.WithTimeout(r.m.ctx, time.Minute)
+		last, err := r.wp.Reseed(ctx, gid, replication.ReplicaID(me.RecoverFrom), rid, recoveredTerm(g.Losses))
+		if err == nil {
+			err = r.wp.Forget(ctx, gid, replication.ReplicaID(me.RecoverFrom))
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("recover partition %d from replica %d: %w", p, me.RecoverFrom, err)
+		}
+		r.m.log.Warn("partition recovered from a minority: its replica here restarts as the only voter, from what this node held; writes only the lost replicas held are gone", "partition", p, "replica", me.ID, "from", me.RecoverFrom, "logEnd", last, "losses", g.Losses)
+	} else if me.Founder {
 		if last, _ := r.db.RaftStorage(uint64(p), me.ID, nil).LastIndex(); last == 0 {
 			ctx, cancel := context.WithTimeout(r.m.ctx, 10*time.Second)
 			err := r.wp.Bootstrap(ctx, gid, rid, cs)

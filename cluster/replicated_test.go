@@ -890,4 +890,123 @@ func TestReplicated_AReplicaItsGroupDroppedStops(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	tc.waitSettled(ctx)
+	// The dropped replica's log was ended (WALPipeline.Forget): it pins no
+	// log segment, and names no snapshot a restart would install again.
+	dropped, _ := cur.replicaOn("c", c.storageID)
+	ls := c.member.r.db.RaftStorage(uint64(p), dropped.ID, nil)
+	for {
+		first, _ := ls.FirstIndex()
+		last, _ := ls.LastIndex()
+		if first == last+1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dropped replica %d's log still holds %d..%d", dropped.ID, first, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestReplicated_RecoverPartitionFromAMinority: two of three nodes die and
+// every partition loses its majority. recover-partition is refused while the
+// majority lives; once it is gone, the recovery of one partition serves it
+// again from the survivor, with every write the survivor held, at an epoch
+// above any before, and with log_ids above every one issued before. When the
+// two return, their old replicas of that partition never run again: the
+// group grows back to three replicas, filled from the survivor, and serves
+// the data without it.
+func TestReplicated_RecoverPartitionFromAMinority(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	tc.waitBalanced()
+	a := tc.node("a")
+	// The partition a leads: the survivor holds all its writes.
+	var p uint32
+	for q := range uint32(testPartitions) {
+		if s := tc.servers(q); len(s) == 1 && s[0] == "a" {
+			p = q
+			break
+		}
+	}
+	key := keyIn(p)
+	var last actors.WriteResult
+	for i := range 20 {
+		r, err := tc.set(ctx, a, key, fmt.Sprintf("s%d", i), i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = *r
+	}
+	eps := []string{tc.etcd.Endpoint()}
+	if _, err := RecoverPartition(ctx, eps, tc.name, p); !errors.Is(err, ErrMajorityLive) {
+		t.Fatalf("recover-partition with every replica live: %v, want ErrMajorityLive", err)
+	}
+	before, err := readGroup(ctx, a.member.cli, a.member.k, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.crash("b")
+	tc.crash("c")
+	if _, err := RecoverPartition(ctx, eps, tc.name, uint32(testPartitions)); err == nil {
+		t.Fatal("recover-partition of a partition that does not exist: no error")
+	}
+	var res RecoverResult
+	for {
+		// Until b's and c's etcd leases expire they count as live, and a's
+		// replica report may lag a second behind its lost lease.
+		if res, err = RecoverPartition(ctx, eps, tc.name, p); err == nil {
+			break
+		}
+		if !errors.Is(err, ErrServed) && !errors.Is(err, ErrMajorityLive) || ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if res.Node != "a" || res.Losses != 1 || res.Replica < before.Next || strings.Join(res.Lost, ",") != "b,c" {
+		t.Fatalf("recovery %+v: want node a, losses 1, a new replica (>= %d), b and c lost", res, before.Next)
+	}
+	st, served, err := tc.get(ctx, a, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.LogID != last.LogID || string(st.State["s19"]) != "19" || len(st.State) != 20 {
+		t.Fatalf("after the recovery: %+v, want the 20 slots at log_id %d", st, last.LogID)
+	}
+	if served.Node != "a" || served.Epoch <= 1<<40 {
+		t.Fatalf("served by %+v after the recovery: want a, at an epoch above 2^40", served)
+	}
+	w, err := tc.set(ctx, a, key, "after", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.LogID != 1<<32+1 {
+		t.Fatalf("first write after the recovery: log_id %d, want 2^32+1 (above any the lost replicas issued)", w.LogID)
+	}
+	// Another partition stays unavailable: only p was recovered.
+	other := (p + 1) % testPartitions
+	octx, ocancel := context.WithTimeout(ctx, 2*time.Second)
+	if _, err := tc.set(octx, a, keyIn(other), "x", 1); err == nil {
+		t.Fatalf("partition %d, never recovered, took a write without its majority", other)
+	}
+	ocancel()
+
+	tc.start("b")
+	tc.start("c")
+	tc.waitSettled(ctx)
+	for _, id := range []string{"a", "b", "c"} {
+		rst, err := tc.node(id).member.r.e.Status(replication.GroupID(p))
+		if err != nil || uint64(rst.Replica) < before.Next {
+			t.Fatalf("node %s runs replica %d of partition %d (%v): want a new one (>= %d)", id, rst.Replica, p, err, before.Next)
+		}
+	}
+	tc.crash("a")
+	tc.waitServed(30 * time.Second)
+	st, _, err = tc.get(ctx, tc.node("b"), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.LogID != w.LogID || string(st.State["after"]) != "1" || len(st.State) != 21 {
+		t.Fatalf("partition %d without a: %+v, want 21 slots at log_id %d", p, st, w.LogID)
+	}
 }

@@ -96,6 +96,11 @@ type GroupEntry struct {
 	Replicas []ReplicaEntry `json:"replicas"`
 	// Next is the next unused replica id of the group.
 	Next uint64 `json:"next"`
+	// Losses counts the recoveries of the group from a minority
+	// (recover-partition adds one), as PartEntry.Losses counts forget-node's:
+	// the partition's objects number their log_ids above a floor derived
+	// from it (actors/logfloor.go). Every rewrite of the entry carries it on.
+	Losses uint64 `json:"losses,omitempty"`
 
 	rev int64
 }
@@ -121,6 +126,12 @@ type ReplicaEntry struct {
 	// move up (its node went down or away): the new replica is removed
 	// from the group if it was added, and from the entry.
 	Abort bool `json:"abort,omitempty"`
+	// RecoverFrom, on the one replica of a group recover-partition
+	// restarted, is the surviving replica (on the same node and data
+	// directory) whose log it starts from: the node copies that log into the
+	// new replica, with the new replica as its only voter, before it starts
+	// it (replication.WALPipeline.Reseed).
+	RecoverFrom uint64 `json:"recoverFrom,omitempty"`
 }
 
 // replicaOn returns the replica of g on node id with data directory storage.

@@ -524,3 +524,20 @@ func TestLoad_Cluster(t *testing.T) {
 		t.Fatalf("bind %q advertise %q", c.Cluster.Bind, c.Cluster.Advertise)
 	}
 }
+
+func TestConfig_FlushesCold(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want bool
+	}{
+		{"", false},
+		{"types: {order: {log: {retention: {maxAge: 1h}}}}\n", false},
+		{"types: {order: {log: {cold: true}}}\n", true},
+		{"types: {\"*\": {log: {cold: true}}}\n", true},
+		{"types: {\"*\": {log: {cold: true}}, order: {log: {cold: false}}}\n", true},
+	} {
+		if got := mustLoad(t, c.body, nil).FlushesCold(); got != c.want {
+			t.Errorf("%q: FlushesCold %v, want %v", c.body, got, c.want)
+		}
+	}
+}

@@ -159,3 +159,18 @@ func (c *Config) Type(name string) TypeConfig {
 	t.Alarms.MaxPerObject = int(i("alarms.maxPerObject"))
 	return t
 }
+
+// FlushesCold reports whether any object type's log flushes trimmed records
+// to the cold store (log.cold true in "*" or in a type of its own): a node
+// whose types never do reads and writes no cold segment.
+func (c *Config) FlushesCold() bool {
+	if c.Type("*").Log.Cold {
+		return true
+	}
+	for name := range c.types {
+		if c.Type(name).Log.Cold {
+			return true
+		}
+	}
+	return false
+}

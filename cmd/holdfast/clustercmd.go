@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -160,7 +161,43 @@ stays as a new, empty member that gets its share of partitions.`,
 	}
 	forget.Flags().BoolVar(&acceptLoss, "accept-data-loss", false, "confirm that the node's data is lost")
 
-	cmd.AddCommand(status, leave, forget)
+	var acceptRecoverLoss bool
+	recoverCmd := &cobra.Command{
+		Use:   "recover-partition P --accept-data-loss",
+		Short: "Serve a partition that lost its majority from its best surviving replica",
+		Long: `recover-partition serves partition P again when a majority of its replicas is
+gone for good (their nodes' disks are lost, or they will not return): the live
+replica whose log goes furthest becomes the partition's only replica, and the
+cluster then adds replicas back up to cluster.replicationFactor. Writes that only
+the lost replicas held are lost; every object's log_id goes on above any value it
+had, so a reader resuming from before the loss gets log_truncated. It refuses
+while a majority of the partition's replicas is live (the partition then serves
+by itself), and while no live replica has reported its log.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := strconv.ParseUint(args[0], 10, 32)
+			if err != nil {
+				return fmt.Errorf("partition %q: a partition number (holdfast cluster status --partitions lists them)", args[0])
+			}
+			if !acceptRecoverLoss {
+				return errors.New("recover-partition loses the writes only the lost replicas held: repeat with --accept-data-loss")
+			}
+			eps, name, err := target()
+			if err != nil {
+				return err
+			}
+			res, err := cluster.RecoverPartition(cmd.Context(), eps, name, uint32(p))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "partition %d restarts from node %s (replica %d, log up to index %d of term %d) as new replica %d; gave up the replicas on %s; the cluster adds replicas back\n",
+				res.Partition, res.Node, res.From, res.LastIndex, res.LastTerm, res.Replica, orNone(strings.Join(res.Lost, ", ")))
+			return nil
+		},
+	}
+	recoverCmd.Flags().BoolVar(&acceptRecoverLoss, "accept-data-loss", false, "confirm that writes only the lost replicas held are lost")
+
+	cmd.AddCommand(status, leave, forget, recoverCmd)
 	return cmd
 }
 

@@ -168,7 +168,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		TypeOptions: func(typ string) actors.TypeOptions { return typeOptions(cfg.Type(typ)) },
 		Logger:      log,
 		Cold:        store,
-		ColdShared:  cfg.Cold.Store == "s3" || cfg.Cold.FS.Shared,
+		ColdShared:  coldShared(cfg),
 		Types:       goTypes,
 		Cluster:     cc,
 		Metrics:     mt,
@@ -357,6 +357,15 @@ func typeOptions(t config.TypeConfig) actors.TypeOptions {
 			Concurrency:         t.Queue.Concurrency,
 		},
 	}
+}
+
+// coldShared says whether every node of a cluster reads the cold segments
+// any node flushed (cluster.Config.ColdShared): an S3 bucket, a directory
+// every node mounts (cold.fs.shared), or a store no type flushes to, which
+// holds nothing a failover could miss (the default private cold/fs directory
+// is fine then).
+func coldShared(cfg *config.Config) bool {
+	return cfg.Cold.Store == "s3" || cfg.Cold.FS.Shared || !cfg.FlushesCold()
 }
 
 // openColdStore opens the cold store the configuration names (nil for "none").

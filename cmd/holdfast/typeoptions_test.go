@@ -44,3 +44,31 @@ func TestTypeOptions_Queue(t *testing.T) {
 		t.Fatalf("defaults %+v", d)
 	}
 }
+
+// TestColdShared: a replicated cluster needs a cold store every node reads,
+// unless no type flushes logs to it (then the default private directory is
+// never read or written).
+func TestColdShared(t *testing.T) {
+	for _, c := range []struct {
+		yaml string
+		want bool
+	}{
+		{"", true},
+		{"types: {events: {log: {cold: true}}}\n", false},
+		{"cold: {fs: {dir: /mnt/shared, shared: true}}\ntypes: {events: {log: {cold: true}}}\n", true},
+		{"cold: {store: s3, s3: {endpoint: '127.0.0.1:9000', bucket: b}}\ntypes: {\"*\": {log: {cold: true}}}\n", true},
+		{"cold: {store: none}\n", true},
+	} {
+		path := filepath.Join(t.TempDir(), "holdfast.yaml")
+		if err := os.WriteFile(path, []byte(c.yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.Load(path, func(string) string { return "" })
+		if err != nil {
+			t.Fatalf("%q: %v", c.yaml, err)
+		}
+		if got := coldShared(cfg); got != c.want {
+			t.Errorf("%q: coldShared %v, want %v", c.yaml, got, c.want)
+		}
+	}
+}
