@@ -32,8 +32,13 @@ import (
 // a log already seeded (its HardState has a term) is kept; a seeding a crash
 // interrupted is done again. It waits until the copy is durable.
 //
+// The new replica's HardState term is at least minTerm: the lost replicas
+// may have elected leaders at terms the survivor never heard of, and the
+// recovered group's leaders must not serve at one of those terms again (the
+// term is the serving epoch clients see).
+//
 // It returns the index of the last entry copied (the log's end).
-func (w *WALPipeline) Reseed(ctx context.Context, g GroupID, from, to ReplicaID) (uint64, error) {
+func (w *WALPipeline) Reseed(ctx context.Context, g GroupID, from, to ReplicaID, minTerm uint64) (uint64, error) {
 	if from == to || from == 0 || to == 0 {
 		return 0, fmt.Errorf("replication: group %d: reseed of replica %d from %d: two different replicas are needed", g, to, from)
 	}
@@ -69,7 +74,7 @@ func (w *WALPipeline) Reseed(ctx context.Context, g GroupID, from, to ReplicaID)
 			return 0, fmt.Errorf("replication: group %d replica %d: read its log %d..%d: %w", g, from, first, last, err)
 		}
 	}
-	term := max(hs.GetTerm(), prevTerm)
+	term := max(hs.GetTerm(), prevTerm, minTerm)
 	copied := make([]*raftpb.Entry, len(ents))
 	for i, e := range ents {
 		term = max(term, e.GetTerm())

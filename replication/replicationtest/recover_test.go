@@ -82,14 +82,14 @@ func TestWALStorage_ReseedRecoversAGroupFromOneSurvivor(t *testing.T) {
 		_ = db.Close()
 	}()
 	oldLast, _ := db.RaftStorage(uint64(g), 1, nil).LastIndex()
-	last, err := wp.Reseed(ctx, g, 1, 9)
+	last, err := wp.Reseed(ctx, g, 1, 9, 1<<40)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if last != oldLast {
 		t.Fatalf("the copy ends at %d, the survivor's log at %d", last, oldLast)
 	}
-	if again, err := wp.Reseed(ctx, g, 1, 9); err != nil || again != last {
+	if again, err := wp.Reseed(ctx, g, 1, 9, 1<<40); err != nil || again != last {
 		t.Fatalf("a second Reseed: %d, %v (want %d, nil)", again, err, last)
 	}
 	if err := wp.Forget(ctx, g, 1); err != nil {
@@ -129,6 +129,9 @@ func TestWALStorage_ReseedRecoversAGroupFromOneSurvivor(t *testing.T) {
 			t.Fatalf("the recovered replica takes no write: %v", err)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+	if res.Term <= 1<<40 {
+		t.Fatalf("the first write after the recovery has term %d, want above the minimum 2^40", res.Term)
 	}
 	if res.Index <= last {
 		t.Fatalf("the first write after the recovery is at index %d, not after the copied log's %d", res.Index, last)
