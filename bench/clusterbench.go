@@ -101,7 +101,7 @@ func startCluster(dir string, ids ...string) (*benchCluster, error) {
 	for _, id := range ids {
 		n, err := cluster.Start(cluster.Config{
 			DataDir: filepath.Join(dir, id), Partitions: clusterPartitions, IdleTimeout: time.Minute, Logger: log.With("node", id),
-			Cluster: &cluster.ClusterConfig{Name: "bench", NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{e.Endpoint()}, LeaseTTL: 2 * time.Second},
+			Cluster: &cluster.ClusterConfig{Name: "bench", NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{e.Endpoint()}, LeaseTTL: 2 * time.Second, ReplicationFactor: 1},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", id, err)

@@ -152,7 +152,8 @@ func (tc *testCluster) start(id string) *Node {
 		Hooks: actors.Hooks{Routed: tc.activity.routed(id)},
 		Cold:  tc.cold, ColdShared: tc.coldShared, Metrics: mt,
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second,
-			ReplicationFactor: tc.rf, FailoverTimeout: tc.failover, ReplaceAfter: tc.replaceAfter, formAfter: tc.formAfter},
+			// 0 in a test means one copy (the one-copy tests), not the default.
+			ReplicationFactor: max(tc.rf, 1), FailoverTimeout: tc.failover, ReplaceAfter: tc.replaceAfter, formAfter: tc.formAfter},
 	})
 	if err != nil {
 		tc.t.Fatalf("start %s: %v", id, err)

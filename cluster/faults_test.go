@@ -30,7 +30,7 @@ func (tc *testCluster) startVia(id string) (*Node, *tcpproxy.Proxy) {
 	n, err := Start(Config{
 		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t),
 		Hooks:   actors.Hooks{Routed: tc.activity.routed(id)},
-		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{px.Addr()}, LeaseTTL: 2 * time.Second},
+		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{px.Addr()}, LeaseTTL: 2 * time.Second, ReplicationFactor: 1},
 	})
 	if err != nil {
 		tc.t.Fatalf("start %s: %v", id, err)

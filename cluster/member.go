@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -53,9 +54,9 @@ type ClusterConfig struct {
 	RequestWait time.Duration
 	// ReplicationFactor is how many replicas each partition has, fixed when
 	// the cluster is created (a node configured otherwise is refused). Zero
-	// means the cluster's, or 1 for a new cluster: one copy per partition,
-	// owned through etcd and handed off between nodes. Above 1 each partition
-	// is a raft group (replicated.go).
+	// means the cluster's, or DefaultReplicationFactor for a new cluster. 1
+	// is one copy per partition, owned through etcd and handed off between
+	// nodes; above 1 each partition is a raft group (replicated.go).
 	ReplicationFactor int
 	// FailoverTimeout is how long a partition's replicas go without hearing
 	// from its leader before they elect another (raft's election timeout,
@@ -174,6 +175,11 @@ func joinCluster(cfg Config) (cli *clientv3.Client, parts, rf int, err error) {
 // maxReplicationFactor bounds cluster.replicationFactor.
 const maxReplicationFactor = 7
 
+// DefaultReplicationFactor is a new cluster's replication factor when its
+// first node's configuration sets none (spec/cluster.md). A cluster created
+// by an earlier version without one keeps one copy (clusterMeta.rf).
+const DefaultReplicationFactor = 3
+
 func joinClusterMeta(cfg Config) (*clientv3.Client, int, int, error) {
 	cc := cfg.Cluster
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cc.Endpoints, DialTimeout: 5 * time.Second, Logger: zapNop()})
@@ -200,7 +206,7 @@ func joinClusterMeta(cfg Config) (*clientv3.Client, int, int, error) {
 		}
 		return cli, m.Partitions, m.rf(), nil
 	}
-	return cli, cfg.Partitions, max(cc.ReplicationFactor, 1), nil
+	return cli, cfg.Partitions, cmp.Or(cc.ReplicationFactor, DefaultReplicationFactor), nil
 }
 
 // newMember returns the cluster half of n, serving nothing, before the node's

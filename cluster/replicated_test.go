@@ -481,6 +481,28 @@ func TestReplicated_TheReplicationFactorIsFixed(t *testing.T) {
 	}
 }
 
+// TestReplicated_ANewClusterKeepsThreeCopiesByDefault: a cluster whose first
+// node sets no replication factor is created with DefaultReplicationFactor
+// (3, spec/cluster.md), and its node runs replicated.
+func TestReplicated_ANewClusterKeepsThreeCopiesByDefault(t *testing.T) {
+	tc := newTestCluster(t)
+	n, err := Start(Config{
+		DataDir: t.TempDir(), Partitions: testPartitions, Logger: testLogger(t),
+		Cluster: &ClusterConfig{Name: "defaults", NodeID: "a", Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = n.Close(context.Background()) }()
+	st, err := ReadStatus(context.Background(), []string{tc.etcd.Endpoint()}, "defaults")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ReplicationFactor != DefaultReplicationFactor || DefaultReplicationFactor != 3 || n.member.r == nil {
+		t.Fatalf("a new cluster with no replicationFactor: %d (replicated node: %v), want 3", st.ReplicationFactor, n.member.r != nil)
+	}
+}
+
 // TestReplicated_GracefulStopHandsLeadershipsOver: a node that leaves
 // gracefully hands each leadership to another replica first (each transfer
 // confirmed by raft), so its partitions do not wait for an election.

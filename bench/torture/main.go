@@ -37,7 +37,7 @@ func main() {
 		seed     = flag.Int64("seed", 0, "seed of the first run (0: the time)")
 		histDir  = flag.String("history-dir", "", "write each run's KV histories as JSON lines under this directory")
 		nodes    = flag.Int("cluster", 0, "run a cluster of this many nodes (at least 3) instead of one server")
-		rf       = flag.Int("replication-factor", 0, "with -cluster: the nodes' cluster.replicationFactor (0: 1, one copy per partition)")
+		rf       = flag.Int("replication-factor", 0, "with -cluster: the nodes' cluster.replicationFactor (0 or 1: one copy per partition)")
 		keepAll  = flag.Bool("keep", false, "keep every run's directory (data, and each node's log in cluster mode), not only a failed one's")
 	)
 	flag.Parse()

@@ -199,7 +199,7 @@ func (pc *procCluster) start(id string) *server {
 	pc.t.Helper()
 	cfgFile := filepath.Join(pc.dir, id+".yaml")
 	if _, err := os.Stat(cfgFile); err != nil {
-		extra := ""
+		extra := ", replicationFactor: 1" // one copy, unless the test says otherwise
 		if pc.clusterYAML != nil {
 			extra = ", " + pc.clusterYAML(id)
 		}

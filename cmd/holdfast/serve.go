@@ -314,7 +314,10 @@ func startDevCluster(cfg *config.Config, port int, out io.Writer, log *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("--dev-cluster: %w", err)
 	}
-	cfg.Cluster = &config.Cluster{Name: "dev", NodeID: "dev-1", Advertise: "127.0.0.1:0"}
+	// One copy: a dev cluster starts serving at once, alone (a replicated
+	// one would wait for more nodes before it forms; docs/replication.md says
+	// how to try three nodes).
+	cfg.Cluster = &config.Cluster{Name: "dev", NodeID: "dev-1", Advertise: "127.0.0.1:0", ReplicationFactor: 1}
 	cfg.Cluster.Etcd.Endpoints = []string{e.Endpoint()}
 	log.Info("dev cluster: embedded etcd", "endpoint", e.Endpoint())
 	fmt.Fprintf(out, "Dev cluster %q, node %q: embedded etcd at %s\n"+

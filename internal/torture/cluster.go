@@ -76,7 +76,7 @@ func (t *clusterTarget) start(context.Context) error {
 		}
 		n := &clusterNode{id: id, cfgFile: filepath.Join(cfg.Dir, id+".yaml"), dataDir: filepath.Join(cfg.Dir, id),
 			logFile: filepath.Join(cfg.Dir, id+".log")}
-		extra, top := "", ""
+		extra, top := ", replicationFactor: 1", "" // one copy unless asked (the nodes' default is 3)
 		if rf := cfg.ReplicationFactor; rf > 1 {
 			raftAddr, err := advertiseAddr()
 			if err != nil {
