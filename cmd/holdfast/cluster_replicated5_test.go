@@ -67,9 +67,12 @@ func without(ids []string, drop ...string) []string {
 
 // waitReplicated waits until etcd's status shows every partition served and
 // with replicationFactor live replicas, none on the nodes in gone, and (if
-// firstLeads) led by its first replica, where balancing leaves leaderships
-// with every node up. It returns that status and how long it took.
-func (pc *procCluster) waitReplicated(timeout time.Duration, firstLeads bool, gone ...string) (*cluster.Status, time.Duration) {
+// settled) where balancing leaves a cluster with every node up: the live
+// nodes' replica counts differ by one at most (a status between two
+// balancing moves shows three replicas per partition too), and each
+// partition is led by its first replica. It returns that status and how
+// long it took.
+func (pc *procCluster) waitReplicated(timeout time.Duration, settled bool, gone ...string) (*cluster.Status, time.Duration) {
 	pc.t.Helper()
 	start := time.Now()
 	deadline := start.Add(timeout)
@@ -80,7 +83,7 @@ func (pc *procCluster) waitReplicated(timeout time.Duration, firstLeads bool, go
 		cancel()
 		if err != nil {
 			why = err.Error()
-		} else if why = replicatedShort(st, firstLeads, gone); why == "" {
+		} else if why = replicatedShort(st, settled, gone); why == "" {
 			return st, time.Since(start)
 		}
 		if time.Now().After(deadline) {
@@ -92,7 +95,7 @@ func (pc *procCluster) waitReplicated(timeout time.Duration, firstLeads bool, go
 
 // replicatedShort says what keeps st from being fully replicated as
 // waitReplicated wants it ("": nothing).
-func replicatedShort(st *cluster.Status, firstLeads bool, gone []string) string {
+func replicatedShort(st *cluster.Status, settled bool, gone []string) string {
 	if st.Served != st.Partitions || st.UnderReplicated != 0 {
 		return fmt.Sprintf("%d of %d partitions served, %d under-replicated", st.Served, st.Partitions, st.UnderReplicated)
 	}
@@ -105,8 +108,20 @@ func replicatedShort(st *cluster.Status, firstLeads bool, gone []string) string 
 				return fmt.Sprintf("partition %d has replicas %+v", p.Partition, p.Replicas)
 			}
 		}
-		if firstLeads && p.Leader != p.Replicas[0].Node {
+		if settled && p.Leader != p.Replicas[0].Node {
 			return fmt.Sprintf("partition %d led by %s, not its first replica %s", p.Partition, p.Leader, p.Replicas[0].Node)
+		}
+	}
+	if settled {
+		on := replicasOn(st)
+		lo, hi := st.Partitions*st.ReplicationFactor, 0
+		for _, n := range st.Nodes {
+			if n.State == cluster.NodeLive {
+				lo, hi = min(lo, on[n.ID]), max(hi, on[n.ID])
+			}
+		}
+		if hi-lo > 1 {
+			return fmt.Sprintf("replicas not balanced over the live nodes yet: %v", on)
 		}
 	}
 	return ""
@@ -118,6 +133,18 @@ func replicasOn(st *cluster.Status) map[string]int {
 	for _, p := range st.Parts {
 		for _, r := range p.Replicas {
 			out[r.Node]++
+		}
+	}
+	return out
+}
+
+// firstOn counts the partitions whose first replica st places on each node
+// (the replica balancing hands leadership to).
+func firstOn(st *cluster.Status) map[string]int {
+	out := map[string]int{}
+	for _, p := range st.Parts {
+		if len(p.Replicas) > 0 {
+			out[p.Replicas[0].Node]++
 		}
 	}
 	return out
@@ -259,7 +286,7 @@ func TestReplicated_ProcessesTwoOfFiveOneAfterAnother(t *testing.T) {
 	nodes := []string{"a", "b", "c", "d", "e"}
 	pc, objects := newReplicatedProcClusterOf(t, nil, nodes, "replaceAfter: 5s")
 	st, took0 := pc.waitReplicated(120*time.Second, true)
-	t.Logf("five nodes fully replicated %v after every partition was served: replicas %v", took0.Round(time.Millisecond), replicasOn(st))
+	t.Logf("five nodes fully replicated %v after every partition was served: replicas %v, first replicas %v", took0.Round(time.Millisecond), replicasOn(st), firstOn(st))
 	l := newIncLedger(pc)
 	stop := make(chan struct{})
 	wait := l.load(stop, 16, objects, "load")
@@ -278,8 +305,8 @@ func TestReplicated_ProcessesTwoOfFiveOneAfterAnother(t *testing.T) {
 		checkWritableBound(t, took, objects, by, fmt.Sprintf("kill %d (%s)", round, victim))
 		if round == 1 {
 			st, _ := pc.waitReplicated(90*time.Second, false, victim)
-			t.Logf("kill 1: three live replicas per partition again without %s %v after the kill: replicas %v",
-				victim, time.Since(killed).Round(time.Millisecond), replicasOn(st))
+			t.Logf("kill 1: three live replicas per partition again without %s %v after the kill: replicas %v, first replicas %v",
+				victim, time.Since(killed).Round(time.Millisecond), replicasOn(st), firstOn(st))
 		}
 		l.waitAcks(200, 60*time.Second, fmt.Sprintf("after kill %d", round))
 	}
@@ -371,7 +398,7 @@ func TestReplicated_ProcessesDownPastReplaceAfter(t *testing.T) {
 	nodes := []string{"a", "b", "c", "d"}
 	pc, objects := newReplicatedProcClusterOf(t, nil, nodes, "replaceAfter: 5s")
 	st, took0 := pc.waitReplicated(120*time.Second, true)
-	t.Logf("four nodes fully replicated %v after every partition was served: replicas %v", took0.Round(time.Millisecond), replicasOn(st))
+	t.Logf("four nodes fully replicated %v after every partition was served: replicas %v, first replicas %v", took0.Round(time.Millisecond), replicasOn(st), firstOn(st))
 	var late lateServing
 	pc.hook = late.hook
 	l := newIncLedger(pc)
@@ -388,7 +415,7 @@ func TestReplicated_ProcessesDownPastReplaceAfter(t *testing.T) {
 		victim, count[victim], replPartitions, count, replicasOn(st)[victim], failoverSummary(took, objects, by, victim))
 	checkWritableBound(t, took, objects, by, "written again after the kill of "+victim)
 	st, _ = pc.waitReplicated(90*time.Second, false, victim)
-	t.Logf("three live replicas per partition without %s %v after the kill: replicas %v", victim, time.Since(killed).Round(time.Millisecond), replicasOn(st))
+	t.Logf("three live replicas per partition without %s %v after the kill: replicas %v, first replicas %v", victim, time.Since(killed).Round(time.Millisecond), replicasOn(st), firstOn(st))
 	l.waitAcks(200, 60*time.Second, "after the repair")
 
 	// Every term the victim's replicas could have known is at most the
