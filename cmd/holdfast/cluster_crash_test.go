@@ -197,6 +197,31 @@ func newProcCluster(t *testing.T, types string) *procCluster {
 // start starts (or restarts, on its data) node id.
 func (pc *procCluster) start(id string) *server {
 	pc.t.Helper()
+	return pc.startAll(id)[0]
+}
+
+// startAll starts (or restarts) nodes ids at once, and waits until each
+// listens.
+func (pc *procCluster) startAll(ids ...string) []*server {
+	pc.t.Helper()
+	var out []*server
+	for _, id := range ids {
+		out = append(out, launchServerCmd(pc.t, pc.serveCmd(id)))
+	}
+	for i, s := range out {
+		s.waitListening(pc.t)
+		pc.mu.Lock()
+		pc.servers[ids[i]] = s
+		pc.started = append(pc.started, startedNode{ids[i], s})
+		pc.mu.Unlock()
+	}
+	return out
+}
+
+// serveCmd is node id's `serve` command; it writes the node's configuration
+// at its first start.
+func (pc *procCluster) serveCmd(id string) *exec.Cmd {
+	pc.t.Helper()
 	cfgFile := filepath.Join(pc.dir, id+".yaml")
 	if _, err := os.Stat(cfgFile); err != nil {
 		extra := ", replicationFactor: 1" // one copy, unless the test says otherwise
@@ -212,12 +237,7 @@ func (pc *procCluster) start(id string) *server {
 			pc.t.Fatal(err)
 		}
 	}
-	s := startServer(pc.t, filepath.Join(pc.dir, id), cfgFile)
-	pc.mu.Lock()
-	pc.servers[id] = s
-	pc.started = append(pc.started, startedNode{id, s})
-	pc.mu.Unlock()
-	return s
+	return exec.Command(os.Args[0], "-test.run=^$", "--", "serve", "--data-dir", filepath.Join(pc.dir, id), "--listen", "127.0.0.1:0", "--config", cfgFile)
 }
 
 // etcdFor is the etcd endpoint node id is configured with.

@@ -50,6 +50,14 @@ type raftAddrs struct{ bind, advertise string }
 // per partition.
 func newReplicatedProcCluster(t *testing.T, via map[string]raftAddrs) (*procCluster, []string) {
 	t.Helper()
+	return newReplicatedProcClusterOf(t, via, []string{"a", "b", "c"}, "")
+}
+
+// newReplicatedProcClusterOf is newReplicatedProcCluster with nodes ids
+// (started in order) and further entries of every node's cluster map (flow
+// style, e.g. "replaceAfter: 5s"; "": none), also for nodes started later.
+func newReplicatedProcClusterOf(t *testing.T, via map[string]raftAddrs, ids []string, extra string) (*procCluster, []string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts an etcd process and several server processes")
 	}
@@ -66,12 +74,17 @@ func newReplicatedProcCluster(t *testing.T, via map[string]raftAddrs) (*procClus
 			addr := freeAddr(t)
 			a = raftAddrs{bind: addr, advertise: addr}
 		}
-		return fmt.Sprintf("replicationFactor: 3, failoverTimeout: 1s, raftAdvertise: '%s', raftBind: '%s'", a.advertise, a.bind)
+		more := ""
+		if extra != "" {
+			more = ", " + extra
+		}
+		return fmt.Sprintf("replicationFactor: 3, failoverTimeout: 1s, raftAdvertise: '%s', raftBind: '%s'%s", a.advertise, a.bind, more)
 	}
+	// All at once, as an operator starting a cluster would. The cluster
+	// forms once replicationFactor nodes are live (in practice the first
+	// three to register); replicas then move to the others one at a time.
 	start := time.Now()
-	for _, id := range []string{"a", "b", "c"} {
-		pc.start(id)
-	}
+	pc.startAll(ids...)
 	objects := pc.partitionObjects(60 * time.Second)
 	t.Logf("every partition served %v after the nodes started", time.Since(start).Round(time.Millisecond))
 	return pc, objects
@@ -450,19 +463,34 @@ type lateServing struct {
 	mu    sync.Mutex
 	node  string
 	after time.Time // zero: not watching yet
-	seen  []string
+	// upTo, when set, narrows the watch to replies under stale epochs: a
+	// partition's reply counts only if its epoch is at most upTo's for it
+	// (a node that comes back may lead again, but only under a new term).
+	upTo map[uint32]uint64
+	seen []string
 }
 
 func (w *lateServing) watch(node string, after time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.node, w.after = node, after
+	w.node, w.after, w.upTo = node, after, nil
+}
+
+// watchStale watches node's replies after a moment under epochs up to
+// upTo's (per partition).
+func (w *lateServing) watchStale(node string, after time.Time, upTo map[uint32]uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.node, w.after, w.upTo = node, after, upTo
 }
 
 func (w *lateServing) hook(node string, p uint32, e uint64, start, end time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.after.IsZero() || node != w.node || !start.After(w.after) {
+		return
+	}
+	if w.upTo != nil && e > w.upTo[p] {
 		return
 	}
 	if len(w.seen) < 5 {

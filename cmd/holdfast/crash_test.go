@@ -53,6 +53,7 @@ type server struct {
 	mu     sync.Mutex // guards stderr
 	stderr *bytes.Buffer
 	exited chan error
+	addr   chan string // the address it listens on, once it says it
 }
 
 // log returns what the server printed so far.
@@ -74,6 +75,15 @@ func startServer(t *testing.T, dataDir, configFile string) *server {
 // through a shell), and waits until it listens.
 func startServerCmd(t *testing.T, cmd *exec.Cmd) *server {
 	t.Helper()
+	s := launchServerCmd(t, cmd)
+	s.waitListening(t)
+	return s
+}
+
+// launchServerCmd starts cmd as startServerCmd does, without waiting until
+// it listens (waitListening), so that several can start at once.
+func launchServerCmd(t *testing.T, cmd *exec.Cmd) *server {
+	t.Helper()
 	cmd.Env = append(append(os.Environ(), "HOLDFAST_TEST_MAIN=1", "GOTRACEBACK=all"), cmd.Env...) // cmd's own last: they win
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -82,8 +92,7 @@ func startServerCmd(t *testing.T, cmd *exec.Cmd) *server {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &server{cmd: cmd, stderr: &bytes.Buffer{}, exited: make(chan error, 1)}
-	addr := make(chan string, 1)
+	s := &server{cmd: cmd, stderr: &bytes.Buffer{}, exited: make(chan error, 1), addr: make(chan string, 1)}
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
@@ -92,18 +101,11 @@ func startServerCmd(t *testing.T, cmd *exec.Cmd) *server {
 			s.stderr.WriteString(line + "\n")
 			s.mu.Unlock()
 			if m := listenRE.FindStringSubmatch(line); m != nil {
-				addr <- m[1]
+				s.addr <- m[1]
 			}
 		}
 		s.exited <- cmd.Wait()
 	}()
-	select {
-	case a := <-addr:
-		s.url = "http://" + a
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatalf("server did not start: %s", s.log())
-	}
 	t.Cleanup(func() {
 		if cmd.ProcessState != nil {
 			return
@@ -122,6 +124,18 @@ func startServerCmd(t *testing.T, cmd *exec.Cmd) *server {
 		<-s.exited
 	})
 	return s
+}
+
+// waitListening waits until the server says where it listens (its url).
+func (s *server) waitListening(t *testing.T) {
+	t.Helper()
+	select {
+	case a := <-s.addr:
+		s.url = "http://" + a
+	case <-time.After(30 * time.Second):
+		_ = s.cmd.Process.Kill()
+		t.Fatalf("server did not start: %s", s.log())
+	}
 }
 
 func (s *server) kill(t *testing.T) {
