@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -443,6 +445,25 @@ func TestReplicated_JoinAndLeaveMoveReplicas(t *testing.T) {
 	defer cancel()
 	stop := make(chan struct{})
 	wait := tc.load(stop, 8)
+	a := tc.node("a")
+	// The most moves in progress at once, from a's view (MaxMoves is 4).
+	var most atomic.Int32
+	pctx, pcancel := context.WithCancel(ctx)
+	var pwg sync.WaitGroup
+	pwg.Go(func() {
+		for pctx.Err() == nil {
+			n := int32(0)
+			for _, g := range a.member.view.groupsSnapshot() {
+				if g.moving() {
+					n++
+				}
+			}
+			if n > most.Load() {
+				most.Store(n)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	})
 	tc.start("d")
 	tc.waitStatus(ctx, "d holds its share", func(st *Status) string {
 		on := tc.replicasOn()
@@ -452,7 +473,27 @@ func TestReplicated_JoinAndLeaveMoveReplicas(t *testing.T) {
 		return ""
 	})
 	tc.waitSettled(ctx)
-	t.Logf("after the join: %v", tc.replicasOn())
+	pcancel()
+	pwg.Wait()
+	t.Logf("after the join: %v (at most %d moves at once)", tc.replicasOn(), most.Load())
+	if most.Load() < 2 {
+		t.Errorf("the join moved %d replica(s) at a time at most: balancing moves up to MaxMoves (4) at once", most.Load())
+	}
+	// d took first places with the replicas it took over, and leads.
+	first := 0
+	for _, g := range a.member.view.groupsSnapshot() {
+		if len(g.Replicas) > 0 && g.Replicas[0].Node == "d" {
+			first++
+		}
+	}
+	if first == 0 {
+		t.Errorf("d is the first replica of no partition after the join: it never leads")
+	}
+	for deadline := time.Now().Add(30 * time.Second); tc.ledBy()["d"] == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("d leads nothing 30 s after the join (first replica of %d partitions; leaders %v)", first, tc.ledBy())
+		}
+	}
 	tc.leave("d")
 	if n := tc.replicasOn()["d"]; n != 0 {
 		t.Fatalf("d left with %d replicas still placed on it", n)

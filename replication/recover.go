@@ -54,6 +54,13 @@ func (w *WALPipeline) Reseed(ctx context.Context, g GroupID, from, to ReplicaID,
 	if err := w.p.Barrier(ctx); err != nil {
 		return 0, err
 	}
+	// The new log starts where the old one does; if that is a snapshot
+	// Badger has not flushed yet, only the old log's snapshot record makes
+	// Open install it again, and Forget is about to end that log. Badger's
+	// synced tables hold it once this returns.
+	if err := w.p.Flush(); err != nil {
+		return 0, err
+	}
 	src := w.db.RaftStorage(uint64(g), uint64(from), nil)
 	first, _ := src.FirstIndex()
 	last, _ := src.LastIndex()
