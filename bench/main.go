@@ -97,6 +97,11 @@ func main() {
 		stSeg    = flag.Int("stall-segment-mib", 8, "stall: write-ahead log segment size in both phases, MiB (Holdfast's default is 64)")
 		stVlog   = flag.Int("stall-vlog-mib", 8, "stall: value-log file size in both phases, MiB (Holdfast's default is 128)")
 		stGC     = flag.Duration("stall-gc-every", 100*time.Millisecond, "stall: the value-log GC's interval in both phases; negative turns it off (and the memtable flushes it asks for)")
+		rMode    = flag.Bool("replicated", false, "run the replicated-cluster benchmark (failover and catch-up, three holdfast serve processes) instead of the write cases")
+		rKills   = flag.Int("replicated-kills", 10, "replicated: kills -9 of the node leading the most partitions")
+		rMiB     = flag.Int("replicated-mib", 1024, "replicated: MiB of KV data before a node is rebuilt from nothing")
+		rParts   = flag.Int("replicated-partitions", 256, "replicated: the cluster's partitions (256 is the default of a node)")
+		rBin     = flag.String("replicated-bin", "", "replicated: the holdfast binary (default: build ./cmd/holdfast)")
 	)
 	flag.Parse()
 	acfg := alarmConfig{objects: *aObjects, count: *aCount, rate: *aRate, window: *aWindow, lead: *aLead}
@@ -167,6 +172,10 @@ func main() {
 	}
 	if *clMode {
 		os.Exit(runCluster(base, ccfg, *mdOut, *jsonOut))
+	}
+	if *rMode {
+		os.Exit(runReplicated(base, replConfig{bin: *rBin, kills: *rKills, mib: *rMiB, partitions: *rParts, valueKiB: 64,
+			settleTimeout: 5 * time.Minute, progress: os.Stderr}, *dirFlag == "", *mdOut, *jsonOut))
 	}
 	if *stMode {
 		if !flagSet("warmup") {
