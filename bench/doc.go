@@ -34,7 +34,16 @@
 //	go run ./bench -systems holdfast,holdfast-r3,etcd3,jetstream-r3 -cases 1000-objects,one-writer -rounds 3
 //
 // Other modes: -fanout (websocket fan-out), -cold (cold storage), -alarms,
-// -cluster, -stall (write latency with storage maintenance, issue 25).
+// -cluster, -stall (write latency with storage maintenance, issue 25), and
+// -replicated (issue 27: three `holdfast serve` processes built from
+// ./cmd/holdfast, replicationFactor 3, and an etcd embedded in the driver):
+// failover over -replicated-kills kills -9 of the node leading the most
+// partitions (per object it led, the time until another node acknowledged a
+// write of it), and catch-up of a node restarted on an empty data directory
+// after -replicated-mib MiB of KV data (seconds per GiB until every
+// partition has three live replicas again):
+//
+//	go run ./bench -replicated -md replicated.md   # 10 kills, 1 GiB, 256 partitions: about 10 minutes
 //
 // One case alone, profiled over its measured interval (a fresh -dir each time):
 //
