@@ -753,8 +753,8 @@ func (r *replicated) leaderCounts() map[string]int {
 // node, not leaving, on the data directory it was placed on, hands the
 // group over, a few at a time. A transfer ends the lease at once and, if the
 // transferee does not take over (it is cut off, or far behind), raft gives
-// up after an election timeout and the group is unserved meanwhile: so each
-// group is tried at most once per balanceBackoff.
+// up after an election timeout and the group is unserved meanwhile: so a
+// group whose transfer failed is not tried again for balanceBackoff.
 const (
 	balanceEvery   = 2 * time.Second
 	balanceBackoff = 30 * time.Second
@@ -817,14 +817,24 @@ func (r *replicated) balance(next map[replication.GroupID]time.Time) {
 	ctx, cancel := context.WithTimeout(m.ctx, 3*r.tick*10)
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, mv := range moves {
+	failed := make([]bool, len(moves))
+	for i, mv := range moves {
 		wg.Add(1)
 		go func() { // owned here: balance waits for every transfer
 			defer wg.Done()
 			if err := r.e.TransferLeader(ctx, mv.g, mv.to); err != nil && m.ctx.Err() == nil {
+				failed[i] = true
 				m.log.Debug("leadership transfer for balance failed", "partition", uint32(mv.g), "to", uint64(mv.to), "err", err)
 			}
 		}()
 	}
 	wg.Wait()
+	// Only a failed transfer waits out the backoff: a group handed over
+	// may need balancing again soon (its first replica's node restarted:
+	// with the backoff of its last success, it led nothing for 30 s after).
+	for i, mv := range moves {
+		if !failed[i] {
+			delete(next, mv.g)
+		}
+	}
 }

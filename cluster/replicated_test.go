@@ -1073,3 +1073,31 @@ func TestReplicated_RecoverPartitionFromAMinority(t *testing.T) {
 		t.Fatalf("partition %d without a: %+v, want 21 slots at log_id %d", p, st, w.LogID)
 	}
 }
+
+// TestReplicated_ARestartedNodeLeadsAgainSoon: a node killed and restarted
+// takes back its share of leaderships within a few balancing passes. (A
+// successful balancing transfer once held its group back for the whole
+// 30 s backoff: the restarted node led nothing for 25-29 s.)
+func TestReplicated_ARestartedNodeLeadsAgainSoon(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	tc.waitBalanced()
+	tc.crash("c")
+	tc.waitServed(30 * time.Second)
+	for i := range 50 {
+		if _, err := tc.set(ctx, tc.node("a"), fmt.Sprintf("k%d", i), "v", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	tc.start("c")
+	share := testPartitions/3 - 1
+	for tc.ledBy()["c"] < share {
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("c leads %d partitions 15 s after its restart, want its share (%d): %v", tc.ledBy()["c"], share, tc.ledBy())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("c leads %d partitions %v after its restart", tc.ledBy()["c"], time.Since(start).Round(time.Millisecond))
+}
