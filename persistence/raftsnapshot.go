@@ -194,6 +194,18 @@ func (x *raftIndex) pendingSnapshots() map[raftKey]pendingSnap {
 	return out
 }
 
+// newestReplicas returns, for every group with a log here, the highest
+// replica id among its logs.
+func (x *raftIndex) newestReplicas() map[uint64]uint64 {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := map[uint64]uint64{}
+	for k := range x.logs {
+		out[k.group] = max(out[k.group], k.replica)
+	}
+	return out
+}
+
 type pendingSnap struct {
 	ref         snapRef
 	index, term uint64
@@ -514,9 +526,24 @@ func (db *DB) installStaged(k raftKey, ref snapRef, index, version uint64) error
 // reinstallSnapshots installs, at Open, every snapshot that is a replica's
 // restart point and that Badger may have lost (its ref is live), each at the
 // next version; then removes every staged file no log names.
+//
+// Only the snapshot of a group's newest replica on this node is installed.
+// A node may hold the log of a replica that left the group (removed by a
+// move, or replaced by a recovery) beside the group's current replica, each
+// naming a snapshot: the old one, installed after the current one (map
+// order), put the partition back to its old state under a replica that had
+// applied far more (found by the torture tool's five-node runs: a log read
+// from offset 0 started at 5787). Replica ids only grow within a group, so
+// the newest replica is the one with the highest id; an older replica's
+// snapshot is never its state.
 func (db *DB) reinstallSnapshots() error {
 	pending := db.raft.pendingSnapshots()
+	newest := db.raft.newestReplicas()
 	for k, ps := range pending {
+		if k.replica != newest[k.group] {
+			db.log.Info("not installing the snapshot of a replica the group replaced on this node", "group", k.group, "replica", k.replica, "newest", newest[k.group], "index", ps.index)
+			continue
+		}
 		db.version++
 		if err := db.installStaged(k, ps.ref, ps.index, db.version); err != nil {
 			return err

@@ -323,3 +323,46 @@ func TestRaftSnapshot_TheStateRecordCarriesTheRef(t *testing.T) {
 		t.Fatalf("%d staged files, want the one the state names", n)
 	}
 }
+
+// TestRaftSnapshot_OnlyTheNewestReplicasSnapshotIsInstalledAtOpen: a node
+// holds the log of a replica its group removed (replica 1, whose snapshot
+// Badger never flushed, so its log still names it) beside the group's
+// current replica here (replica 2), which applied later writes that Badger
+// flushed. Open must not put the partition back to replica 1's snapshot (it
+// did, in map order: the torture tool's five-node runs read logs that
+// jumped back).
+func TestRaftSnapshot_OnlyTheNewestReplicasSnapshotIsInstalledAtOpen(t *testing.T) {
+	dir := t.TempDir()
+	db := openReplicated(t, dir, 0)
+	p := NewPipeline(db, PipelineConfig{ValueLogGCEvery: -1})
+	p.Start()
+	ref := stage(t, db, 3, snapChunk(3, "a", "old-snapshot"))
+	installed := make(chan error, 1)
+	appendSnapshot(t, p, 3, 9, ref, installed)
+	if err := <-installed; err != nil {
+		t.Fatal(err)
+	}
+	// Replica 2 of the same group, later: its own log, its writes applied
+	// and flushed.
+	truncateRaftConf(t, p, 3, 2, 1, &raftpb.ConfState{Voters: []uint64{2}})
+	mustAppend(t, p, 3, 2, &raftpb.HardState{Term: new(uint64(5)), Vote: new(uint64(2)), Commit: new(uint64(1))},
+		[]*raftpb.Entry{{Index: new(uint64(1)), Term: new(uint64(5)), Type: raftpb.EntryNormal.Enum()}})
+	done := make(chan error, 1)
+	p.ApplyRaft(RaftApply{Group: 3, Replica: 2, State: RaftAppliedState{Index: 1, Term: 5, ConfState: []byte("conf2")},
+		Changes: [][]byte{AppendChanges(nil, &Write{Sets: []KV{{Key: []byte(pkey(3, "a")), Value: []byte("current")}, {Key: []byte(pkey(3, "b")), Value: []byte("current")}}})},
+		Done:    func(err error) { done <- err }})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	flushAndRelease(t, p)
+	want := map[string]string{"a": "current", "b": "current"}
+	wantPartition(t, db, 3, want)
+	p.Close()
+	closeDB(t, db)
+	db = openReplicated(t, dir, 0)
+	t.Cleanup(func() { _ = db.Close() })
+	if _, ok := db.raft.pendingSnapshots()[raftKey{3, 1}]; !ok {
+		t.Fatal("replica 1's log no longer names its snapshot: the test does not test anything")
+	}
+	wantPartition(t, db, 3, want)
+}
