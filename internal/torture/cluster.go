@@ -129,8 +129,18 @@ func (t *clusterTarget) start(context.Context) error {
 			return err
 		}
 	}
-	if why := t.waitStable(true); why != "" {
+	// A replicated cluster forms with its first ReplicationFactor nodes; the
+	// others join and get replicas moved to them (appended to each group's
+	// list: they lead nothing, see moved).
+	rf := max(cfg.ReplicationFactor, 1)
+	t.moved = rf > 1 && cfg.Cluster > rf
+	if why := t.waitStable(!t.moved); why != "" {
 		return fmt.Errorf("torture: the cluster did not settle after its start: %s", why)
+	}
+	if rf > 1 {
+		if why := t.waitReplicated(startWait); why != "" {
+			return fmt.Errorf("torture: the cluster was not fully replicated within %v of its start: %s", startWait, why)
+		}
 	}
 	fmt.Fprintf(cfg.Progress, "cluster of %d nodes serves %d partitions (etcd %s, logs in %s)\n",
 		len(t.nodes), clusterPartitions, e.Endpoint(), cfg.Dir)
@@ -209,7 +219,7 @@ func (t *clusterTarget) fault(_ context.Context, rng *rand.Rand) error {
 	}
 	switch kind {
 	case FaultWipe:
-		if why := t.waitReplicated(); why != "" {
+		if why := t.waitReplicated(replicatedWait); why != "" {
 			fmt.Fprintf(r.cfg.Progress, "no wipe at %.1fs, the cluster is not fully replicated (%s): a kill instead\n", r.since(), why)
 			return t.kill(n, rng, false)
 		}
@@ -350,14 +360,19 @@ func (t *clusterTarget) raftNums() (map[string]uint64, error) {
 	return nums, nil
 }
 
-// replicatedWait bounds the wait for a fully replicated cluster before a wipe.
-const replicatedWait = 30 * time.Second
+// replicatedWait bounds the wait for a fully replicated cluster before a
+// wipe; startWait at the start, where the nodes beyond the replication
+// factor join and get their replicas one move after another.
+const (
+	replicatedWait = 30 * time.Second
+	startWait      = 3 * time.Minute
+)
 
-// waitReplicated waits until every node runs and is live, every partition is
-// served with no move in progress, and none is under-replicated. It returns ""
-// or why not.
-func (t *clusterTarget) waitReplicated() string {
-	deadline := time.Now().Add(replicatedWait)
+// waitReplicated waits up to limit until every node runs and is live, and
+// every partition is served by exactly ReplicationFactor live replicas (none
+// under-replicated, no replica move in progress). It returns "" or why not.
+func (t *clusterTarget) waitReplicated(limit time.Duration) string {
+	deadline := time.Now().Add(limit)
 	why := ""
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -391,8 +406,8 @@ func (t *clusterTarget) unreplicated(st *cluster.Status) string {
 		return fmt.Sprintf("%d partitions under-replicated", st.UnderReplicated)
 	}
 	for _, p := range st.Parts {
-		if len(p.Replicas) < t.r.cfg.ReplicationFactor {
-			return fmt.Sprintf("partition %d has %d replicas", p.Partition, len(p.Replicas))
+		if len(p.Replicas) != t.r.cfg.ReplicationFactor {
+			return fmt.Sprintf("partition %d has %d replicas (a move in progress, or not grown yet)", p.Partition, len(p.Replicas))
 		}
 		for _, rep := range p.Replicas {
 			if rep.State != "live" {

@@ -67,7 +67,8 @@ type Config struct {
 	order []string
 	// ReplicationFactor, in cluster mode, is the nodes' cluster.replicationFactor
 	// (zero: 1, one copy per partition). Above 1 the nodes share a cold
-	// directory and each has its raft port.
+	// directory and each has its raft port, reached through a proxy of the
+	// torture's (linkProxy) that cuts links.
 	ReplicationFactor int
 	// Seed of the random choices; zero means the time.
 	Seed int64
@@ -1063,6 +1064,25 @@ func (r *run) kvFinalGet(obj int) {
 	r.kv[obj] = append(r.kv[obj], porcupine.Operation{ClientId: r.cfg.Clients, Input: kvInput{Op: "get"}, Call: call, Output: rep.output(), Return: r.now()})
 }
 
+// replyOf GETs path once more and returns its reply's body (for a failure's
+// message: why the server refused).
+func (r *run) replyOf(path string) string {
+	urls := *r.urls.Load()
+	req, err := http.NewRequest("GET", urls[rand.Intn(len(urls))]+path, nil)
+	if err != nil {
+		return err.Error()
+	}
+	req.Header.Set("X-App-Key", appKey)
+	req.Header.Set("X-App-Secret", appSecret)
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
+	return fmt.Sprintf("(again: %d %s, served by %s)", resp.StatusCode, bytes.TrimSpace(b), resp.Header.Get("X-Holdfast-Served-By"))
+}
+
 // kvFinalLog reads object obj's whole change log (nil if it could not).
 func (r *run) kvFinalLog(obj int) []changeLogItem {
 	all := []changeLogItem{}
@@ -1072,7 +1092,7 @@ func (r *run) kvFinalLog(obj int) []changeLogItem {
 		}
 		path := fmt.Sprintf("/api/v1/objects/%s/reg/kv%d/log?after=%d&limit=10000", app, obj, uint64(len(all)))
 		if outc, status := r.callFinal("GET", path, &page); outc != ok {
-			r.fail("kv%d final read of the change log after %d: %d", obj, len(all), status)
+			r.fail("kv%d final read of the change log after %d: %d %s", obj, len(all), status, r.replyOf(path))
 			return nil
 		}
 		if len(page.Items) == 0 {
