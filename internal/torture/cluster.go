@@ -58,8 +58,8 @@ type clusterTarget struct {
 	lastKill int64
 	order    []string // what is left of Config.order
 	// moved says a replica of a replicated cluster was re-created on another
-	// node or data directory (a wipe, or a leave with more nodes than
-	// replicas): the cluster appends a new replica at the end of its group's
+	// node or data directory (a wipe; with more nodes than replicas, the
+	// joins at the start and every leave): the cluster appends a new replica at the end of its group's
 	// list and leadership balancing only prefers the first, so the leaders
 	// need not spread evenly any more, and settle does not wait for it.
 	moved bool
