@@ -269,6 +269,9 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 				g.installedSnapshot(snap)
 				g.releaseReads()
 			}
+			if PlantedRaftBug { // plantedraftbug_on.go; compiled out otherwise
+				g.plantedAckAppended(m)
+			}
 		}
 		if g.holdVote(m, e.cfg.ElectionTick) {
 			continue // lease.go: a replica that just started grants no vote yet

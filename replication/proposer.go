@@ -58,7 +58,25 @@ func (p *Proposer) Queue(w *persistence.Write) *persistence.Ticket {
 			return nil
 		}
 	}
+	acked := false // plantedraftbug only: the ticket was resolved at the leader's own append
 	p.e.ProposeAsync(GroupID(w.Partition), w.Epoch, payload, guard, func(_ Result, err error) {
+		if PlantedRaftBug { // plantedraftbug_on.go; compiled out otherwise
+			if err == errPlantedAck {
+				if !acked {
+					acked = true
+					t.Resolve(nil) // the reply leaves: the bug
+				}
+				return
+			}
+			if acked { // the real outcome: the ticket was resolved already
+				if err != nil && w.Chain != nil {
+					w.Chain.Fail(err)
+				}
+				t.MarkApplied()
+				p.applied.Add(1)
+				return
+			}
+		}
 		if err != nil {
 			if w.Chain != nil {
 				w.Chain.Fail(err)

@@ -28,6 +28,7 @@ import (
 	"github.com/holdfast/holdfast/gateway"
 	"github.com/holdfast/holdfast/internal/devetcd"
 	"github.com/holdfast/holdfast/metrics"
+	"github.com/holdfast/holdfast/replication"
 )
 
 func serveCommand() *cobra.Command {
@@ -405,6 +406,9 @@ func openColdStore(ctx context.Context, cfg *config.Config) (cold.Store, error) 
 func refusePlantedBug() error {
 	if actors.PlantedBug && os.Getenv("HOLDFAST_ALLOW_PLANTED_BUG") != "1" {
 		return errors.New("this binary was built with the plantedbug tag: it acknowledges writes before they are durable, for the torture tool's own test, and never serves otherwise (set HOLDFAST_ALLOW_PLANTED_BUG=1 in that test)")
+	}
+	if replication.PlantedRaftBug && os.Getenv("HOLDFAST_ALLOW_PLANTED_BUG") != "1" {
+		return errors.New("this binary was built with the plantedraftbug tag: its raft leaders acknowledge writes before a majority holds them, for the torture tool's own test, and never serves otherwise (set HOLDFAST_ALLOW_PLANTED_BUG=1 in that test)")
 	}
 	return nil
 }

@@ -53,13 +53,22 @@ type Config struct {
 	KillMin, KillMax time.Duration
 	// Cluster is the number of nodes of a cluster to run instead of one server:
 	// an etcd in this process and Cluster `holdfast serve` processes, each with
-	// its own data; faults are kills and graceful leaves of one node at a time,
-	// never leaving fewer than 2 running. Zero means one server; otherwise at
-	// least 3.
+	// its own data; faults (Faults) hit one node at a time. Zero means one
+	// server; otherwise at least 3.
 	Cluster int
+	// Faults, in cluster mode, are the kinds of fault to inject (FaultKill,
+	// FaultLeave, FaultWipe, FaultCut), each picked with its own weight
+	// (faultWeights). Empty means kill and leave, and with a replication
+	// factor of 3 or more also wipe and cut. A wipe needs a replication factor
+	// of 3 or more, a cut 2 or more.
+	Faults []string
+	// order, a test knob, are the first faults' kinds, in order; Faults picks
+	// the later ones.
+	order []string
 	// ReplicationFactor, in cluster mode, is the nodes' cluster.replicationFactor
 	// (zero: 1, one copy per partition). Above 1 the nodes share a cold
-	// directory and each has its raft port.
+	// directory and each has its raft port, reached through a proxy of the
+	// torture's (linkProxy) that cuts links.
 	ReplicationFactor int
 	// Seed of the random choices; zero means the time.
 	Seed int64
@@ -79,6 +88,8 @@ type Verdict struct {
 	Nodes    int // cluster mode: the number of nodes; 0 for one server
 	Kills    int // SIGKILLs (of one node in cluster mode), and the last one (of every node at once) counted once
 	Leaves   int // cluster mode: graceful stops (SIGTERM: hand off, exit 0) during the workload
+	Wipes    int // cluster mode: kills whose node came back on an empty data directory (counted in Kills too)
+	Cuts     int // cluster mode: raft link cuts
 	Ops      int // operations with a known outcome
 	Unknown  int // writes whose outcome is unknown (cut off by a kill; in a cluster also a 503)
 	Failures []string
@@ -94,8 +105,8 @@ func (v *Verdict) String() string {
 		status = "FAIL"
 	}
 	if v.Nodes > 0 {
-		fmt.Fprintf(&b, "%s: seed %d, %d nodes, %d kills, %d leaves, %d operations, %d with unknown outcome\n",
-			status, v.Seed, v.Nodes, v.Kills, v.Leaves, v.Ops, v.Unknown)
+		fmt.Fprintf(&b, "%s: seed %d, %d nodes, %d kills (%d wipes), %d leaves, %d cuts, %d operations, %d with unknown outcome\n",
+			status, v.Seed, v.Nodes, v.Kills, v.Wipes, v.Leaves, v.Cuts, v.Ops, v.Unknown)
 	} else {
 		fmt.Fprintf(&b, "%s: seed %d, %d kills, %d operations, %d with unknown outcome\n", status, v.Seed, v.Kills, v.Ops, v.Unknown)
 	}
@@ -125,7 +136,7 @@ type run struct {
 	own *ownership.Checker
 
 	// Run's goroutine only.
-	kills, leaves int
+	kills, leaves, wipes, cuts int
 
 	mu       sync.Mutex
 	killedAt []int64                 // r.now() once each killed server had exited
@@ -153,6 +164,63 @@ type commitOp struct {
 
 func (r *run) now() int64 { return time.Since(r.start).Nanoseconds() }
 
+// since is the run's time in seconds, for progress lines.
+func (r *run) since() float64 { return time.Since(r.start).Seconds() }
+
+// The kinds of fault of a cluster run (Config.Faults).
+const (
+	FaultKill  = "kill"
+	FaultLeave = "leave"
+	FaultWipe  = "wipe"
+	FaultCut   = "cut"
+)
+
+// faultWeights are the odds of each kind of fault among those configured.
+var faultWeights = map[string]int{FaultKill: 35, FaultLeave: 15, FaultWipe: 20, FaultCut: 30}
+
+// faults validates cfg.Faults and fills in its default.
+func faults(cfg Config) ([]string, error) {
+	if cfg.Cluster == 0 {
+		if len(cfg.Faults) > 0 {
+			return nil, errors.New("torture: Faults are for a cluster; one server is only killed")
+		}
+		return nil, nil
+	}
+	rf := max(cfg.ReplicationFactor, 1)
+	if len(cfg.Faults) == 0 {
+		if rf >= 3 {
+			return []string{FaultKill, FaultLeave, FaultWipe, FaultCut}, nil
+		}
+		return []string{FaultKill, FaultLeave}, nil
+	}
+	for _, f := range cfg.Faults {
+		switch {
+		case faultWeights[f] == 0:
+			return nil, fmt.Errorf("torture: fault %q: kill, leave, wipe or cut", f)
+		case f == FaultWipe && rf < 3:
+			return nil, fmt.Errorf("torture: wipes need a replication factor of 3 or more (not %d): with fewer replicas a wiped node's data is gone", rf)
+		case f == FaultCut && rf < 2:
+			return nil, errors.New("torture: cuts need a replication factor of 2 or more (raft traffic to cut)")
+		}
+	}
+	return cfg.Faults, nil
+}
+
+// pickFault picks one of kinds by faultWeights.
+func pickFault(kinds []string, rng *rand.Rand) string {
+	total := 0
+	for _, k := range kinds {
+		total += faultWeights[k]
+	}
+	n := rng.Intn(total)
+	for _, k := range kinds {
+		if n -= faultWeights[k]; n < 0 {
+			return k
+		}
+	}
+	return kinds[len(kinds)-1]
+}
+
 func (r *run) fail(format string, a ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -169,6 +237,11 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 	if cfg.Cluster != 0 && cfg.Cluster < 3 {
 		return nil, fmt.Errorf("torture: a cluster of %d nodes: at least 3 (2 stay running through every fault)", cfg.Cluster)
 	}
+	fs, err := faults(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Faults = fs
 	if cfg.Duration <= 0 {
 		cfg.Duration = 2 * time.Minute
 	}
@@ -250,7 +323,7 @@ func Run(ctx context.Context, cfg Config) (*Verdict, error) {
 	if err := t.finish(ctx); err != nil {
 		return nil, err
 	}
-	v := &Verdict{Seed: cfg.Seed, Nodes: cfg.Cluster, Kills: r.kills, Leaves: r.leaves, Ops: r.ops, Unknown: r.unknown}
+	v := &Verdict{Seed: cfg.Seed, Nodes: cfg.Cluster, Kills: r.kills, Leaves: r.leaves, Wipes: r.wipes, Cuts: r.cuts, Ops: r.ops, Unknown: r.unknown}
 	checkStart := time.Now()
 	found, never := 0, 0
 	for i, h := range r.kv {
@@ -991,6 +1064,25 @@ func (r *run) kvFinalGet(obj int) {
 	r.kv[obj] = append(r.kv[obj], porcupine.Operation{ClientId: r.cfg.Clients, Input: kvInput{Op: "get"}, Call: call, Output: rep.output(), Return: r.now()})
 }
 
+// replyOf GETs path once more and returns its reply's body (for a failure's
+// message: why the server refused).
+func (r *run) replyOf(path string) string {
+	urls := *r.urls.Load()
+	req, err := http.NewRequest("GET", urls[rand.Intn(len(urls))]+path, nil)
+	if err != nil {
+		return err.Error()
+	}
+	req.Header.Set("X-App-Key", appKey)
+	req.Header.Set("X-App-Secret", appSecret)
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
+	return fmt.Sprintf("(again: %d %s, served by %s)", resp.StatusCode, bytes.TrimSpace(b), resp.Header.Get("X-Holdfast-Served-By"))
+}
+
 // kvFinalLog reads object obj's whole change log (nil if it could not).
 func (r *run) kvFinalLog(obj int) []changeLogItem {
 	all := []changeLogItem{}
@@ -1000,7 +1092,7 @@ func (r *run) kvFinalLog(obj int) []changeLogItem {
 		}
 		path := fmt.Sprintf("/api/v1/objects/%s/reg/kv%d/log?after=%d&limit=10000", app, obj, uint64(len(all)))
 		if outc, status := r.callFinal("GET", path, &page); outc != ok {
-			r.fail("kv%d final read of the change log after %d: %d", obj, len(all), status)
+			r.fail("kv%d final read of the change log after %d: %d %s", obj, len(all), status, r.replyOf(path))
 			return nil
 		}
 		if len(page.Items) == 0 {

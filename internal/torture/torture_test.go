@@ -81,23 +81,53 @@ func TestTorture_ClusterPasses(t *testing.T) {
 }
 
 // A short torture run against a replicated cluster of 3 nodes (every
-// partition a raft group of 3), with kills and graceful leaves of one node
-// at a time, passes the linearizability check.
+// partition a raft group of 3), with a raft link cut, a disk wipe, kills and
+// graceful leaves of one node at a time, passes the linearizability check.
 func TestTorture_ReplicatedClusterPasses(t *testing.T) {
 	if testing.Short() {
-		t.Skip("a torture run of a replicated 3-node cluster, about 30 s")
+		t.Skip("a torture run of a replicated 3-node cluster, about a minute")
 	}
 	var progress strings.Builder
 	v, err := Run(context.Background(), Config{Binary: build(t, ""), Dir: t.TempDir(), Duration: 15 * time.Second, Cluster: 3, ReplicationFactor: 3,
-		Objects: 4, KillMin: 500 * time.Millisecond, KillMax: 2 * time.Second, Seed: 1, Progress: &progress})
+		Objects: 4, KillMin: 500 * time.Millisecond, KillMax: 2 * time.Second, Seed: 1, Progress: &progress,
+		order: []string{cutAll, FaultWipe, FaultKill, cutLink}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.Kills < 2 {
-		t.Fatalf("only %d kills (the last one of every node included)\n%s", v.Kills, progress.String())
+	if v.Kills < 3 || v.Wipes < 1 || v.Cuts < 1 {
+		t.Fatalf("only %d kills (the last one of every node included), %d wipes, %d cuts\n%s", v.Kills, v.Wipes, v.Cuts, progress.String())
 	}
 	if !v.OK {
 		t.Fatalf("the cluster failed the check:\n%s", progress.String())
+	}
+	t.Logf("\n%s", progress.String())
+}
+
+// A torture run with raft link cuts fails on a replicated cluster built with
+// the plantedraftbug tag: a leader acknowledges a write once its own fsync is
+// done, without a majority, so a leader cut off from the others acknowledges
+// writes that the next leader never had.
+func TestTorture_ReplicatedCatchesAPlantedRaftBug(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a torture run of a replicated 3-node cluster, about a minute")
+	}
+	bin := build(t, "plantedraftbug")
+	out, err := exec.Command(bin, "serve", "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "plantedraftbug tag") {
+		t.Fatalf("a plantedraftbug binary served without HOLDFAST_ALLOW_PLANTED_BUG: %v\n%s", err, out)
+	}
+	var progress strings.Builder
+	v, err := Run(context.Background(), Config{Binary: bin, Dir: t.TempDir(), Duration: 15 * time.Second, Cluster: 3, ReplicationFactor: 3,
+		Objects: 4, KillMin: 500 * time.Millisecond, KillMax: time.Second, Seed: 1, Progress: &progress,
+		Faults: []string{FaultCut}, order: []string{cutAll, cutAll, cutAll, cutAll}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Cuts < 2 {
+		t.Fatalf("only %d cuts\n%s", v.Cuts, progress.String())
+	}
+	if v.OK {
+		t.Fatalf("the torture passed a binary whose leaders acknowledge writes without a majority:\n%s", progress.String())
 	}
 	t.Logf("\n%s", progress.String())
 }
