@@ -416,13 +416,20 @@ func (t *transport) stop(graceful bool) {
 			t.stopEndpoints()
 			return
 		}
-		t.cluster.Shutdown(graceful)
 		if !graceful {
 			// Cluster.Shutdown leaves the provider running when not graceful:
 			// its keep-alive and watch loops would go on for ever (and spin
 			// once its client is closed). It deregisters the member, which
-			// routing does not depend on (ownerLookup).
+			// routing does not depend on (ownerLookup). First, while the
+			// remote still runs: the deregistration comes back to the
+			// provider's watch as a topology change, which the remote's
+			// endpoint manager handles; after the remote stopped, that
+			// handling dereferenced a nil map and killed the process (seen
+			// once in CI, in protoactor-go's removeEndpoint).
 			_ = t.cluster.Config.ClusterProvider.Shutdown(false)
+		}
+		t.cluster.Shutdown(graceful)
+		if !graceful {
 			t.stopEndpoints()
 		}
 	}()
