@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/holdfast/holdfast/internal/freeport"
 
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cluster"
@@ -172,21 +173,6 @@ func buildHoldfast(dir string) (string, error) {
 	return bin, nil
 }
 
-// freePort picks a free 127.0.0.1 port below Linux's ephemeral range (32768
-// and up), so that no outgoing connection takes it while its node is down.
-func freePort() (string, error) {
-	for range 200 {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.Intn(12000)))
-		if err != nil {
-			continue
-		}
-		addr := l.Addr().String()
-		l.Close()
-		return addr, nil
-	}
-	return "", fmt.Errorf("no free port on 127.0.0.1")
-}
-
 // startReplCluster starts etcd and nodes a, b and c at once, and waits until
 // the cluster is served and balanced.
 func startReplCluster(dir string, cfg replConfig) (*replCluster, error) {
@@ -197,12 +183,12 @@ func startReplCluster(dir string, cfg replConfig) (*replCluster, error) {
 	c := &replCluster{cfg: cfg, etcd: e, client: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	c.urls.Store(&[]string{})
 	for _, id := range []string{"a", "b", "c"} {
-		advertise, err := freePort()
+		advertise, err := freeport.Addr()
 		if err != nil {
 			c.close()
 			return nil, err
 		}
-		raftAddr, err := freePort()
+		raftAddr, err := freeport.Addr()
 		if err != nil {
 			c.close()
 			return nil, err

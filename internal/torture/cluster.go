@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/holdfast/holdfast/internal/freeport"
 
 	"github.com/anishathalye/porcupine"
 
@@ -94,7 +95,7 @@ func (t *clusterTarget) start(context.Context) error {
 	t.etcd = e
 	for i := range cfg.Cluster {
 		id := fmt.Sprintf("n%d", i+1)
-		advertise, err := advertiseAddr()
+		advertise, err := freeport.Addr()
 		if err != nil {
 			return err
 		}
@@ -102,7 +103,7 @@ func (t *clusterTarget) start(context.Context) error {
 			logFile: filepath.Join(cfg.Dir, id+".log")}
 		extra, top := ", replicationFactor: 1", "" // one copy unless asked (the nodes' default is 3)
 		if rf := cfg.ReplicationFactor; rf > 1 {
-			raftBind, err := advertiseAddr()
+			raftBind, err := freeport.Addr()
 			if err != nil {
 				return err
 			}
@@ -145,22 +146,6 @@ func (t *clusterTarget) start(context.Context) error {
 	fmt.Fprintf(cfg.Progress, "cluster of %d nodes serves %d partitions (etcd %s, logs in %s)\n",
 		len(t.nodes), clusterPartitions, e.Endpoint(), cfg.Dir)
 	return nil
-}
-
-// advertiseAddr picks a free port for a node's advertise address, below
-// Linux's range of ephemeral ports (32768 and up) so that no outgoing
-// connection takes it while the node is down.
-func advertiseAddr() (string, error) {
-	for range 200 {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.Intn(12000)))
-		if err != nil {
-			continue
-		}
-		addr := l.Addr().String()
-		l.Close()
-		return addr, nil
-	}
-	return "", fmt.Errorf("torture: no free port for a node's advertise address")
 }
 
 // startNode starts n on its data and adds it to the clients' URLs.
