@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -102,5 +104,27 @@ func TestReplicated_ProcessesRecoverPartition(t *testing.T) {
 	st, by = pc.get(c, pc.nodeURL(lost[0]), obj, 30*time.Second)
 	if st["state"].(map[string]any)["n"] != float64(11) || by.node == survivor {
 		t.Fatalf("with %s killed, %s reads %v served by %+v: want n 11", survivor, obj, st, by)
+	}
+}
+
+// TestRecoverPartition_BadInput: a partition that is not a number, or no
+// --accept-data-loss, is refused before anything is read or written (no
+// etcd is needed to refuse it).
+func TestRecoverPartition_BadInput(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"x", "--accept-data-loss"}, "a partition number"},
+		{[]string{"4294967296", "--accept-data-loss"}, "a partition number"},
+		{[]string{"3"}, "accept-data-loss"},
+	} {
+		args := append([]string{"-test.run=^$", "--", "cluster", "recover-partition"}, c.args...)
+		cmd := exec.Command(os.Args[0], append(args, "--etcd", "127.0.0.1:1", "--name", "none")...)
+		cmd.Env = append(os.Environ(), "HOLDFAST_TEST_MAIN=1")
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("recover-partition %v: %v %s, want an error naming %q", c.args, err, out, c.want)
+		}
 	}
 }
