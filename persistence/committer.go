@@ -146,6 +146,9 @@ func (p *Pipeline) commitRun(run []*Write, rjobs []*raftJob) {
 	if h := p.cfg.Hooks; h != nil && h.BeforeCommit != nil {
 		h.BeforeCommit(len(live))
 	}
+	if plantedCommitDelay > 0 {
+		time.Sleep(plantedCommitDelay) // the planted bug only: see plantedbug_off.go
+	}
 	seq := p.seq + 1
 	syncStart := time.Now()
 	err := p.db.wal.commit(seq, payload)

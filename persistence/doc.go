@@ -25,6 +25,7 @@
 //	export.go     a partition's keys and changes as a stream (handoff)
 //	errors.go     the errors callers match: ErrFailed, ErrUnavailable, ...
 //	plantedbug.go test knobs, false in every program
+//	plantedbug_on.go, plantedbug_off.go  the torture's planted bug (build tag plantedbug)
 //
 // # Key layout
 //
