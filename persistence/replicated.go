@@ -139,6 +139,10 @@ type RaftApply struct {
 	// them (entries without changes may be left out). Not modified after
 	// ApplyRaft.
 	Changes [][]byte
+	// Waited says a caller waits for these entries to be applied (a
+	// leader's proposal or read): the applier takes them at once instead of
+	// waiting applyWait for more to batch with them.
+	Waited bool
 	// Done gets nil once Badger holds the changes, or why they will not be
 	// applied (ErrClosed: the pipeline closed first; its failure; a change
 	// that cannot be decoded). Called exactly once, in queue order, on the
@@ -197,6 +201,12 @@ func (p *Pipeline) ApplyRaft(a RaftApply) {
 		p.applies.push(applyJob{raft: j, size: size})
 	}
 	p.mu.Unlock()
+	if err == nil && a.Waited {
+		select { // see applyWait
+		case p.hurry <- struct{}{}:
+		default:
+		}
+	}
 	if err != nil {
 		fail(err)
 	}

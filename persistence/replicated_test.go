@@ -261,3 +261,44 @@ func TestReplicated_RaftAppliesEndWhenTheApplierStops(t *testing.T) {
 		t.Fatalf("an apply after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestReplicated_AWaitedApplyIsNotHeldForMore: the applier holds a small
+// batch for applyWait in the hope of more; a RaftApply someone waits for (a
+// leader's proposal returns only once applied) goes at once. With the wait
+// set to an hour, the unwaited apply is still held when the waited one,
+// queued after it, has taken both into Badger.
+func TestReplicated_AWaitedApplyIsNotHeldForMore(t *testing.T) {
+	withApplyWait(t, time.Hour)
+	db := openReplicated(t, t.TempDir(), 0)
+	t.Cleanup(func() { _ = db.Close() })
+	p := startPipeline(t, db, PipelineConfig{ValueLogGCEvery: -1})
+	apply := func(group uint64, key string, waited bool) chan error {
+		done := make(chan error, 1)
+		p.ApplyRaft(RaftApply{Group: group, Replica: 1, State: RaftAppliedState{Index: 1, Term: 1},
+			Changes: [][]byte{AppendChanges(nil, set(key, "1"))}, Waited: waited, Done: func(err error) { done <- err }})
+		return done
+	}
+	first := apply(1, "a", false)
+	select {
+	case err := <-first:
+		t.Fatalf("an unwaited apply went to Badger without the applier's wait (err %v)", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	second := apply(2, "b", true)
+	for i, ch := range []chan error{first, second} {
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Fatalf("apply %d: %v", i+1, err)
+			}
+		case <-time.After(10 * time.Second):
+			p.hurry <- struct{}{} // let Close end the applier's hour
+			t.Fatalf("apply %d still held 10 s after a waited apply was queued", i+1)
+		}
+	}
+	for _, k := range []string{"a", "b"} {
+		if got := getString(t, db, k); got != "1" {
+			t.Errorf("%s = %s, want 1", k, got)
+		}
+	}
+}

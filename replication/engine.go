@@ -332,7 +332,8 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 			g.noteAppended(m.GetEntries(), e.incarnation)
 			e.pipeline.Append(Job{Group: g.id, Msg: m, Done: e.doneFunc(g, m)})
 		case raft.LocalApplyThread:
-			e.pipeline.Apply(Job{Group: g.id, Msg: m, Done: e.doneFunc(g, m)})
+			waited := g.role == raft.StateLeader || len(g.pending) > 0 || len(g.readPending) > 0
+			e.pipeline.Apply(Job{Group: g.id, Msg: m, Done: e.doneFunc(g, m), Waited: waited})
 		case uint64(g.replica):
 			g.push(m)
 			e.sched.enqueue(g, flagMessage)

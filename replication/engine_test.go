@@ -295,3 +295,69 @@ func TestEngine_OverwrittenProposal(t *testing.T) {
 	}
 	checkClean(t, c)
 }
+
+// TestEngine_ApplyJobsSayWhenSomeoneWaits: a leader's apply jobs are marked
+// Waited (its proposals return only once applied, and a pipeline that holds
+// applies back to batch them must not hold these), a follower's are not.
+func TestEngine_ApplyJobsSayWhenSomeoneWaits(t *testing.T) {
+	var mu sync.Mutex
+	waited := map[replication.NodeID][2]int{} // node -> [not waited, waited] apply jobs with our entries
+	c := newCluster(t, replicationtest.Config{Nodes: 3, Groups: 1,
+		Engine: replication.Config{ElectionTick: 50}, // no leader change in this test
+		OnApplyJob: func(n replication.NodeID, job replication.Job) {
+			for _, ent := range job.Msg.GetEntries() {
+				if _, p, ok, _ := replication.DecodeEntry(ent.GetData()); ok && len(p) > 0 {
+					mu.Lock()
+					w := waited[n]
+					if job.Waited {
+						w[1]++
+					} else {
+						w[0]++
+					}
+					waited[n] = w
+					mu.Unlock()
+					return
+				}
+			}
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitLeaders(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g := c.GroupIDs()[0]
+	for i := range 5 {
+		if _, err := c.Propose(ctx, g, fmt.Appendf(nil, "w%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leader := c.Leader(g)
+	// Followers apply once the leader's next message tells them the commit.
+	for ctx.Err() == nil {
+		mu.Lock()
+		n := 0
+		for _, w := range waited {
+			if w[0]+w[1] > 0 {
+				n++
+			}
+		}
+		mu.Unlock()
+		if n == 3 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, n := range c.NodeIDs() {
+		w := waited[n]
+		switch {
+		case w[0]+w[1] == 0:
+			t.Errorf("node %d applied none of the entries", n)
+		case n == leader && w[0] != 0:
+			t.Errorf("leader %d: %d apply jobs not marked Waited (and %d marked)", n, w[0], w[1])
+		case n != leader && w[1] != 0:
+			t.Errorf("follower %d: %d apply jobs marked Waited (and %d not)", n, w[1], w[0])
+		}
+	}
+}

@@ -71,4 +71,8 @@ type Job struct {
 	// Done is the engine's: it delivers Msg.Responses (to the group's own
 	// inbox or to the transport). Safe to call from any goroutine, once.
 	Done func()
+	// Waited, on an apply job, says a caller waits for its entries (the
+	// replica leads, or has proposals or reads pending): a pipeline that
+	// batches applies should not hold it back for more.
+	Waited bool
 }

@@ -51,7 +51,10 @@ func init() {
 // other groups fill the log. Once a second, when the log holds more than
 // MaxLogSegments segments, the pipeline flushes Badger and truncates every
 // replica that keeps the oldest segment to just above what Badger flushed,
-// whatever KeepEntries says (the design's WAL budget, 1.7).
+// whatever KeepEntries says (the design's WAL budget, 1.7). It flushes also
+// when no replica keeps the oldest segment: then Badger's memtable does (the
+// releaser frees only what Badger holds in tables), and a memtable larger
+// than the budget would let the log grow to its size.
 //
 // Conf change entries change the configuration each apply records (and so
 // the restart point's); the engine applies them to raft. Snapshots
@@ -183,7 +186,7 @@ func (w *WALPipeline) budgetLoop(ctx context.Context) {
 		}
 		w.snapshotChores()
 		pinners, segments := w.db.RaftPinners()
-		if segments <= w.cfg.MaxLogSegments || len(pinners) == 0 {
+		if segments <= w.cfg.MaxLogSegments {
 			continue
 		}
 		if err := w.p.Flush(); err != nil {
@@ -380,6 +383,7 @@ func (w *WALPipeline) Apply(job Job) {
 		Group: uint64(job.Group), Replica: uint64(replica),
 		State:   persistence.RaftAppliedState{Index: last.GetIndex(), Term: last.GetTerm(), ConfState: conf},
 		Changes: changes,
+		Waited:  job.Waited,
 		Done: func(err error) {
 			switch {
 			case errors.Is(err, persistence.ErrClosed):

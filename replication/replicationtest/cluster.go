@@ -42,6 +42,9 @@ type Config struct {
 	// OnApply, if set, is called for every entry a node applies (after the
 	// cluster's own checks), on that node's apply goroutine.
 	OnApply func(n replication.NodeID, g replication.GroupID, ent *raftpb.Entry)
+	// OnApplyJob, if set, is called with every apply job a node's engine
+	// queues, on the engine's worker.
+	OnApplyJob func(n replication.NodeID, job replication.Job)
 
 	// ackBeforeSync plants the bug "append responses before the sync" in
 	// every node's pipeline.
@@ -192,6 +195,9 @@ func (c *Cluster) start(id replication.NodeID) error {
 	}
 	pipe := NewMemPipeline(n.Disk, apply, c.cfg.SyncDelay)
 	pipe.ackBeforeSync = c.cfg.ackBeforeSync
+	if c.cfg.OnApplyJob != nil {
+		pipe.onApplyJob = func(job replication.Job) { c.cfg.OnApplyJob(id, job) }
+	}
 	pipe.SetCompaction(c.cfg.CompactEvery, c.cfg.CompactKeep)
 	pipe.observe = func(g replication.GroupID, ent *raftpb.Entry, d Digest, cs *raftpb.ConfState, err error) {
 		c.Checker.applied(id, c.replicaOn(n, g), g, ent, d, cs, err)

@@ -45,6 +45,8 @@ type MemPipeline struct {
 	// error computing the config); restored every snapshot installed.
 	observe  func(g replication.GroupID, ent *raftpb.Entry, d Digest, cs *raftpb.ConfState, err error)
 	restored func(g replication.GroupID, snap *raftpb.Snapshot)
+	// onApplyJob, if set, sees every job Apply queues (Config.OnApplyJob).
+	onApplyJob func(job replication.Job)
 
 	mu       sync.Mutex // guards the queues, stopped; held while writing to the disk
 	appendQ  []replication.Job
@@ -98,6 +100,9 @@ func (p *MemPipeline) Append(job replication.Job) {
 
 // Apply implements replication.Pipeline.
 func (p *MemPipeline) Apply(job replication.Job) {
+	if p.onApplyJob != nil {
+		p.onApplyJob(job)
+	}
 	p.mu.Lock()
 	if !p.stopped {
 		p.applyQ = append(p.applyQ, job)
