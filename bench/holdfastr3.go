@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,11 +40,26 @@ const sysHoldfastR3 = "holdfast-r3"
 // slot v of object c mod objects, one write in flight each.
 type r3Spec struct{ objects, callers int }
 
+// r3Route names how holdfast-r3's callers pick the node a write goes
+// through: "" (or "random"), a node at random, as a client that knows nothing
+// of the cluster (etcd's clientv3 balances over members the same way); or
+// "leader", the node that served the caller's object last (the Served record
+// of its previous write: a leader-aware client, which skips the forward). Set
+// by $HOLDFAST_BENCH_R3_ROUTE, so that the case's own process sees it.
+var r3Route = os.Getenv("HOLDFAST_BENCH_R3_ROUTE")
+
 // r3Note is what the case's figures mean; the report splits notes at "; ".
 const r3Note = "3 nodes (replicationFactor 3, default partitions and failoverTimeout) and an embedded etcd in the case's process; " +
-	"every write goes to a node picked at random, which forwards it to the partition's leader unless it leads it; " +
+	r3RandomNote + "; " +
 	"a write is acknowledged once a majority of the partition's replicas fsynced it; CPU and disk bytes cover the client, the 3 nodes and etcd together; " +
 	"syncs per write not measured (a replicated node's Stats count the applier's Badger commits, not the WAL's syncs)"
+
+// The part of r3Note that says how writes are routed, and its leader-aware
+// variant.
+const (
+	r3RandomNote = "every write goes to a node picked at random, which forwards it to the partition's leader unless it leads it"
+	r3LeaderNote = "every write goes to the node that served its object's last write (a leader-aware client: no forward once it learned the leader)"
+)
 
 // r3Config configures startR3; zero values are what the benchmark uses.
 type r3Config struct {
@@ -57,8 +73,11 @@ type r3Config struct {
 type r3Cluster struct {
 	etcd  *devetcd.Server
 	nodes []*cluster.Node
-	// sent counts the writes sent through each node (by index in nodes).
-	sent []atomic.Int64
+	ids   []string // the nodes' ids, by index in nodes
+	// sent counts the writes sent through each node (by index in nodes);
+	// direct those the node they were sent through served itself.
+	sent   []atomic.Int64
+	direct atomic.Int64
 }
 
 // r3Name is the cluster's name in etcd.
@@ -90,6 +109,7 @@ func startR3(dir string, cfg r3Config) (*r3Cluster, error) {
 			return nil, fmt.Errorf("holdfast-r3: start node %s: %w", id, err)
 		}
 		c.nodes = append(c.nodes, n)
+		c.ids = append(c.ids, id)
 	}
 	c.sent = make([]atomic.Int64, len(c.nodes))
 	if err := c.waitServed(cfg.readyTimeout); err != nil {
@@ -185,7 +205,7 @@ func (c *r3Cluster) close() {
 
 // writes runs s for d after peers.Warmup, each write through a node picked at
 // random.
-func (c *r3Cluster) writes(s r3Spec, d time.Duration) (peers.Result, error) {
+func (c *r3Cluster) writes(s r3Spec, d time.Duration, route string) (peers.Result, error) {
 	if s.objects < 1 || s.callers < 1 {
 		return peers.Result{}, fmt.Errorf("holdfast-r3: %d objects, %d callers: both must be positive", s.objects, s.callers)
 	}
@@ -198,13 +218,41 @@ func (c *r3Cluster) writes(s r3Spec, d time.Duration) (peers.Result, error) {
 		}
 	}
 	var value any = string(peers.Payload()) // boxed once, as the holdfast system's
+	leaderAware := false
+	switch route {
+	case "", "random":
+	case "leader":
+		leaderAware = true
+	default:
+		return peers.Result{}, fmt.Errorf("holdfast-r3: route %q: want random or leader", route)
+	}
+	// via[w] is the node caller w's object was served by last (-1: none yet).
+	via := make([]atomic.Int32, s.callers)
+	for i := range via {
+		via[i].Store(-1)
+	}
+	byName := map[string]int32{}
+	for i, id := range c.ids {
+		byName[id] = int32(i)
+	}
 	r, err := peers.Measure(s.callers, d, func(ctx context.Context, w int) (int64, error) {
 		i := rand.IntN(len(c.nodes))
+		if j := via[w].Load(); leaderAware && j >= 0 {
+			i = int(j)
+		}
 		c.sent[i].Add(1)
 		ctx, cancel := context.WithTimeout(ctx, peers.OpTimeout)
 		defer cancel()
+		ctx, served := actors.WithServedRecord(ctx)
 		if _, err := objs[i][w%s.objects].Set(ctx, "v", value); err != nil {
+			via[w].Store(-1) // a failover: ask a node at random next time
 			return 0, fmt.Errorf("set obj-%d through node %d: %w", w%s.objects, i, err)
+		}
+		if j, ok := byName[served().Node]; ok {
+			via[w].Store(j)
+			if int(j) == i {
+				c.direct.Add(1)
+			}
 		}
 		return 1, nil
 	})
@@ -212,6 +260,9 @@ func (c *r3Cluster) writes(s r3Spec, d time.Duration) (peers.Result, error) {
 		return peers.Result{}, fmt.Errorf("holdfast-r3 writes (%d objects, %d callers): %w", s.objects, s.callers, err)
 	}
 	r.Note = r3Note
+	if leaderAware {
+		r.Note = strings.Replace(r3Note, r3RandomNote, r3LeaderNote, 1)
+	}
 	return r, nil
 }
 
@@ -232,7 +283,7 @@ func holdfastR3Case(w workload, dir string, d time.Duration) (result, error) {
 	}
 	defer c.close()
 	stopProfile, stopTrace := profileCPU(), traceRun()
-	r, err := c.writes(*w.r3, d)
+	r, err := c.writes(*w.r3, d, r3Route)
 	stopTrace()
 	stopProfile()
 	if err != nil {

@@ -152,9 +152,29 @@ func TestHoldfastR3_WritesThroughEveryNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	const objects = 8
-	r, err := c.writes(r3Spec{objects: objects, callers: 2 * objects}, 300*time.Millisecond)
+	r, err := c.writes(r3Spec{objects: objects, callers: 2 * objects}, 300*time.Millisecond, "random")
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Through a node at random, about a third of the writes reach the
+	// leader directly; a leader-aware caller (route "leader") sends all but
+	// its first write straight to the node that served it.
+	if d := float64(c.direct.Load()) / float64(r.Ops); d > 0.6 {
+		t.Errorf("route random: %.0f%% of the writes served by the node they were sent through", 100*d)
+	}
+	c.direct.Store(0)
+	lr, err := c.writes(r3Spec{objects: objects, callers: 2 * objects}, 300*time.Millisecond, "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := float64(c.direct.Load()) / float64(lr.Ops); d < 0.9 {
+		t.Errorf("route leader: only %.0f%% of %d writes served by the node they were sent through", 100*d, lr.Ops)
+	}
+	if !strings.Contains(lr.Note, "leader-aware") || strings.Contains(r.Note, "leader-aware") {
+		t.Errorf("notes do not say how writes were routed:\n%s\n%s", r.Note, lr.Note)
+	}
+	if _, err := c.writes(r3Spec{objects: 1, callers: 1}, time.Millisecond, "nearest"); err == nil {
+		t.Error("an unknown route accepted")
 	}
 	t.Logf("%.0f writes/s, p50 %v, p99 %v, sent %d/%d/%d", r.OpsPerSec, r.LatencyP50, r.LatencyP99, c.sent[0].Load(), c.sent[1].Load(), c.sent[2].Load())
 	if r.Ops <= 0 || r.OpsPerSec <= 0 || r.LatencyP50 <= 0 || r.LatencyP99 < r.LatencyP50 || r.ClientCPU <= 0 {
