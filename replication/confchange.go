@@ -346,7 +346,7 @@ func (g *group) installedSnapshot(snap *raftpb.Snapshot) {
 	g.setConf(raftpb.EnsureConfState(snap.GetMetadata().GetConfState()), nil)
 	for seq, p := range g.pending {
 		if p.index != 0 && p.index <= idx {
-			delete(g.pending, seq)
+			g.dropPending(seq, p)
 			p.finish(Result{}, fmt.Errorf("%w: group %d: index %d was covered by a snapshot before this replica applied it", ErrOutcomeUnknown, g.id, p.index))
 		}
 	}

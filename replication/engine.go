@@ -332,7 +332,13 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 			g.noteAppended(m.GetEntries(), e.incarnation)
 			e.pipeline.Append(Job{Group: g.id, Msg: m, Done: e.doneFunc(g, m)})
 		case raft.LocalApplyThread:
-			waited := g.role == raft.StateLeader || len(g.pending) > 0 || len(g.readPending) > 0
+			g.noteCommitted(m.GetEntries(), e.incarnation)
+			// Who waits for this apply: Propose's callers, reads, and a
+			// leader's first entry of its term (its lease, and so its
+			// serving, starts once applied). ProposeCommitted's callers
+			// heard at commit: their applies may wait to be batched.
+			waited := g.applyWaiters > 0 || len(g.readPending) > 0 || len(g.readWaiting) > 0 ||
+				(g.role == raft.StateLeader && g.appliedTerm != g.term)
 			e.pipeline.Apply(Job{Group: g.id, Msg: m, Done: e.doneFunc(g, m), Waited: waited})
 		case uint64(g.replica):
 			g.push(m)
@@ -413,7 +419,7 @@ func (e *Engine) propose(g *group, props []*proposal) {
 			p.finish(Result{}, fmt.Errorf("%w: group %d: %w", ErrNotWritten, g.id, errConfRefused))
 			continue
 		}
-		g.pending[p.seq] = p
+		g.addPending(p)
 	}
 }
 
@@ -560,6 +566,10 @@ func (e *Engine) propose1(ctx context.Context, id GroupID, payload []byte, cc *r
 // failed; an error refuses it (ErrNotWritten). A proposal cannot be
 // abandoned: at Close it fails like Propose's.
 func (e *Engine) ProposeAsync(id GroupID, term uint64, payload []byte, guard func() error, cb func(Result, error)) {
+	e.proposeAsync(id, term, payload, guard, nil, cb)
+}
+
+func (e *Engine) proposeAsync(id GroupID, term uint64, payload []byte, guard func() error, committed func(Result), cb func(Result, error)) {
 	if e.closed.Load() {
 		cb(Result{}, fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten))
 		return
@@ -577,7 +587,7 @@ func (e *Engine) ProposeAsync(id GroupID, term uint64, payload []byte, guard fun
 		cb(Result{}, g.notLeader())
 		return
 	}
-	p := &proposal{payload: payload, cb: cb, term: term, guard: guard}
+	p := &proposal{payload: payload, cb: cb, term: term, guard: guard, committed: committed}
 	g.mu.Lock()
 	g.props = append(g.props, p)
 	g.mu.Unlock()
@@ -585,6 +595,27 @@ func (e *Engine) ProposeAsync(id GroupID, term uint64, payload []byte, guard fun
 	if e.closed.Load() && p.state.CompareAndSwap(propQueued, propAbandoned) {
 		cb(Result{}, fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten)) // Close may have drained the buffer before we queued
 	}
+}
+
+// ProposeCommitted is ProposeAsync with one more callback: committed hears,
+// once, on an engine goroutine, that the entry is committed (durable on a
+// majority of the group, and final at its index) before this replica
+// applied it; cb still tells the outcome of the apply, or a failure. A
+// proposal is committed at most once, and cb with a nil error always comes
+// after committed. After committed, cb's error says only that this replica
+// will not report the apply (it stopped leading, closed, or a snapshot
+// covered the entry): the entry stays committed, and the group applies it
+// (this replica too, once it catches up).
+//
+// A caller that answers its client at committed (the actors' output gate,
+// through Proposer) must serve its reads of that write from its own memory
+// until cb: the replica's state machine may not hold it yet.
+func (e *Engine) ProposeCommitted(id GroupID, term uint64, payload []byte, guard func() error, committed func(Result), cb func(Result, error)) {
+	if committed == nil {
+		e.ProposeAsync(id, term, payload, guard, cb)
+		return
+	}
+	e.proposeAsync(id, term, payload, guard, committed, cb)
 }
 
 // Groups returns the groups this engine hosts a replica of.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -359,5 +360,87 @@ func TestEngine_ApplyJobsSayWhenSomeoneWaits(t *testing.T) {
 		case n != leader && w[1] != 0:
 			t.Errorf("follower %d: %d apply jobs marked Waited (and %d not)", n, w[1], w[0])
 		}
+	}
+}
+
+// TestEngine_ProposeCommittedHearsTheCommitBeforeTheApply: with the leader's
+// apply of the entry held back, ProposeCommitted's committed callback comes
+// (the entry is durable on a majority), and cb only once the apply went
+// through, with the same index; the leader's apply job of such an entry is
+// not Waited (its caller heard at commit).
+func TestEngine_ProposeCommittedHearsTheCommitBeforeTheApply(t *testing.T) {
+	release := make(chan struct{})
+	var leader atomic.Uint64
+	var mu sync.Mutex
+	waitedJobs := 0
+	c := newCluster(t, replicationtest.Config{Nodes: 3, Groups: 1,
+		Engine: replication.Config{ElectionTick: 50},
+		OnApply: func(n replication.NodeID, _ replication.GroupID, ent *raftpb.Entry) {
+			if _, p, ok, _ := replication.DecodeEntry(ent.GetData()); ok && string(p) == "held" && uint64(n) == leader.Load() {
+				<-release
+			}
+		},
+		OnApplyJob: func(n replication.NodeID, job replication.Job) {
+			for _, ent := range job.Msg.GetEntries() {
+				if _, p, ok, _ := replication.DecodeEntry(ent.GetData()); ok && string(p) == "held" && uint64(n) == leader.Load() && job.Waited {
+					mu.Lock()
+					waitedJobs++
+					mu.Unlock()
+				}
+			}
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitLeaders(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g := c.GroupIDs()[0]
+	// A first write, so that the leader's entry of its term is applied (its
+	// apply is Waited: the lease starts with it).
+	if _, err := c.Propose(ctx, g, []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	lead := c.Leader(g)
+	leader.Store(uint64(lead))
+	committed := make(chan replication.Result, 2)
+	applied := make(chan error, 2)
+	var cres replication.Result
+	c.Engine(lead).ProposeCommitted(g, 0, []byte("held"), nil,
+		func(r replication.Result) { committed <- r },
+		func(r replication.Result, err error) {
+			if err == nil && r.Index != cres.Index {
+				err = fmt.Errorf("applied at index %d, committed at %d", r.Index, cres.Index)
+			}
+			applied <- err
+		})
+	select {
+	case cres = <-committed:
+	case err := <-applied:
+		t.Fatalf("cb (%v) before committed", err)
+	case <-ctx.Done():
+		close(release)
+		t.Fatal("no commit heard while the leader's apply was held")
+	}
+	select {
+	case err := <-applied:
+		t.Fatalf("cb (%v) while the apply was held", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case err := <-applied:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("no cb after the apply was released")
+	}
+	if len(committed) != 0 {
+		t.Fatal("committed called twice")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if waitedJobs != 0 {
+		t.Fatalf("%d of the leader's apply jobs of the entry were Waited", waitedJobs)
 	}
 }

@@ -58,11 +58,19 @@ type proposal struct {
 	cb    func(Result, error)
 	term  uint64
 	guard func() error
+	// committed, if set (ProposeCommitted), hears once that the entry is
+	// committed, before this replica applies it; cb then tells the apply.
+	committed func(Result)
 
 	// Worker-owned, once proposed.
-	seq   uint64
-	index uint64 // its entry's index, once seen in a MsgStorageAppend (0 before)
+	seq        uint64
+	index      uint64 // its entry's index, once seen in a MsgStorageAppend (0 before)
+	toldCommit bool   // committed was called
 }
+
+// waitsApply says whether the proposal's caller waits for the apply (every
+// proposal but ProposeCommitted's): its group's apply jobs are then Waited.
+func (p *proposal) waitsApply() bool { return p.committed == nil }
 
 type outcome struct {
 	res Result
@@ -102,6 +110,9 @@ type group struct {
 	// Worker-owned.
 	rn      *raft.RawNode
 	pending map[uint64]*proposal // proposed, outcome not known yet, by seq
+	// applyWaiters counts the proposals in pending whose caller waits for
+	// the apply (waitsApply); addPending and dropPending keep it.
+	applyWaiters int
 	// readPending: reads handed to raft, not confirmed yet, by request
 	// context; readWaiting: confirmed reads waiting for applied >= index.
 	readPending map[string]*readReq
@@ -240,7 +251,7 @@ func (g *group) resolveApplied(ents []*raftpb.Entry, incarnation uint64) {
 		idx := ent.GetIndex()
 		if h, ok := entryHeader(ent); ok && h.Proposer == g.replica && h.Incarnation == incarnation {
 			if p := g.pending[h.Seq]; p != nil {
-				delete(g.pending, h.Seq)
+				g.dropPending(h.Seq, p)
 				p.finish(Result{Index: idx, Term: ent.GetTerm()}, nil)
 			}
 		}
@@ -251,8 +262,45 @@ func (g *group) resolveApplied(ents []*raftpb.Entry, incarnation uint64) {
 	g.stApplied.Store(g.applied)
 	for seq, p := range g.pending {
 		if p.index != 0 && p.index <= g.applied {
-			delete(g.pending, seq)
+			g.dropPending(seq, p)
 			p.finish(Result{}, fmt.Errorf("%w: group %d: index %d holds another leader's entry", ErrNotWritten, g.id, p.index))
+		}
+	}
+}
+
+// addPending and dropPending put a proposal handed to raft into pending and
+// take it out (worker only), keeping applyWaiters.
+func (g *group) addPending(p *proposal) {
+	g.pending[p.seq] = p
+	if p.waitsApply() {
+		g.applyWaiters++
+	}
+}
+
+func (g *group) dropPending(seq uint64, p *proposal) {
+	delete(g.pending, seq)
+	if p.waitsApply() {
+		g.applyWaiters--
+	}
+}
+
+// noteCommitted tells the ProposeCommitted proposals among ents, entries
+// raft just handed to the apply thread (so committed: durable on a majority,
+// and final at their index), that they are committed (worker only). An
+// entry at a pending proposal's index that is not ours tells nothing here:
+// resolveApplied fails the proposal once it is applied.
+func (g *group) noteCommitted(ents []*raftpb.Entry, incarnation uint64) {
+	if len(g.pending) == g.applyWaiters {
+		return // nobody listens for commits
+	}
+	for _, ent := range ents {
+		h, ok := entryHeader(ent)
+		if !ok || h.Proposer != g.replica || h.Incarnation != incarnation {
+			continue
+		}
+		if p := g.pending[h.Seq]; p != nil && p.committed != nil && !p.toldCommit {
+			p.toldCommit = true
+			p.committed(Result{Index: ent.GetIndex(), Term: ent.GetTerm()})
 		}
 	}
 }
@@ -277,7 +325,7 @@ func (g *group) noteAppended(ents []*raftpb.Entry, incarnation uint64) {
 // failPending settles every proposal handed to raft with err (worker only).
 func (g *group) failPending(err error) {
 	for seq, p := range g.pending {
-		delete(g.pending, seq)
+		g.dropPending(seq, p)
 		p.finish(Result{}, err)
 	}
 }
@@ -286,7 +334,7 @@ func (g *group) failPending(err error) {
 // Close once no worker runs).
 func (g *group) failAll(proposed, buffered error) {
 	for seq, p := range g.pending {
-		delete(g.pending, seq)
+		g.dropPending(seq, p)
 		p.finish(Result{}, proposed)
 	}
 	_, props := g.take()

@@ -57,10 +57,14 @@ import (
 // And one more condition, for what a lease is used for: the replica must
 // have applied an entry of its own term. Then every entry committed in an
 // earlier term lies below it and is applied, and every write acknowledged in
-// this term was proposed and applied here (only the leader proposes): the
-// replica's applied state holds every write acknowledged before LeaseValid
-// returned, which is what a lease read needs (ReadIndex has the same rule:
-// raft confirms no read before the leader committed an entry of its term).
+// this term was proposed here (only the leader proposes): through Propose,
+// it is applied here too, so the replica's applied state holds every such
+// write acknowledged before LeaseValid returned, which is what a lease read
+// needs (ReadIndex has the same rule: raft confirms no read before the
+// leader committed an entry of its term). A ProposeCommitted write is
+// acknowledged at commit, maybe before it is applied here: its proposer
+// (the actors' activation, whose overlay holds it) serves its reads, and
+// any other reader first waits for the applies (Proposer.WaitPartition).
 //
 // A replica that starts (a restart, a new replica) remembers no leader, so
 // raft would grant votes at once and break a lease that counted its

@@ -17,8 +17,11 @@ import (
 // *persistence.Ticket:
 //
 //   - The ticket completes once the write's entry is committed (durable on a
-//     majority) AND applied by this replica (Engine.Propose's output gate),
-//     and it is marked applied at the same moment: Badger holds it then.
+//     majority; Engine.ProposeCommitted), the output gate of a single node's
+//     durable write, and it is marked applied once this replica applied it
+//     (Badger holds it then; the activation's overlay serves the write's
+//     reads until then, as on a single node). An activation reads Badger
+//     only after WaitPartition, which waits for every entry to apply.
 //   - Write.Epoch is the raft term the write belongs to (the activation took
 //     it when it started; the cluster serves a partition only in the term its
 //     replica leads): a write handed to raft in another term, or on a replica
@@ -58,35 +61,37 @@ func (p *Proposer) Queue(w *persistence.Write) *persistence.Ticket {
 			return nil
 		}
 	}
-	acked := false // plantedraftbug only: the ticket was resolved at the leader's own append
-	p.e.ProposeAsync(GroupID(w.Partition), w.Epoch, payload, guard, func(_ Result, err error) {
-		if PlantedRaftBug { // plantedraftbug_on.go; compiled out otherwise
-			if err == errPlantedAck {
-				if !acked {
-					acked = true
-					t.Resolve(nil) // the reply leaves: the bug
-				}
-				return
-			}
-			if acked { // the real outcome: the ticket was resolved already
-				if err != nil && w.Chain != nil {
-					w.Chain.Fail(err)
-				}
-				t.MarkApplied()
-				p.applied.Add(1)
-				return
-			}
+	// The ticket resolves once: at commit (committed), or with the failure
+	// of a proposal that never committed. Both callbacks run on the group's
+	// worker, one after the other, never at once.
+	resolved := false
+	committed := func(Result) {
+		if !resolved {
+			resolved = true
+			t.Resolve(nil) // the reply leaves: durable on a majority
+		}
+	}
+	p.e.ProposeCommitted(GroupID(w.Partition), w.Epoch, payload, guard, committed, func(_ Result, err error) {
+		if PlantedRaftBug && err == errPlantedAck { // plantedraftbug_on.go; compiled out otherwise
+			committed(Result{}) // the leader's own append alone: the bug
+			return
 		}
 		if err != nil {
 			if w.Chain != nil {
 				w.Chain.Fail(err)
 			}
-			t.Resolve(err)
+			if !resolved {
+				resolved = true
+				t.Resolve(err)
+			}
+			// Committed but not applied here (this replica stopped leading,
+			// or closed): the ticket stays unapplied, and the activation
+			// that holds it in its overlay is dropped with the epoch.
 			return
 		}
 		t.MarkApplied()
 		p.applied.Add(1)
-		t.Resolve(nil)
+		committed(Result{})
 	})
 	return t
 }

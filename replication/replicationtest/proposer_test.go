@@ -31,6 +31,19 @@ func proposerWrite(part uint32, epoch uint64, chain *persistence.Chain, key stri
 	return &persistence.Write{Partition: part, Epoch: epoch, Chain: chain, Sets: []persistence.KV{{Key: []byte(key), Value: []byte("v-" + key)}}}
 }
 
+// inBadgerOn says whether node id's Badger holds key.
+func (c *walCluster) inBadgerOn(t *testing.T, id replication.NodeID, key string) bool {
+	t.Helper()
+	c.mu.Lock()
+	db := c.nodes[id].db
+	c.mu.Unlock()
+	_, found, err := db.Get(context.Background(), []byte(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return found
+}
+
 // inBadger counts the nodes whose Badger holds key.
 func (c *walCluster) inBadger(t *testing.T, key string) int {
 	t.Helper()
@@ -49,8 +62,8 @@ func (c *walCluster) inBadger(t *testing.T, key string) int {
 }
 
 // TestProposer_WritesCommitOnAMajorityThenComplete: the actors' pipeline over
-// raft. A write of the leader's term completes once committed and applied
-// here (marked applied: Badger shows it) and is in Badger on a majority; a
+// raft. A write of the leader's term completes once committed, is marked
+// applied once the leader's Badger shows it, and is in Badger on a majority; a
 // write of another term, or proposed on a follower, is refused as not
 // written and never reaches any Badger; once a write of a chain is refused,
 // the later writes of the chain are refused too, although they are of the
@@ -77,8 +90,17 @@ func TestProposer_WritesCommitOnAMajorityThenComplete(t *testing.T) {
 		if err := tk.Wait(ctx); err != nil {
 			t.Fatalf("write %d: %v (the leader may have changed: term %d)", i, err, term)
 		}
-		if !tk.Applied() {
-			t.Fatalf("write %d completed before it was marked applied", i)
+	}
+	// Completed at commit; marked applied once the leader applied it.
+	for i, tk := range tickets {
+		for !tk.Applied() {
+			if ctx.Err() != nil {
+				t.Fatalf("write %d completed but never marked applied", i)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if c.inBadgerOn(t, lead, fmt.Sprintf("p/ok-%d", i)) == false {
+			t.Fatalf("write %d marked applied, but the leader's Badger does not hold it", i)
 		}
 	}
 	if prop.AppliedSeq() == before && before < 20 {
