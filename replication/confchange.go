@@ -115,9 +115,16 @@ func (g *group) sayGoodbyes(w *worker) {
 	keep := g.member.goodbyes[:0]
 	for _, b := range g.member.goodbyes {
 		// Raft ignores a MsgApp below the receiver's commit index, which
-		// the leader does not know: send from its Match, from just below
-		// the entry, and the commit alone (each refused if it does not fit).
-		for _, prev := range slices.Compact([]uint64{min(b.match, b.index), b.index - 1, b.index}) {
+		// the leader does not know (its Match may lag: the ack of an entry
+		// the replica committed can be lost), and refuses one above its
+		// last index: send from every index between its Match and the
+		// entry, the last maxGoodbyePrevs of them when the gap is longer
+		// (each refused if it does not fit). With only Match, just below
+		// the entry and the entry, a replica whose commit sat between
+		// Match and the entry refused all three every time
+		// (TestMembership_RemovedLearnsOnLossyNetwork, 3 of 45 runs under
+		// -race: Match 2, its commit 3, the removal at 5).
+		for _, prev := range goodbyePrevs(b) {
 			if m := g.goodbyeMsg(b, prev); m != nil {
 				w.out[b.node] = append(w.out[b.node], Envelope{Group: g.id, Msg: m})
 			}
@@ -128,6 +135,25 @@ func (g *group) sayGoodbyes(w *worker) {
 	}
 	g.member.goodbyes = keep
 }
+
+// goodbyePrevs returns the indexes a goodbye to b is sent from: every one
+// from its Match (at most b.index) to b.index, or the last maxGoodbyePrevs of
+// them and its Match.
+func goodbyePrevs(b goodbye) []uint64 {
+	from := min(b.match, b.index)
+	var out []uint64
+	if b.index-from >= maxGoodbyePrevs {
+		out = append(out, from)
+		from = b.index - maxGoodbyePrevs + 1
+	}
+	for i := from; i <= b.index; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+// maxGoodbyePrevs bounds the MsgApps of one goodbye try.
+const maxGoodbyePrevs = 16
 
 // peer returns the node replica r lives on (0, false if unknown).
 func (g *group) peer(r ReplicaID) (NodeID, bool) {
