@@ -338,6 +338,15 @@ var applyWait = 2 * time.Millisecond
 
 const applySmall = 64 << 10
 
+// hurryApplier cuts the applier's applyWait short (WaitApplied, and a
+// replicated apply someone waits for); it never blocks.
+func (p *Pipeline) hurryApplier() {
+	select {
+	case p.hurry <- struct{}{}:
+	default:
+	}
+}
+
 // applyMergeBytes bounds the records the applier merges into one batch, far
 // below Badger's limit for one write request (15% of a memtable). A variable
 // for tests.
@@ -362,10 +371,7 @@ func (p *Pipeline) WaitApplied(ctx context.Context) error {
 	if p.applied.Load() >= target {
 		return nil
 	}
-	select { // the applier need not wait for more records
-	case p.hurry <- struct{}{}:
-	default:
-	}
+	p.hurryApplier() // the applier need not wait for more records
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, func() {
 			p.applyMu.Lock()

@@ -202,10 +202,7 @@ func (p *Pipeline) ApplyRaft(a RaftApply) {
 	}
 	p.mu.Unlock()
 	if err == nil && a.Waited {
-		select { // see applyWait
-		case p.hurry <- struct{}{}:
-		default:
-		}
+		p.hurryApplier()
 	}
 	if err != nil {
 		fail(err)

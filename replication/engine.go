@@ -611,11 +611,7 @@ func (e *Engine) proposeAsync(id GroupID, term uint64, payload []byte, guard fun
 // through Proposer) must serve its reads of that write from its own memory
 // until cb: the replica's state machine may not hold it yet.
 func (e *Engine) ProposeCommitted(id GroupID, term uint64, payload []byte, guard func() error, committed func(Result), cb func(Result, error)) {
-	if committed == nil {
-		e.ProposeAsync(id, term, payload, guard, cb)
-		return
-	}
-	e.proposeAsync(id, term, payload, guard, committed, cb)
+	e.proposeAsync(id, term, payload, guard, committed, cb) // committed nil: ProposeAsync
 }
 
 // Groups returns the groups this engine hosts a replica of.
