@@ -127,6 +127,7 @@ func (s *Server) routes() {
 	s.logRoutes()
 	s.alarmRoutes()
 	s.queueRoutes()
+	s.batchRoutes()
 	s.mux.HandleFunc("POST /api/v1/tokens/{app}", s.mintToken)
 	s.mux.HandleFunc("GET /socket/websocket", s.serveSocket)
 	if s.cfg.MetricsHandler != nil {
@@ -471,6 +472,8 @@ func behaviourOf(pattern string) string {
 		return "log"
 	case strings.HasPrefix(path, "/api/v1/queues/"):
 		return "queue"
+	case strings.HasPrefix(path, "/api/v1/batch/"):
+		return "batch"
 	case strings.HasPrefix(path, "/api/v1/tokens/"):
 		return "tokens"
 	case strings.HasPrefix(path, "/api/v1/admin/"):

@@ -1,0 +1,411 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/holdfast/holdfast/actors"
+)
+
+// POST /api/v1/batch/{app} (spec/batch.md): up to MaxBatchOps operations on
+// any objects of the app in one request.
+//
+// Each operation runs through the very handler of its own route (objects.go,
+// logs.go, queues.go), handed a request built from the operation: the route's
+// body fields become its body, "slot" its path value, "idempotencyKey" its
+// Idempotency-Key header, and log.read's fields its query. So validation,
+// idempotency, durability and the reply's body are the route's own by
+// construction, and a route's change reaches the batch without a second
+// parser to keep in step. The handler writes into a batchResult instead of the
+// connection; the batch's reply lists them in order.
+//
+// Ordering: the operations of one object run one after the other, in the order
+// they appear (one goroutine per object, owned and waited for by the batch's
+// handler); different objects run concurrently. A reply is only written once
+// every operation has replied, and every write's reply comes after it is
+// durable (the route's own gate), so the batch's reply does too.
+
+// MaxBatchOps is the most operations one batch may carry.
+const MaxBatchOps = 1000
+
+// batchOp is how one operation name maps onto its route.
+type batchOp struct {
+	method string
+	// slot: the route names a slot, which the operation must give (the slot
+	// is then not a body field).
+	slot bool
+	// body: how the rest of the operation's fields make the route's body.
+	body batchBody
+	// idempotent: the route takes an Idempotency-Key header.
+	idempotent bool
+	handler    func(s *Server) objectHandler
+}
+
+type batchBody int
+
+const (
+	bodyNone   batchBody = iota // no body: any other field is refused
+	bodyFields                  // the other fields, in order, are the body object
+	bodyOps                     // the "ops" field's value is the body (transaction)
+	bodyQuery                   // the other fields are query parameters (log.read)
+)
+
+// batchOps maps each operation of spec/batch.md to its route. "get" without a
+// slot reads the whole state (GET on the object); "delete" needs a slot: a
+// batch never purges a whole object (docs/batch.md).
+var batchOps = map[string]batchOp{
+	"get":           {method: http.MethodGet, handler: func(s *Server) objectHandler { return s.getState }},
+	"set":           {method: http.MethodPut, slot: true, body: bodyFields, idempotent: true, handler: func(s *Server) objectHandler { return s.setSlot }},
+	"delete":        {method: http.MethodDelete, slot: true, idempotent: true, handler: func(s *Server) objectHandler { return s.deleteSlot }},
+	"increment":     {method: http.MethodPost, slot: true, body: bodyFields, idempotent: true, handler: func(s *Server) objectHandler { return s.increment }},
+	"append":        {method: http.MethodPost, slot: true, body: bodyFields, idempotent: true, handler: func(s *Server) objectHandler { return s.appendSlot }},
+	"patch":         {method: http.MethodPatch, body: bodyFields, idempotent: true, handler: func(s *Server) objectHandler { return s.patch }},
+	"transaction":   {method: http.MethodPost, body: bodyOps, idempotent: true, handler: func(s *Server) objectHandler { return s.transaction }},
+	"log.append":    {method: http.MethodPost, body: bodyFields, handler: func(s *Server) objectHandler { return s.logAppend }},
+	"log.read":      {method: http.MethodGet, body: bodyQuery, handler: func(s *Server) objectHandler { return s.logRecords }},
+	"queue.enqueue": {method: http.MethodPost, body: bodyFields, handler: func(s *Server) objectHandler { return s.queueEnqueue }},
+}
+
+func (s *Server) batchRoutes() {
+	s.mux.HandleFunc("POST /api/v1/batch/{app}", s.batch)
+}
+
+// plannedOp is one operation, parsed: the object it runs on and the request
+// its route's handler is given (nil with fail set when the operation's own
+// fields are refused: that result stands alone, like any other).
+type plannedOp struct {
+	id      actors.ObjectID
+	handler objectHandler
+	method  string
+	body    []byte
+	query   string
+	slot    string
+	idemKey *string
+	fail    *apiError
+}
+
+// batchResult is one operation's reply: the status and body its route gave.
+type batchResult struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+	wrote  bool
+}
+
+var _ http.ResponseWriter = (*batchResult)(nil)
+
+func (b *batchResult) Header() http.Header { return b.header }
+
+func (b *batchResult) WriteHeader(code int) {
+	if !b.wrote {
+		b.status, b.wrote = code, true
+	}
+}
+
+func (b *batchResult) Write(p []byte) (int, error) {
+	b.WriteHeader(http.StatusOK)
+	return b.body.Write(p)
+}
+
+func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
+	app := s.authApp(w, r)
+	if app == nil {
+		return
+	}
+	body, aerr := readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	ops, aerr := planBatch(s, app.ID, body)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	results := make([]batchResult, len(ops))
+	reqID := requestID(r)
+	for i := range results {
+		results[i].header = http.Header{"X-Request-Id": {reqID}}
+	}
+	// One goroutine per object, running its operations in their order.
+	byObject := map[actors.ObjectID][]int{}
+	var order []actors.ObjectID
+	for i, op := range ops {
+		if op.fail != nil {
+			op.fail.write(&results[i])
+			continue
+		}
+		if _, ok := byObject[op.id]; !ok {
+			order = append(order, op.id)
+		}
+		byObject[op.id] = append(byObject[op.id], i)
+	}
+	var wg sync.WaitGroup
+	for _, id := range order {
+		wg.Add(1)
+		go func(idx []int) {
+			defer wg.Done()
+			for _, i := range idx {
+				s.runBatchOp(r, &ops[i], &results[i])
+			}
+		}(byObject[id])
+	}
+	wg.Wait()
+	writeBatchReply(w, results)
+}
+
+// runBatchOp runs one operation through its route's handler.
+func (s *Server) runBatchOp(outer *http.Request, op *plannedOp, res *batchResult) {
+	req, err := http.NewRequestWithContext(outer.Context(), op.method, "/", bytes.NewReader(op.body))
+	if err != nil { // a method or URL we built: cannot fail
+		internalError(requestID(outer)).write(res)
+		return
+	}
+	req.URL.RawQuery = op.query
+	if op.slot != "" {
+		req.SetPathValue("slot", op.slot)
+	}
+	if op.idemKey != nil {
+		req.Header["Idempotency-Key"] = []string{*op.idemKey}
+	}
+	op.handler(res, req, op.id)
+	if !res.wrote {
+		res.WriteHeader(http.StatusOK)
+	}
+}
+
+// writeBatchReply writes {"results": [{"status": N, "body": ...}, ...]}; a
+// result without a body (204) has none.
+func writeBatchReply(w http.ResponseWriter, results []batchResult) {
+	n := 16
+	for i := range results {
+		n += results[i].body.Len() + 32
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"results":[`...)
+	for i := range results {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"status":`...)
+		b = fmt.Appendf(b, "%d", results[i].status)
+		if body := bytes.TrimSpace(results[i].body.Bytes()); len(body) > 0 {
+			b = append(b, `,"body":`...)
+			b = append(b, body...)
+		}
+		b = append(b, '}')
+	}
+	b = append(b, "]}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+// planBatch parses a batch's body. A body that is not {"ops": [...]}, an
+// operation that is not an object or lacks a string "object" (type/key) or
+// "op", an unknown op, or more than MaxBatchOps operations refuse the whole
+// batch (400). Anything else wrong with one operation is that operation's
+// result.
+func planBatch(s *Server, app string, body []byte) ([]plannedOp, *apiError) {
+	var top struct {
+		Ops *[]json.RawMessage `json:"ops"`
+	}
+	if err := strictJSON(body, &top); err != nil || top.Ops == nil {
+		return nil, badRequest(`the body must be {"ops": [{"object": "type/key", "op": "...", ...}, ...]}`)
+	}
+	raw := *top.Ops
+	if len(raw) > MaxBatchOps {
+		return nil, badRequest(fmt.Sprintf("a batch carries at most %d operations; this one has %d", MaxBatchOps, len(raw)))
+	}
+	ops := make([]plannedOp, len(raw))
+	for i, el := range raw {
+		fields, err := objectMembers(el)
+		if err != nil {
+			return nil, badRequest(fmt.Sprintf("operation %d: not a JSON object", i))
+		}
+		var object, name string
+		var rest []member
+		var idem *string
+		var slotRaw json.RawMessage
+		for _, f := range fields {
+			switch f.name {
+			case "object":
+				if json.Unmarshal(f.value, &object) != nil || f.value[0] != '"' {
+					return nil, badRequest(fmt.Sprintf(`operation %d: "object" must be a string "type/key"`, i))
+				}
+			case "op":
+				if json.Unmarshal(f.value, &name) != nil || f.value[0] != '"' {
+					return nil, badRequest(fmt.Sprintf(`operation %d: "op" must be a string`, i))
+				}
+			case "idempotencyKey":
+				v := f.value
+				idem = new(string)
+				if json.Unmarshal(v, idem) != nil || v[0] != '"' {
+					ops[i].fail = badRequest("idempotencyKey must be a string")
+				}
+			case "slot":
+				slotRaw = f.value
+				rest = append(rest, f) // a body field of the routes without a slot (patch)
+			default:
+				rest = append(rest, f)
+			}
+		}
+		typ, key, ok := strings.Cut(object, "/")
+		if object == "" || !ok {
+			return nil, badRequest(fmt.Sprintf(`operation %d: needs "object": "type/key"`, i))
+		}
+		route, known := batchOps[name]
+		if !known {
+			if name == "" {
+				return nil, badRequest(fmt.Sprintf(`operation %d: needs "op"`, i))
+			}
+			return nil, badRequest(fmt.Sprintf("operation %d: unknown op %q (one of get, set, delete, increment, append, patch, transaction, log.append, log.read, queue.enqueue)", i, name))
+		}
+		op := &ops[i]
+		op.id = actors.ObjectID{App: app, Type: typ, Key: key}
+		op.handler = route.handler(s)
+		op.method = route.method
+		if op.fail != nil {
+			continue
+		}
+		if name == "get" && slotRaw != nil {
+			op.handler = s.getSlot
+			route.slot = true
+		}
+		if route.slot {
+			var slot string
+			switch {
+			case slotRaw == nil:
+				op.fail = badRequest(fmt.Sprintf("op %s needs a slot", name))
+			case json.Unmarshal(slotRaw, &slot) != nil || slotRaw[0] != '"':
+				op.fail = badRequest("slot must be a string")
+			case slot == "":
+				op.fail = badRequest("slot must not be empty")
+			}
+			if op.fail != nil {
+				continue
+			}
+			op.slot = slot
+			rest = withoutMember(rest, "slot")
+		}
+		if idem != nil {
+			if !route.idempotent {
+				op.fail = badRequest(fmt.Sprintf("op %s takes no idempotencyKey", name))
+				continue
+			}
+			op.idemKey = idem
+		}
+		switch route.body {
+		case bodyNone:
+			if len(rest) > 0 {
+				op.fail = badRequest(fmt.Sprintf("op %s takes no field %q", name, rest[0].name))
+			}
+		case bodyFields:
+			op.body = joinMembers(rest)
+		case bodyOps:
+			if len(rest) != 1 || rest[0].name != "ops" {
+				op.fail = badRequest(`op transaction takes "ops": [...] and no other field`)
+				continue
+			}
+			op.body = rest[0].value
+		case bodyQuery:
+			q, aerr := queryOf(name, rest)
+			if aerr != nil {
+				op.fail = aerr
+				continue
+			}
+			op.query = q
+		}
+	}
+	return ops, nil
+}
+
+// queryOf turns log.read's fields (from, limit: non-negative integers) into
+// its route's query.
+func queryOf(name string, fields []member) (string, *apiError) {
+	var q []string
+	for _, f := range fields {
+		switch f.name {
+		case "from", "limit":
+		default:
+			return "", badRequest(fmt.Sprintf("op %s takes no field %q", name, f.name))
+		}
+		var n json.Number
+		d := json.NewDecoder(bytes.NewReader(f.value))
+		d.UseNumber()
+		if d.Decode(&n) != nil || strings.ContainsAny(n.String(), ".eE-") {
+			return "", badRequest(f.name + " must be a non-negative integer")
+		}
+		q = append(q, f.name+"="+n.String())
+	}
+	return strings.Join(q, "&"), nil
+}
+
+// member is one member of a JSON object, its value as written.
+type member struct {
+	name  string
+	value json.RawMessage
+}
+
+// objectMembers returns the members of a JSON object in their order.
+func objectMembers(raw json.RawMessage) ([]member, error) {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("not an object")
+	}
+	var out []member
+	for d.More() {
+		tok, err := d.Token()
+		if err != nil {
+			return nil, err
+		}
+		name, _ := tok.(string)
+		var v json.RawMessage
+		if err := d.Decode(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, member{name, v})
+	}
+	if _, err := d.Token(); err != nil {
+		return nil, err
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return nil, errors.New("trailing data")
+	}
+	return out, nil
+}
+
+func withoutMember(ms []member, name string) []member {
+	out := ms[:0:0]
+	for _, m := range ms {
+		if m.name != name {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// joinMembers writes members back as a JSON object, in their order.
+func joinMembers(ms []member) []byte {
+	n := 2
+	for _, m := range ms {
+		n += len(m.name) + len(m.value) + 8
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, m := range ms {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, m.name)
+		b = append(b, ':')
+		b = append(b, m.value...)
+	}
+	return append(b, '}')
+}
