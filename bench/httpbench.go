@@ -182,22 +182,7 @@ func httpWrites(objects, callers int) *httpSpec {
 		for i := range paths {
 			paths[i] = fmt.Sprintf("/api/v1/objects/%s/bench/obj-%d/v", h.info.AppID, i)
 		}
-		sem := make(chan struct{}, 64)
-		var wg sync.WaitGroup
-		var failed atomic.Value
-		for _, p := range paths { // activate every object before measuring
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				if err := h.do("PUT", p, []byte(`{"value":0}`), nil); err != nil {
-					failed.Store(err)
-				}
-			}()
-		}
-		wg.Wait()
-		if err, _ := failed.Load().(error); err != nil {
+		if err := httpActivate(h, "PUT", paths, []byte(`{"value":0}`)); err != nil { // every object active before measuring
 			return nil, err
 		}
 		return func(w int) (int64, error) { return 1, h.do("PUT", paths[w%objects], setBody, nil) }, nil
@@ -246,4 +231,95 @@ func httpLeases(consumers int) *httpSpec {
 			return 1, h.do("POST", base+"/consumers/workers/ack", ack, nil)
 		}, nil
 	}}
+}
+
+// httpIncrements: worker w increments slot n of object w mod objects, one
+// request at a time (POST .../n/increment, no body).
+func httpIncrements(objects, callers int) *httpSpec {
+	return &httpSpec{workers: callers, setup: func(h *httpClient) (func(int) (int64, error), error) {
+		paths := make([]string, objects)
+		for i := range paths {
+			paths[i] = fmt.Sprintf("/api/v1/objects/%s/bench/obj-%d/n/increment", h.info.AppID, i)
+		}
+		if err := httpActivate(h, "POST", paths, nil); err != nil {
+			return nil, err
+		}
+		return func(w int) (int64, error) { return 1, h.do("POST", paths[w%objects], nil, nil) }, nil
+	}}
+}
+
+// httpBatchIncrements: clients workers each sending batches of batch
+// increments (POST /api/v1/batch) on consecutive objects, moving on by
+// clients×batch objects each round, as peers.Redis.Increments pipelines. Every
+// result must be a 200.
+func httpBatchIncrements(objects, clients, batch int) *httpSpec {
+	return &httpSpec{workers: clients, setup: func(h *httpClient) (func(int) (int64, error), error) {
+		paths := make([]string, objects)
+		for i := range paths {
+			paths[i] = fmt.Sprintf("/api/v1/objects/%s/bench/obj-%d/n/increment", h.info.AppID, i)
+		}
+		if err := httpActivate(h, "POST", paths, nil); err != nil {
+			return nil, err
+		}
+		// Every batch a client can send, built once: the objects repeat with
+		// a period of objects / gcd.
+		bodies := make([][][]byte, clients)
+		next := make([]int, clients)
+		for w := range bodies {
+			first := w * batch % objects
+			seen := map[int]bool{}
+			for !seen[first] {
+				seen[first] = true
+				ops := make([]string, batch)
+				for i := range ops {
+					ops[i] = fmt.Sprintf(`{"object":"bench/obj-%d","op":"increment","slot":"n"}`, (first+i)%objects)
+				}
+				bodies[w] = append(bodies[w], []byte(`{"ops":[`+strings.Join(ops, ",")+`]}`))
+				first = (first + clients*batch) % objects
+			}
+		}
+		path := "/api/v1/batch/" + h.info.AppID
+		return func(w int) (int64, error) {
+			body := bodies[w][next[w]]
+			next[w] = (next[w] + 1) % len(bodies[w])
+			var reply struct {
+				Results []struct {
+					Status int `json:"status"`
+				} `json:"results"`
+			}
+			if err := h.do("POST", path, body, &reply); err != nil {
+				return 0, err
+			}
+			if len(reply.Results) != batch {
+				return 0, fmt.Errorf("batch: %d results for %d operations", len(reply.Results), batch)
+			}
+			for _, r := range reply.Results {
+				if r.Status != http.StatusOK {
+					return 0, fmt.Errorf("batch: an increment got %d", r.Status)
+				}
+			}
+			return int64(batch), nil
+		}, nil
+	}}
+}
+
+// httpActivate sends method with body to every path once, 64 at a time.
+func httpActivate(h *httpClient, method string, paths []string, body []byte) error {
+	sem := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	for _, p := range paths {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := h.do(method, p, body, nil); err != nil {
+				failed.Store(err)
+			}
+		}()
+	}
+	wg.Wait()
+	err, _ := failed.Load().(error)
+	return err
 }

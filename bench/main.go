@@ -139,7 +139,7 @@ func main() {
 		// The cases with targets and the KV writes; not 10,000 objects (JetStream
 		// acknowledges 10,000 publishes in flight in waves of seconds, longer
 		// than a smoke interval) nor the Holdfast-only log cases.
-		*filter = "one-writer,1000-objects,hot-object-64-callers,kv-writes,batches-of-100,lease-cycles-1,lease-cycles-64,queue-enqueue-64,queue-cycles-64"
+		*filter = "one-writer,1000-objects,hot-object-64-callers,kv-writes,batches-of-100,lease-cycles-1,lease-cycles-64,queue-enqueue-64,queue-cycles-64,increments-256,batch-increments-16x100"
 	}
 	if *filter != "" {
 		keep := map[string]bool{}
@@ -240,6 +240,8 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 			r, err = runPeerCase(system, w, dir, d, logRecs)
 		case w.name == restartCase:
 			r, err = logLarge(dir, logRecs)
+		case w.holdfast == nil:
+			err = fmt.Errorf("%s has no embedded form", w.name)
 		default:
 			if warmup > 0 {
 				peers.LeaseRecords = leaseRecordsFor(warmup, 0, w.fill)
@@ -403,6 +405,35 @@ func throughput(dir string, d time.Duration, objects, callers int) (result, erro
 		OpsPerSec:     iv.perSec(),
 		SyncsPerWrite: float64(after.Commits-before.Commits) / float64(after.Writes-before.Writes),
 	}
+	m.stop(&r, iv.ops)
+	return r, nil
+}
+
+// increments is the embedded form of increments-256: callers goroutines, caller
+// c incrementing slot n of object c mod objects, one in flight each.
+func increments(dir string, d time.Duration, objects, callers int) (result, error) {
+	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger()})
+	if err != nil {
+		return result{}, err
+	}
+	defer rt.Close(context.Background())
+	ctx := context.Background()
+	objs := make([]*holdfast.Object, objects)
+	for i := range objs {
+		objs[i] = rt.Object("app_bench", "bench", fmt.Sprintf("obj-%d", i))
+	}
+	if err := activate(objs); err != nil {
+		return result{}, err
+	}
+	m := startMeter()
+	iv, err := runWorkers(callers, d, func(c int) (int64, error) {
+		_, err := objs[c%objects].Increment(ctx, "n", 1)
+		return 1, err
+	})
+	if err != nil {
+		return result{}, err
+	}
+	r := result{OpsPerSec: iv.perSec()}
 	m.stop(&r, iv.ops)
 	return r, nil
 }

@@ -371,8 +371,15 @@ func (r *report) write() int {
 			}
 			*pt.over += fmt.Sprintf(" (target %gx)", pt.min)
 			entry["targetOver"+systemTitle[pt.peer]] = pt.min
-			if f, ok := figs[pt.peer]; ok && f.HoldfastOver != nil && r.cfg.floor > 0 && f.HoldfastOver.Median < pt.min*r.cfg.floor {
-				below = append(below, fmt.Sprintf("%s: %.2fx %s, below %g × its target %gx", w.name, f.HoldfastOver.Median, systemTitle[pt.peer], r.cfg.floor, pt.min))
+			over, how := (*stat)(nil), ""
+			if f, ok := figs[pt.peer]; ok {
+				over = f.HoldfastOver
+				if w.wire { // its target is the REST figure's
+					over, how = f.HoldfastHTTPOver, " over HTTP"
+				}
+			}
+			if over != nil && r.cfg.floor > 0 && over.Median < pt.min*r.cfg.floor {
+				below = append(below, fmt.Sprintf("%s: %.2fx %s%s, below %g × its target %gx", w.name, over.Median, systemTitle[pt.peer], how, r.cfg.floor, pt.min))
 			}
 		}
 		hOps, hRatio := "—", "—"

@@ -57,12 +57,20 @@ type workload struct {
 	// vsRedis and vsJetStream are Holdfast's minimum median ratios to the
 	// peer's figure; 0: none.
 	vsRedis, vsJetStream float64
+	// wire says that vsRedis and vsJetStream are targets of Holdfast's REST
+	// figure, not of the embedded one (issue 28's cases).
+	wire bool
 	// payload says that every operation carries one 256-byte payload, so disk
 	// bytes per payload byte make sense.
-	payload  bool
+	payload bool
+	// holdfast runs the workload embedded; nil: not run embedded (a wire
+	// case with no embedded form, such as HTTP batches).
 	holdfast func(dir string, d time.Duration) (result, error)
 	// peer runs the workload on a started peer; nil: Holdfast only.
 	peer func(p peers.Peer, d time.Duration) (peers.Result, error)
+	// peerOnly, when set, is the one peer that has the workload (Redis's
+	// INCR: JetStream has no increment).
+	peerOnly string
 	// http is the workload over Holdfast's REST API; nil: embedded only.
 	http *httpSpec
 	// r3 is the workload on holdfast-r3; nil: not run there.
@@ -76,6 +84,17 @@ func writes(objects, callers int) func(peers.Peer, time.Duration) (peers.Result,
 	return func(p peers.Peer, d time.Duration) (peers.Result, error) { return p.Writes(objects, callers, d) }
 }
 
+// incrs is the Redis form of the increment cases (peers.Redis.Increments).
+func incrs(objects, callers, pipeline int) func(peers.Peer, time.Duration) (peers.Result, error) {
+	return func(p peers.Peer, d time.Duration) (peers.Result, error) {
+		r, ok := p.(*peers.Redis)
+		if !ok {
+			return peers.Result{}, fmt.Errorf("%s has no increments", p.Name())
+		}
+		return r.Increments(objects, callers, pipeline, d)
+	}
+}
+
 var workloads = []workload{
 	{name: "one-writer", title: "one writer, one write at a time", unit: "writes/s", target: 0.9, payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 1, 1) }, peer: writes(1, 1), http: httpWrites(1, 1),
@@ -85,6 +104,14 @@ var workloads = []workload{
 		r3: &r3Spec{objects: 1000, callers: 1000}},
 	{name: "10000-objects", title: "10,000 objects, one write in flight each", unit: "writes/s", payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 10000, 10000) }, peer: writes(10000, 10000), http: httpWrites(10000, 10000)},
+	// The wire (issue 28): increments, over REST one at a time and in
+	// batches (POST /api/v1/batch), against Redis's INCR one at a time and
+	// pipelined by the same number of clients.
+	{name: "increments-256", title: "increments, 1,000 objects, 256 callers, one in flight each", unit: "increments/s", vsRedis: 0.4, wire: true,
+		holdfast: func(dir string, d time.Duration) (result, error) { return increments(dir, d, 1000, 256) },
+		peer:     incrs(1000, 256, 1), peerOnly: sysRedis, http: httpIncrements(1000, 256)},
+	{name: "batch-increments-16x100", title: "increments, 1,000 objects, 16 clients each sending 100 at once (REST: one batch; Redis: one pipeline)", unit: "increments/s", vsRedis: 0.3, wire: true,
+		peer: incrs(1000, 16, 100), peerOnly: sysRedis, http: httpBatchIncrements(1000, 16, 100)},
 	// Holdfast only: the floor under 1000-objects (userRequests).
 	{name: "1000-objects-noop", title: "1,000 objects of a user type, a handler that does nothing", unit: "requests/s",
 		holdfast: func(dir string, d time.Duration) (result, error) { return userRequests(dir, d, 1000, false) }},
@@ -134,7 +161,7 @@ const restartCase = "restart"
 func (w workload) has(s string) bool {
 	switch s {
 	case sysHoldfast:
-		return true
+		return w.holdfast != nil
 	case sysHoldfastHTTP:
 		return w.http != nil
 	case sysHoldfastR3:
@@ -143,7 +170,7 @@ func (w workload) has(s string) bool {
 	if slices.Contains(replicatedSystems, s) {
 		return w.peer != nil && slices.Contains(replicatedWorkloads, w.name)
 	}
-	return w.peer != nil
+	return w.peer != nil && (w.peerOnly == "" || w.peerOnly == s)
 }
 
 // runPeerCase starts the peer in dir, runs the workload (peers.Warmup first),

@@ -193,28 +193,28 @@ func TestBatch_AnOperationsOwnFaultIsItsResult(t *testing.T) {
 		code   string
 	}{
 		{`{"object":"c/x","op":"increment","slot":"n","by":"one"}`, 400, "bad_request"},
-		{`{"object":"c/x","op":"set","value":1}`, 400, "bad_request"},                                 // no slot
-		{`{"object":"c/x","op":"set","slot":"","value":1}`, 400, "bad_request"},                       // empty slot
-		{`{"object":"c/x","op":"set","slot":7,"value":1}`, 400, "bad_request"},                        // slot not a string
-		{`{"object":"c/x","op":"set","slot":"s"}`, 400, "bad_request"},                                // no value
-		{`{"object":"c/x","op":"set","slot":"s","value":1,"idempotencyKey":""}`, 400, "bad_request"},  // the route's own check
-		{`{"object":"c/x","op":"set","slot":"s","value":1,"idempotencyKey":5}`, 400, "bad_request"},   // not a string
-		{`{"object":"c/x","op":"get","slot":"s","idempotencyKey":"k"}`, 400, "bad_request"},           // a read takes none
-		{`{"object":"c/x","op":"get","extra":1}`, 400, "bad_request"},                                 // a read has no body
-		{`{"object":"c/x","op":"delete"}`, 400, "bad_request"},                                        // never a purge
+		{`{"object":"c/x","op":"set","value":1}`, 400, "bad_request"},                                // no slot
+		{`{"object":"c/x","op":"set","slot":"","value":1}`, 400, "bad_request"},                      // empty slot
+		{`{"object":"c/x","op":"set","slot":7,"value":1}`, 400, "bad_request"},                       // slot not a string
+		{`{"object":"c/x","op":"set","slot":"s"}`, 400, "bad_request"},                               // no value
+		{`{"object":"c/x","op":"set","slot":"s","value":1,"idempotencyKey":""}`, 400, "bad_request"}, // the route's own check
+		{`{"object":"c/x","op":"set","slot":"s","value":1,"idempotencyKey":5}`, 400, "bad_request"},  // not a string
+		{`{"object":"c/x","op":"get","slot":"s","idempotencyKey":"k"}`, 400, "bad_request"},          // a read takes none
+		{`{"object":"c/x","op":"get","extra":1}`, 400, "bad_request"},                                // a read has no body
+		{`{"object":"c/x","op":"delete"}`, 400, "bad_request"},                                       // never a purge
 		{`{"object":"c/x","op":"transaction","ops":[1]}`, 422, "invalid"},                            // the route's 422
-		{`{"object":"c/x","op":"transaction","ops":[],"more":1}`, 400, "bad_request"},                 // fields but ops
-		{`{"object":"c/x","op":"log.read","from":-1}`, 400, "bad_request"},                            // not a non-negative integer
-		{`{"object":"c/x","op":"log.read","from":1.5}`, 400, "bad_request"},                           //
-		{`{"object":"c/x","op":"log.read","limit":0}`, 400, "bad_request"},                            // the route's own check
-		{`{"object":"c/x","op":"log.read","after":0}`, 400, "bad_request"},                            // not a field of it
-		{`{"object":"c/x","op":"log.append","records":[{}]}`, 400, "bad_request"},                     // no body
-		{`{"object":"c/x","op":"queue.enqueue","messages":[{"id":""}]}`, 422, "invalid"},              // the route's 422
-		{`{"object":"c/","op":"get"}`, 400, "bad_request"},                                            // the host refuses the name
-		{`{"object":"c/x","op":"increment","slot":"n","by":2,"idempotencyKey":"ok"}`, 200, ""},        // and the others run
-		{`{"object":"c/x","op":"patch","slot":"is a slot here","n":null,"z":1}`, 200, ""},             // patch's fields are slots
-		{`{"object":"c/x","op":"get"}`, 200, ""},                                                      //
-		{`{"object":"c/x","op":"increment","slot":"n","by":2,"idempotencyKey":"ok"}`, 200, ""},        // the same key: the first reply
+		{`{"object":"c/x","op":"transaction","ops":[],"more":1}`, 400, "bad_request"},                // fields but ops
+		{`{"object":"c/x","op":"log.read","from":-1}`, 400, "bad_request"},                           // not a non-negative integer
+		{`{"object":"c/x","op":"log.read","from":1.5}`, 400, "bad_request"},                          //
+		{`{"object":"c/x","op":"log.read","limit":0}`, 400, "bad_request"},                           // the route's own check
+		{`{"object":"c/x","op":"log.read","after":0}`, 400, "bad_request"},                           // not a field of it
+		{`{"object":"c/x","op":"log.append","records":[{}]}`, 400, "bad_request"},                    // no body
+		{`{"object":"c/x","op":"queue.enqueue","messages":[{"id":""}]}`, 422, "invalid"},             // the route's 422
+		{`{"object":"c/","op":"get"}`, 400, "bad_request"},                                           // the host refuses the name
+		{`{"object":"c/x","op":"increment","slot":"n","by":2,"idempotencyKey":"ok"}`, 200, ""},       // and the others run
+		{`{"object":"c/x","op":"patch","slot":"is a slot here","n":null,"z":1}`, 200, ""},            // patch's fields are slots
+		{`{"object":"c/x","op":"get"}`, 200, ""},                                                     //
+		{`{"object":"c/x","op":"increment","slot":"n","by":2,"idempotencyKey":"ok"}`, 200, ""},       // the same key: the first reply
 	}
 	var ops []string
 	for _, c := range cases {

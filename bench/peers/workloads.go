@@ -335,6 +335,52 @@ func (r *Redis) sets(prefix string, keys, callers int, d time.Duration) (Result,
 	return m.Result, nil
 }
 
+// Increments runs callers goroutines doing INCR on keys inc:<i mod objects>
+// over a pool of callers+8 connections. With pipeline 1 each caller has one
+// INCR in flight (caller c on key c mod objects); with pipeline n each sends n
+// INCRs at once in one pipeline (not MULTI: each stands alone, as a batch's
+// operations do) on n consecutive keys, moving on by n each round. Ops counts
+// increments.
+func (r *Redis) Increments(objects, callers, pipeline int, d time.Duration) (Result, error) {
+	if err := checkCounts("redis increments", objects, callers, pipeline); err != nil {
+		return Result{}, err
+	}
+	c := r.NewClient(callers + 8)
+	defer c.Close()
+	names := keyNames("inc:", objects, objects)
+	next := make([]int, callers) // each caller's next key
+	for w := range next {
+		next[w] = w * pipeline % objects
+	}
+	m, err := run(callers, d, r.PID(), func(ctx context.Context, w int) (int64, error) {
+		ctx, cancel := context.WithTimeout(ctx, OpTimeout)
+		defer cancel()
+		if pipeline == 1 {
+			if err := c.Incr(ctx, names[w%objects]).Err(); err != nil {
+				return 0, fmt.Errorf("incr: %w", err)
+			}
+			return 1, nil
+		}
+		first := next[w]
+		next[w] = (first + callers*pipeline) % objects
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := range pipeline {
+				p.Incr(ctx, names[(first+i)%objects])
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, fmt.Errorf("pipeline of %d incr: %w", pipeline, err)
+		}
+		return int64(pipeline), nil
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("peers: redis increments (%d keys, %d callers, pipelines of %d): %w", objects, callers, pipeline, err)
+	}
+	m.Note = joinNotes(redisNote, m.Note)
+	return m.Result, nil
+}
+
 // Batches appends batches of batch records to the stream "log" from one
 // producer: each batch is one MULTI/EXEC pipeline of batch XADDs, so it is
 // atomic and fsynced before EXEC replies. Ops counts records.
