@@ -732,8 +732,11 @@ func (j *JetStream) fill(cfg jetstream.StreamConfig, subject string, n int) (tim
 		return 0, fmt.Errorf("peers: fill %s: %w", cfg.Name, err)
 	}
 	defer js.CleanupPublisher()
+	// A publish waits up to OpTimeout for room among the 4,096 pending, not
+	// the client's default 200 ms: on a loaded machine (CI) the acks fell
+	// that far behind and the fill failed with ErrTooManyStalledMsgs.
 	for i := range n {
-		if _, err := js.PublishAsync(subject, payload); err != nil {
+		if _, err := js.PublishAsync(subject, payload, jetstream.WithStallWait(OpTimeout)); err != nil {
 			return 0, fmt.Errorf("peers: fill %s: publish %d: %w", cfg.Name, i, err)
 		}
 	}
