@@ -88,8 +88,12 @@ func serveChild(dir string, typeOptions func(string) actors.TypeOptions, extra f
 	}
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
+	// HOLDFAST_BENCH_CPUPROFILE profiles this server child (its warm-up and
+	// set-up included): in an HTTP case the case's process is the client.
+	stopProfile := profileCPU()
 	_ = json.NewEncoder(os.Stdout).Encode(serverInfo{URL: "http://" + ln.Addr().String(), AppID: app.ID, Key: app.Key, Secret: app.Secret})
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // until the driver closes stdin
+	stopProfile()
 	_ = srv.Close()
 	gw.Close()
 	_ = node.Close(context.Background())

@@ -26,8 +26,9 @@ import (
 // connection; the batch's reply lists them in order.
 //
 // Ordering: the operations of one object run one after the other, in the order
-// they appear (one goroutine per object, owned and waited for by the batch's
-// handler); different objects run concurrently. A reply is only written once
+// they appear (one goroutine per object, from the server's pool of reused
+// workers, owner.Pool, waited for by the batch's handler); different objects
+// run concurrently. A reply is only written once
 // every operation has replied, and every write's reply comes after it is
 // durable (the route's own gate), so the batch's reply does too.
 
@@ -148,13 +149,17 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 	}
 	var wg sync.WaitGroup
 	for _, id := range order {
+		idx := byObject[id]
 		wg.Add(1)
-		go func(idx []int) {
+		run := func() {
 			defer wg.Done()
 			for _, i := range idx {
 				s.runBatchOp(r, &ops[i], &results[i])
 			}
-		}(byObject[id])
+		}
+		if !s.workers.Go(run) {
+			go run() // the server is closing: still waited for below
+		}
 	}
 	wg.Wait()
 	writeBatchReply(w, results)

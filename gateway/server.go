@@ -71,6 +71,10 @@ type Config struct {
 	MaxBodyBytesInFlight int64
 }
 
+// maxIdleBatchWorkers bounds the batch workers kept idle: one batch of 1,000
+// operations on 1,000 objects uses 1,000.
+const maxIdleBatchWorkers = 1024
+
 // Metrics is what the gateway reports to the node's metrics.
 type Metrics interface {
 	// Request observes one request: its behaviour, route pattern, status, time.
@@ -91,6 +95,9 @@ type Server struct {
 	// owned owns the websockets' goroutines (socket.go): readers, writers,
 	// closes and unsubscribes. Close stops and waits for them.
 	owned *owner.Group
+	// workers runs the operations of batches (batch.go) on reused
+	// goroutines, owned by owned.
+	workers *owner.Pool
 	// sockStats are the websockets' counters that tests read (socket.go).
 	sockStats socketStats
 }
@@ -116,6 +123,7 @@ func New(cfg Config) *Server {
 		cfg.BodyTimeout = 60 * time.Second
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), hub: newHub(), owned: owner.New(nil)}
+	s.workers = owner.NewPool(s.owned, maxIdleBatchWorkers)
 	s.routes()
 	return s
 }
