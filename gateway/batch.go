@@ -3,9 +3,7 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -218,13 +216,18 @@ func writeBatchReply(w http.ResponseWriter, results []batchResult) {
 // batch (400). Anything else wrong with one operation is that operation's
 // result.
 func planBatch(s *Server, app string, body []byte) ([]plannedOp, *apiError) {
-	var top struct {
-		Ops *[]json.RawMessage `json:"ops"`
+	shape := badRequest(`the body must be {"ops": [{"object": "type/key", "op": "...", ...}, ...]}`)
+	if !json.Valid(body) {
+		return nil, shape
 	}
-	if err := strictJSON(body, &top); err != nil || top.Ops == nil {
-		return nil, badRequest(`the body must be {"ops": [{"object": "type/key", "op": "...", ...}, ...]}`)
+	top, err := objectMembers(body)
+	if err != nil || len(top) != 1 || top[0].name != "ops" {
+		return nil, shape
 	}
-	raw := *top.Ops
+	raw, err := arrayElements(top[0].value)
+	if err != nil {
+		return nil, shape
+	}
 	if len(raw) > MaxBatchOps {
 		return nil, badRequest(fmt.Sprintf("a batch carries at most %d operations; this one has %d", MaxBatchOps, len(raw)))
 	}
@@ -241,19 +244,19 @@ func planBatch(s *Server, app string, body []byte) ([]plannedOp, *apiError) {
 		for _, f := range fields {
 			switch f.name {
 			case "object":
-				if json.Unmarshal(f.value, &object) != nil || f.value[0] != '"' {
+				if object, err = decodeJSONString(f.value); err != nil {
 					return nil, badRequest(fmt.Sprintf(`operation %d: "object" must be a string "type/key"`, i))
 				}
 			case "op":
-				if json.Unmarshal(f.value, &name) != nil || f.value[0] != '"' {
+				if name, err = decodeJSONString(f.value); err != nil {
 					return nil, badRequest(fmt.Sprintf(`operation %d: "op" must be a string`, i))
 				}
 			case "idempotencyKey":
-				v := f.value
-				idem = new(string)
-				if json.Unmarshal(v, idem) != nil || v[0] != '"' {
+				k, err := decodeJSONString(f.value)
+				if err != nil {
 					ops[i].fail = badRequest("idempotencyKey must be a string")
 				}
+				idem = &k
 			case "slot":
 				slotRaw = f.value
 				rest = append(rest, f) // a body field of the routes without a slot (patch)
@@ -285,10 +288,11 @@ func planBatch(s *Server, app string, body []byte) ([]plannedOp, *apiError) {
 		}
 		if route.slot {
 			var slot string
+			var err error
 			switch {
 			case slotRaw == nil:
 				op.fail = badRequest(fmt.Sprintf("op %s needs a slot", name))
-			case json.Unmarshal(slotRaw, &slot) != nil || slotRaw[0] != '"':
+			case func() bool { slot, err = decodeJSONString(slotRaw); return err != nil }():
 				op.fail = badRequest("slot must be a string")
 			case slot == "":
 				op.fail = badRequest("slot must not be empty")
@@ -350,40 +354,6 @@ func queryOf(name string, fields []member) (string, *apiError) {
 		q = append(q, f.name+"="+n.String())
 	}
 	return strings.Join(q, "&"), nil
-}
-
-// member is one member of a JSON object, its value as written.
-type member struct {
-	name  string
-	value json.RawMessage
-}
-
-// objectMembers returns the members of a JSON object in their order.
-func objectMembers(raw json.RawMessage) ([]member, error) {
-	d := json.NewDecoder(bytes.NewReader(raw))
-	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
-		return nil, errors.New("not an object")
-	}
-	var out []member
-	for d.More() {
-		tok, err := d.Token()
-		if err != nil {
-			return nil, err
-		}
-		name, _ := tok.(string)
-		var v json.RawMessage
-		if err := d.Decode(&v); err != nil {
-			return nil, err
-		}
-		out = append(out, member{name, v})
-	}
-	if _, err := d.Token(); err != nil {
-		return nil, err
-	}
-	if _, err := d.Token(); err != io.EOF {
-		return nil, errors.New("trailing data")
-	}
-	return out, nil
 }
 
 func withoutMember(ms []member, name string) []member {

@@ -187,15 +187,11 @@ func (s *Server) increment(w http.ResponseWriter, r *http.Request, id actors.Obj
 	s.write(w, r, id, &actors.KVWrite{Route: actors.RouteIncrement, Ops: []actors.Op{{Op: "increment", Key: r.PathValue("slot"), By: by}}}, false)
 }
 
+// isJSONNumber reports whether raw, a valid JSON value (a member that
+// encoding/json decoded), is a number: a valid value that starts with a digit
+// or '-' is one. (A json.Decoder here cost about 2 µs per increment.)
 func isJSONNumber(raw json.RawMessage) bool {
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	var v any
-	if d.Decode(&v) != nil {
-		return false
-	}
-	_, ok := v.(json.Number)
-	return ok
+	return len(raw) > 0 && (raw[0] == '-' || '0' <= raw[0] && raw[0] <= '9')
 }
 
 func (s *Server) deleteSlot(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
