@@ -148,9 +148,9 @@ func roundRatios(ws []workload, got map[string]result) map[string]float64 {
 			}
 			if hok {
 				out[name] = h.OpsPerSec / p.OpsPerSec
-				if hhok {
-					out[name+"/http"] = hh.OpsPerSec / p.OpsPerSec
-				}
+			}
+			if hhok { // with or without an embedded form (batch-increments-16x100 has none)
+				out[name+"/http"] = hh.OpsPerSec / p.OpsPerSec
 			}
 			if r3ok && peer != sysHoldfastR3 && slices.Contains(replicatedSystems, peer) {
 				out[name+"/r3"] = r3.OpsPerSec / p.OpsPerSec

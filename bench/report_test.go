@@ -105,3 +105,23 @@ func TestReport_WritesTheTableAndTheJSON(t *testing.T) {
 		t.Fatalf("JSON summary %s", b)
 	}
 }
+
+// TestRoundRatios_OverHTTPWithoutAnEmbeddedForm: a wire case with no embedded
+// form (batch-increments-16x100) still gets its REST figure over Redis's, the
+// ratio its target is on; and such a case runs on HTTP and Redis only.
+func TestRoundRatios_OverHTTPWithoutAnEmbeddedForm(t *testing.T) {
+	w, ok := findWorkload("batch-increments-16x100")
+	if !ok {
+		t.Fatal("no batch-increments-16x100")
+	}
+	if w.has(sysHoldfast) || w.has(sysJetStream) || !w.has(sysHoldfastHTTP) || !w.has(sysRedis) || !w.wire {
+		t.Fatalf("batch-increments-16x100 runs on the wrong systems, or its target is not the REST figure's")
+	}
+	r := roundRatios([]workload{w}, map[string]result{
+		"holdfast-http/batch-increments-16x100": {OpsPerSec: 40000},
+		"redis/batch-increments-16x100":         {OpsPerSec: 800000},
+	})
+	if len(r) != 1 || r["redis/batch-increments-16x100/http"] != 0.05 {
+		t.Fatalf("ratios %v, want only redis/batch-increments-16x100/http = 0.05", r)
+	}
+}
