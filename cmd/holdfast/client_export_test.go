@@ -159,3 +159,24 @@ func TestClient_ExportImportLog(t *testing.T) {
 	cliFail(t, srv, []string{"import", "ev/bad", "--kind", "log", "--batch", "0"}, "--batch")
 	cliFail(t, srv, []string{"import", "ev/bad", "--kind", "log", "--batch", "101", "--in", file}, "HTTP 422")
 }
+
+// TestClient_ImportLogInBatches: the appends of a log import travel in batch
+// requests. One refused append stops the import, and the error names what
+// was written around it: the appends after it in the same request run anyway.
+func TestClient_ImportLogInBatches(t *testing.T) {
+	srv := startClientServer(t)
+	in := `{"body":1}` + "\n" + `{"body":2}` + "\n" + `{"body":3,"deduplicationKey":""}` + "\n" + `{"body":4}` + "\n" + `{"body":5}` + "\n"
+	r := cli(t, srv, in, "import", "ev/mixed", "--kind", "log", "--batch", "2")
+	if r.code != 1 || !strings.Contains(r.stderr, "lines 3-4:") || !strings.Contains(r.stderr, "HTTP 422") ||
+		!strings.Contains(r.stderr, "lines 5-5, after it in the same request, were written") {
+		t.Fatalf("import with a refused append: exit %d, stderr %q", r.code, r.stderr)
+	}
+	p := api(t, srv, "GET", "/api/v1/logs/app_crash/ev/mixed/records", nil)
+	var bodies []string
+	for _, rec := range p["records"].([]any) {
+		bodies = append(bodies, fmt.Sprint(rec.(map[string]any)["body"]))
+	}
+	if strings.Join(bodies, ",") != "1,2,5" {
+		t.Fatalf("the log holds %v, want 1,2,5 (the appends before and after the refused one)", bodies)
+	}
+}

@@ -3,11 +3,15 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -23,13 +27,17 @@ or a log.
 
 --kind object: each {"key", "value"} line sets that slot; the slots are written by
 PATCH in chunks (each chunk is one write), and slots of the object that are not in
-the input are kept. --kind log: each line's "body" is appended, in batches of
+the input are kept. --kind log: each line's "body" is appended, in appends of
 --batch records, with its "deduplicationKey" when it has one, so that importing
 the same lines again appends nothing while the originals are in the hot window.
+Up to 1,000 appends (4 MiB) travel in one request (POST /api/v1/batch), and run
+in their order.
 
 The import stops at the first bad line or refused request; what was written
-before stays. A progress bar goes to stderr for long transfers when stderr is a
-terminal or with --progress.`
+before stays. When one append of a batch request is refused, the appends after
+it in that request are still written (a batch's operations stand alone): the
+error says which input lines were written and which were not. A progress bar
+goes to stderr for long transfers when stderr is a terminal or with --progress.`
 	var (
 		t     transferOpts
 		batch int
@@ -115,7 +123,9 @@ type importer struct {
 
 	slots   map[string]json.RawMessage // the pending PATCH
 	records []map[string]any           // the pending append
+	appends []batchAppend              // the pending batch of appends (--kind log)
 	size    int                        // bytes pending
+	line    int                        // input lines taken so far
 
 	imported          int64
 	logID             uint64
@@ -171,11 +181,27 @@ func (im *importer) add(line []byte) error {
 		}
 		im.records = append(im.records, rec)
 	}
+	im.line++
 	im.size += len(line)
-	if im.size >= importChunkBytes || len(im.records) >= im.batch || len(im.slots) >= 1000 {
+	if len(im.records) >= im.batch {
+		im.appends = append(im.appends, batchAppend{records: im.records, first: im.line - len(im.records) + 1})
+		im.records = nil
+	}
+	if im.size >= importChunkBytes || len(im.appends) >= maxImportAppends || len(im.slots) >= 1000 {
 		return im.flush()
 	}
 	return nil
+}
+
+// maxImportAppends is the most appends one batch request carries (the batch
+// route's limit).
+const maxImportAppends = 1000
+
+// batchAppend is one append of a batch request: its records and the input
+// line of its first.
+type batchAppend struct {
+	records []map[string]any
+	first   int
 }
 
 // flush sends the pending chunk.
@@ -192,24 +218,75 @@ func (im *importer) flush() error {
 		im.logID = r.LogID
 		im.done(len(im.slots))
 		im.slots = nil
-	case len(im.records) > 0:
-		var r struct {
-			Offsets []uint64 `json:"offsets"`
+	case len(im.records) > 0 || len(im.appends) > 0:
+		if len(im.records) > 0 {
+			im.appends = append(im.appends, batchAppend{records: im.records, first: im.line - len(im.records) + 1})
+			im.records = nil
 		}
-		if _, err := im.c.call(ctx, "POST", im.c.path("logs", im.ref, "append"), nil, map[string]any{"records": im.records}, &r); err != nil {
+		err := im.sendAppends(ctx)
+		im.appends = im.appends[:0]
+		if err != nil {
 			return err
 		}
-		if len(r.Offsets) > 0 {
-			if im.imported == 0 {
-				im.firstOff = r.Offsets[0]
-			}
-			im.lastOff = r.Offsets[len(r.Offsets)-1]
-		}
-		im.done(len(im.records))
-		im.records = im.records[:0]
 	}
 	im.size = 0
 	return nil
+}
+
+// sendAppends sends the pending appends in one batch request. Every append
+// that was written counts (its offsets too), the ones after a refused append
+// included; the first refusal is the error, naming the input lines written
+// and not.
+func (im *importer) sendAppends(ctx context.Context) error {
+	object := im.ref.typ + "/" + im.ref.key
+	ops := make([]map[string]any, len(im.appends))
+	for i, a := range im.appends {
+		ops[i] = map[string]any{"object": object, "op": "log.append", "records": a.records}
+	}
+	var reply struct {
+		Results []struct {
+			Status int             `json:"status"`
+			Body   json.RawMessage `json:"body"`
+		} `json:"results"`
+	}
+	if _, err := im.c.call(ctx, "POST", "/api/v1/batch/"+url.PathEscape(im.c.key), nil, map[string]any{"ops": ops}, &reply); err != nil {
+		return err
+	}
+	if len(reply.Results) != len(ops) {
+		return fmt.Errorf("the server answered %d results for %d appends", len(reply.Results), len(ops))
+	}
+	var refused error
+	var written []string
+	for i, r := range reply.Results {
+		a := im.appends[i]
+		lines := fmt.Sprintf("%d-%d", a.first, a.first+len(a.records)-1)
+		if r.Status < 200 || r.Status > 299 {
+			if refused == nil {
+				refused = fmt.Errorf("lines %s: %w", lines, decodeServerError(r.Status, http.Header{}, r.Body))
+			}
+			continue
+		}
+		var out struct {
+			Offsets []uint64 `json:"offsets"`
+		}
+		if err := json.Unmarshal(r.Body, &out); err != nil {
+			return fmt.Errorf("the server's reply is not what was expected: %w", err)
+		}
+		if len(out.Offsets) > 0 {
+			if im.imported == 0 {
+				im.firstOff = out.Offsets[0]
+			}
+			im.lastOff = out.Offsets[len(out.Offsets)-1]
+		}
+		im.done(len(a.records))
+		if refused != nil {
+			written = append(written, lines)
+		}
+	}
+	if refused != nil && len(written) > 0 {
+		return fmt.Errorf("%w; lines %s, after it in the same request, were written", refused, strings.Join(written, ", "))
+	}
+	return refused
 }
 
 func (im *importer) done(n int) {
