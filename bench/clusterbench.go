@@ -232,7 +232,13 @@ func clusterLatency(dir string, cfg clusterConfig) (clusterResult, error) {
 			if _, err := run(c.nodes[via.node], writers, cfg.warmup); err != nil {
 				return r, err
 			}
+			stopProfile := func() {}
+			if via.name == "other" && writers == 64 {
+				// HOLDFAST_BENCH_CPUPROFILE profiles the forward under load.
+				stopProfile = profileCPU()
+			}
 			f, err := run(c.nodes[via.node], writers, cfg.d)
+			stopProfile()
 			if err != nil {
 				return r, err
 			}

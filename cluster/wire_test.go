@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,7 +81,17 @@ func TestWire_RoundTrips(t *testing.T) {
 }
 
 func BenchmarkWire_RoundTrip(b *testing.B) {
-	msg := &actors.KVWrite{Ops: []actors.Op{{Op: "set", Key: "v", Value: []byte(`"hello world"`)}}, Route: actors.RoutePut}
+	benchWireRoundTrip(b, []byte(`"hello world"`))
+}
+
+// BenchmarkWire_RoundTrip256 is a set of 256 bytes, as bench -cluster's.
+func BenchmarkWire_RoundTrip256(b *testing.B) {
+	benchWireRoundTrip(b, []byte(`"`+strings.Repeat("x", 254)+`"`))
+}
+
+func benchWireRoundTrip(b *testing.B, value []byte) {
+	msg := &actors.KVWrite{Ops: []actors.Op{{Op: "set", Key: "v", Value: value}}, Route: actors.RoutePut}
+	b.ReportAllocs()
 	for b.Loop() {
 		data, _ := encodeRequest(&wireRequest{Op: opObject, ID: actors.ObjectID{App: "a", Type: "t", Key: "k"}, Msg: msg})
 		var w wireRequest
