@@ -35,6 +35,14 @@
 //
 //	go run ./bench -systems holdfast,holdfast-r3,etcd3,jetstream-r3 -cases 1000-objects,one-writer -rounds 3
 //
+// The wire cases of issue 28 run on Holdfast over HTTP and Redis only:
+// increments-256 (256 callers each incrementing one of 1,000 objects, one
+// request at a time; Redis INCR) and batch-increments-16x100 (16 clients each
+// sending 100 increments at once: one POST /api/v1/batch, or one Redis
+// pipeline of 100 INCRs). Their targets are on the REST figure:
+//
+//	go run ./bench -systems holdfast,holdfast-http,redis -cases increments-256,batch-increments-16x100 -rounds 3
+//
 // Other modes: -fanout (websocket fan-out), -cold (cold storage), -alarms,
 // -cluster, -stall (write latency with storage maintenance, issue 25), and
 // -replicated (issue 27: three `holdfast serve` processes built from
@@ -50,6 +58,10 @@
 // One case alone, profiled over its measured interval (a fresh -dir each time):
 //
 //	HOLDFAST_BENCH_CPUPROFILE=cpu.prof go run ./bench -case holdfast/1000-objects -dir /tmp/k -duration 5s
+//
+// In a holdfast-http case the profile is the server child's (the case's
+// process is the client); in -cluster's latency phase, the other-64 case's
+// (64 writers through a node that does not own their objects).
 //
 // HOLDFAST_BENCH_ALLOCPROFILE writes a heap profile (go tool pprof
 // -sample_index=alloc_space) and HOLDFAST_BENCH_TRACE an execution trace.
