@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	hfclient "github.com/holdfast/holdfast/client"
 )
 
 // The client commands (object, log, queue, alarm, token, export, import) talk
@@ -52,8 +54,10 @@ func clientCommands() []*cobra.Command {
 		tokenCommand(), exportCommand(), importCommand()}
 }
 
-// client sends requests to one node as one app.
+// client sends requests to one node as one app, through the Go client
+// library (package client).
 type client struct {
+	lib         *hfclient.Client
 	base        *url.URL
 	key, secret string
 	http        *http.Client
@@ -72,6 +76,9 @@ func (o *clientOpts) client() (*client, error) {
 	if c.key == "" || c.secret == "" {
 		return nil, errors.New("no app credentials: set HOLDFAST_APP_KEY and HOLDFAST_APP_SECRET, or pass --app-key and --app-secret")
 	}
+	if c.lib, err = hfclient.New(u.String(), c.key, c.secret, hfclient.WithHTTPClient(c.http)); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -84,97 +91,26 @@ func firstNonEmpty(s ...string) string {
 	return ""
 }
 
-// serverError is a non-2xx reply: the server's message, code and request id.
-type serverError struct {
-	Status    int
-	Message   string
-	Code      string
-	RequestID string
-	Body      map[string]any // the whole error body, for callers that need a field
-}
+// serverError is a non-2xx reply: the server's message, code and request id
+// (the client library's error).
+type serverError = hfclient.Error
 
-func (e *serverError) Error() string {
-	var b strings.Builder
-	b.WriteString(e.Message)
-	b.WriteString(" (HTTP ")
-	fmt.Fprint(&b, e.Status)
-	if e.Code != "" {
-		b.WriteString(", " + e.Code)
-	}
-	if e.RequestID != "" {
-		b.WriteString(", request_id " + e.RequestID)
-	}
-	b.WriteString(")")
-	return b.String()
-}
-
-// decodeServerError reads an error reply of spec/errors.md: {"error", "code",
-// "request_id", ...}, or the 401 shape {"errors": [{"title"}]}.
+// decodeServerError reads an error reply of spec/errors.md.
 func decodeServerError(status int, header http.Header, body []byte) *serverError {
-	e := &serverError{Status: status, RequestID: header.Get("X-Request-Id")}
-	_ = json.Unmarshal(body, &e.Body)
-	if m, ok := e.Body["error"].(string); ok {
-		e.Message = m
-	}
-	if c, ok := e.Body["code"].(string); ok {
-		e.Code = c
-	}
-	if id, ok := e.Body["request_id"].(string); ok && id != "" {
-		e.RequestID = id
-	}
-	if e.Message == "" && status == http.StatusUnauthorized {
-		e.Message = "unauthorized: check the App Key and App Secret (--app-key, --app-secret)"
-	}
-	if e.Message == "" {
-		e.Message = strings.TrimSpace(string(body))
-		if e.Message == "" {
-			e.Message = http.StatusText(status)
-		}
-	}
-	return e
+	return hfclient.NewError(status, header, body)
 }
 
 // do sends one request and returns the reply's status and body. body is sent
 // as JSON (json.RawMessage as is; nil sends nothing). A non-2xx reply is a
 // *serverError.
 func (c *client) do(ctx context.Context, method, path string, query url.Values, body any) (int, []byte, error) {
-	u := *c.base
-	u.RawPath = c.base.EscapedPath() + path
-	u.Path, _ = url.PathUnescape(u.RawPath)
-	u.RawQuery = query.Encode()
-	var rd io.Reader
-	if body != nil {
-		b, ok := body.(json.RawMessage)
-		if !ok {
-			var err error
-			if b, err = json.Marshal(body); err != nil {
-				return 0, nil, err
-			}
-		}
-		rd = bytes.NewReader(b)
+	var raw json.RawMessage
+	status, err := c.lib.Do(ctx, method, path, query, nil, body, &raw)
+	var se *serverError
+	if err != nil && !errors.As(err, &se) {
+		return status, nil, fmt.Errorf("%s %s: %w", method, c.base.Redacted(), unwrapURLError(err))
 	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("X-App-Key", c.key)
-	req.Header.Set("X-App-Secret", c.secret)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("%s %s: %w", method, c.base.Redacted(), unwrapURLError(err))
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return resp.StatusCode, nil, fmt.Errorf("read the reply to %s %s: %w", method, path, err)
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return resp.StatusCode, b, decodeServerError(resp.StatusCode, resp.Header, b)
-	}
-	return resp.StatusCode, b, nil
+	return status, raw, err
 }
 
 // call is do that decodes a JSON reply into out (unless out is nil).
