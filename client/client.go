@@ -106,7 +106,9 @@ func Retryable(err error) (time.Duration, bool) {
 
 // NewError is the *Error of a reply that is not 2xx, for a caller that sent
 // its own request (a websocket upgrade): its status, header and body.
-func NewError(status int, header http.Header, body []byte) *Error { return decodeError(status, header, body) }
+func NewError(status int, header http.Header, body []byte) *Error {
+	return decodeError(status, header, body)
+}
 
 // decodeError reads an error body: {"error", "code", "request_id", ...}, or
 // the 401 shape {"errors": [{"title"}]}.
