@@ -7,6 +7,7 @@
 //	o := c.Object("order", "o42")
 //	r, err := o.Increment(ctx, "items", 2, client.IdempotencyKey("k1"))
 //	results, err := c.Batch(ctx, client.IncrementOp("order/o42", "items", 1), client.GetOp("order/o43", ""))
+//	feed := o.Watch(ctx) // the live feed: for ev := range feed.C { ... }; feed.Err()
 //
 // Every call takes a context; a reply that is not 2xx is an *Error with the
 // server's message, code and request id (spec/errors.md). A Client is safe

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -199,5 +200,55 @@ func TestClient_LogAndQueue(t *testing.T) {
 	}
 	if more := must(q.Receive(ctx, 10, 0)); len(more) != 0 {
 		t.Fatalf("after the acks: %+v", more)
+	}
+}
+
+// next returns the feed's next event that is not a run:* event, or fails.
+func next(t *testing.T, f *client.Feed) client.Event {
+	t.Helper()
+	select {
+	case ev, ok := <-f.C:
+		if !ok {
+			t.Fatalf("the feed ended: %v", f.Err())
+		}
+		return ev
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event in 10s")
+	}
+	return client.Event{}
+}
+
+func TestClient_Watch(t *testing.T) {
+	c, url := start(t)
+	ctx := context.Background()
+	o := c.Object("order", "w1")
+	must(o.Set(ctx, "a", 1))
+	f := o.Watch(ctx)
+	defer f.Close()
+	if ev := next(t, f); ev.Kind != "snapshot" || ev.LogID != 1 || string(ev.State["a"]) != "1" {
+		t.Fatalf("first event %+v", ev)
+	}
+	must(o.Set(ctx, "a", 2))
+	must(o.Patch(ctx, map[string]any{"b": true, "a": nil}))
+	if ev := next(t, f); ev.Kind != "change" || ev.LogID != 2 || len(ev.Changes) != 1 || ev.Changes[0].Key != "a" || string(ev.Changes[0].Value) != "2" {
+		t.Fatalf("the set: %+v", ev)
+	}
+	if ev := next(t, f); ev.Kind != "batch" || ev.LogID != 3 || len(ev.Changes) != 2 {
+		t.Fatalf("the patch: %+v", ev)
+	}
+	f.Close()
+	if _, ok := <-f.C; ok {
+		t.Fatal("C is open after Close")
+	}
+	if err := f.Err(); err != nil {
+		t.Fatalf("Err after Close: %v", err)
+	}
+	// A join refused (a bad secret) ends the feed with the reason.
+	bad := must(client.New(url, app.Key, "sk_wrong_secret_0123"))
+	bf := bad.Object("order", "w1").Watch(ctx)
+	for range bf.C {
+	}
+	if err := bf.Err(); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("a refused join: %v", err)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	hfclient "github.com/holdfast/holdfast/client"
 )
 
 // fakeFeed is one scripted Phoenix socket: each step either reads a frame
@@ -111,8 +113,12 @@ func TestWatch_IgnoresFramesOfAStaleJoinAcrossAMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	wt := &watcher{c: &client{base: base, key: "pk_k", secret: "sk_s"}, ref: objectRef{typ: "order", key: "o1"},
-		topic: topic, out: &out, errOut: &errOut, count: 2}
+	lib, err := hfclient.New(srv.URL, "pk_k", "sk_s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wt := &watcher{c: &client{lib: lib, base: base, key: "pk_k", secret: "sk_s"}, ref: objectRef{typ: "order", key: "o1"},
+		out: &out, errOut: &errOut, count: 2}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := wt.run(ctx); !errors.Is(err, errWatchDone) {
