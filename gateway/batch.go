@@ -43,7 +43,13 @@ type batchOp struct {
 	body batchBody
 	// idempotent: the route takes an Idempotency-Key header.
 	idempotent bool
-	handler    func(s *Server) objectHandler
+	// handler is the route's handler, given a request built from the
+	// operation; write, for the one-slot writes, is what the route builds its
+	// write with (objects.go), run here without building a request: the hot
+	// operations skip the request, the body's second parse and the recorder
+	// (about 4 µs of a batched increment's 33).
+	handler func(s *Server) objectHandler
+	write   *slotWrite
 }
 
 type batchBody int
@@ -60,10 +66,10 @@ const (
 // batch never purges a whole object (docs/batch.md).
 var batchOps = map[string]batchOp{
 	"get":           {method: http.MethodGet, handler: func(s *Server) objectHandler { return s.getState }},
-	"set":           {method: http.MethodPut, slot: true, body: bodyFields, idempotent: true, handler: func(s *Server) objectHandler { return s.setSlot }},
-	"delete":        {method: http.MethodDelete, slot: true, idempotent: true, handler: func(s *Server) objectHandler { return s.deleteSlot }},
-	"increment":     {method: http.MethodPost, slot: true, body: bodyFields, idempotent: true, handler: func(s *Server) objectHandler { return s.increment }},
-	"append":        {method: http.MethodPost, slot: true, body: bodyFields, idempotent: true, handler: func(s *Server) objectHandler { return s.appendSlot }},
+	"set":           {method: http.MethodPut, slot: true, body: bodyFields, idempotent: true, write: &setWrite},
+	"delete":        {method: http.MethodDelete, slot: true, idempotent: true, write: &deleteWrite},
+	"increment":     {method: http.MethodPost, slot: true, body: bodyFields, idempotent: true, write: &incrementWrite},
+	"append":        {method: http.MethodPost, slot: true, body: bodyFields, idempotent: true, write: &appendWrite},
 	"patch":         {method: http.MethodPatch, body: bodyFields, idempotent: true, handler: func(s *Server) objectHandler { return s.patch }},
 	"transaction":   {method: http.MethodPost, body: bodyOps, idempotent: true, handler: func(s *Server) objectHandler { return s.transaction }},
 	"log.append":    {method: http.MethodPost, body: bodyFields, handler: func(s *Server) objectHandler { return s.logAppend }},
@@ -81,6 +87,8 @@ func (s *Server) batchRoutes() {
 type plannedOp struct {
 	id      actors.ObjectID
 	handler objectHandler
+	write   *slotWrite                 // with fields, instead of handler
+	fields  map[string]json.RawMessage // write's body fields
 	method  string
 	body    []byte
 	query   string
@@ -163,8 +171,17 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 	writeBatchReply(w, results)
 }
 
-// runBatchOp runs one operation through its route's handler.
+// runBatchOp runs one operation through its route's handler, or its route's
+// write.
 func (s *Server) runBatchOp(outer *http.Request, op *plannedOp, res *batchResult) {
+	if op.write != nil {
+		if m, e := op.write.build(op.slot, op.fields); e != nil {
+			e.write(res)
+		} else {
+			s.writeKV(res, outer, op.id, m, op.idemKey, false)
+		}
+		return
+	}
 	req, err := http.NewRequestWithContext(outer.Context(), op.method, "/", bytes.NewReader(op.body))
 	if err != nil { // a method or URL we built: cannot fail
 		internalError(requestID(outer)).write(res)
@@ -277,7 +294,10 @@ func planBatch(s *Server, app string, body []byte) ([]plannedOp, *apiError) {
 		}
 		op := &ops[i]
 		op.id = actors.ObjectID{App: app, Type: typ, Key: key}
-		op.handler = route.handler(s)
+		if route.handler != nil {
+			op.handler = route.handler(s)
+		}
+		op.write = route.write
 		op.method = route.method
 		if op.fail != nil {
 			continue
@@ -316,6 +336,13 @@ func planBatch(s *Server, app string, body []byte) ([]plannedOp, *apiError) {
 				op.fail = badRequest(fmt.Sprintf("op %s takes no field %q", name, rest[0].name))
 			}
 		case bodyFields:
+			if op.write != nil {
+				op.fields = make(map[string]json.RawMessage, len(rest))
+				for _, m := range rest { // a member repeated: the last, as encoding/json
+					op.fields[m.name] = m.value
+				}
+				continue
+			}
 			op.body = joinMembers(rest)
 		case bodyOps:
 			if len(rest) != 1 || rest[0].name != "ops" {
