@@ -377,6 +377,25 @@ func quietLogger() *slog.Logger {
 // throughput runs callers goroutines, each writing to object (i mod objects), one
 // write at a time each, for d.
 func throughput(dir string, d time.Duration, objects, callers int) (result, error) {
+	var value any = string(peers.Payload()) // the peers' 256-byte value, boxed once
+	return kvWrites(dir, d, objects, callers, func(ctx context.Context, o *holdfast.Object) error {
+		_, err := o.Set(ctx, "v", value)
+		return err
+	})
+}
+
+// increments is the embedded form of increments-256: callers goroutines, caller
+// c incrementing slot n of object c mod objects, one in flight each.
+func increments(dir string, d time.Duration, objects, callers int) (result, error) {
+	return kvWrites(dir, d, objects, callers, func(ctx context.Context, o *holdfast.Object) error {
+		_, err := o.Increment(ctx, "n", 1)
+		return err
+	})
+}
+
+// kvWrites runs callers goroutines, caller c doing write on object c mod
+// objects (all activated first), one write in flight each.
+func kvWrites(dir string, d time.Duration, objects, callers int, write func(context.Context, *holdfast.Object) error) (result, error) {
 	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger()})
 	if err != nil {
 		return result{}, err
@@ -391,11 +410,9 @@ func throughput(dir string, d time.Duration, objects, callers int) (result, erro
 		return result{}, err
 	}
 	before := rt.Node().Stats().Pipeline
-	var value any = string(peers.Payload()) // the peers' 256-byte value, boxed once
 	m := startMeter()
 	iv, err := runWorkers(callers, d, func(c int) (int64, error) {
-		_, err := objs[c%objects].Set(ctx, "v", value)
-		return 1, err
+		return 1, write(ctx, objs[c%objects])
 	})
 	if err != nil {
 		return result{}, err
@@ -405,35 +422,6 @@ func throughput(dir string, d time.Duration, objects, callers int) (result, erro
 		OpsPerSec:     iv.perSec(),
 		SyncsPerWrite: float64(after.Commits-before.Commits) / float64(after.Writes-before.Writes),
 	}
-	m.stop(&r, iv.ops)
-	return r, nil
-}
-
-// increments is the embedded form of increments-256: callers goroutines, caller
-// c incrementing slot n of object c mod objects, one in flight each.
-func increments(dir string, d time.Duration, objects, callers int) (result, error) {
-	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger()})
-	if err != nil {
-		return result{}, err
-	}
-	defer rt.Close(context.Background())
-	ctx := context.Background()
-	objs := make([]*holdfast.Object, objects)
-	for i := range objs {
-		objs[i] = rt.Object("app_bench", "bench", fmt.Sprintf("obj-%d", i))
-	}
-	if err := activate(objs); err != nil {
-		return result{}, err
-	}
-	m := startMeter()
-	iv, err := runWorkers(callers, d, func(c int) (int64, error) {
-		_, err := objs[c%objects].Increment(ctx, "n", 1)
-		return 1, err
-	})
-	if err != nil {
-		return result{}, err
-	}
-	r := result{OpsPerSec: iv.perSec()}
 	m.stop(&r, iv.ops)
 	return r, nil
 }
