@@ -115,6 +115,10 @@ type ReplicaStatus struct {
 	// Lag is how many entries it applied fewer than the leader (as of the
 	// last reports, a second apart at most).
 	Lag uint64 `json:"lag"`
+	// Moving says a move is adding this replica (ReplicaEntry.Adding or
+	// Replaces): until the move promotes it to a voter it does not count
+	// toward the partition's replicas, live or not.
+	Moving bool `json:"moving,omitempty"`
 }
 
 // replicatedStatus fills st's partitions and node rows from the group
@@ -128,9 +132,19 @@ func replicatedStatus(st *Status, rf int, nodes map[string]NodeInfo, groups []Gr
 			ps.Reason = fmt.Sprintf("not formed yet: the cluster waits for %d nodes", rf)
 		}
 		live := 0
+		// The replicas no move is adding, and how many of them are live:
+		// a replica being added is a learner until its move promotes it, so
+		// a group of two voters and one being added is under-replicated
+		// (losing a voter then loses the majority). Counting it let status
+		// say "settled" while a move was still under way (a test crashed a
+		// voter then, and the partition stayed unavailable).
+		settledReps, liveSettled := 0, 0
 		var leaderApplied uint64
 		for _, rep := range g.Replicas {
-			rs := ReplicaStatus{Node: rep.Node, Replica: rep.ID, State: "unknown"}
+			rs := ReplicaStatus{Node: rep.Node, Replica: rep.ID, State: "unknown", Moving: rep.Adding || rep.Replaces != 0}
+			if !rs.Moving {
+				settledReps++
+			}
 			n, up := nodes[rep.Node]
 			row := rows[rep.Node]
 			if row == nil {
@@ -160,6 +174,9 @@ func replicatedStatus(st *Status, rf int, nodes map[string]NodeInfo, groups []Gr
 			}
 			if rs.State == "live" {
 				live++
+				if !rs.Moving {
+					liveSettled++
+				}
 			}
 			ps.Replicas = append(ps.Replicas, rs)
 		}
@@ -183,7 +200,7 @@ func replicatedStatus(st *Status, rf int, nodes map[string]NodeInfo, groups []Gr
 			}
 			st.Unavailable++
 		}
-		if len(g.Replicas) > 0 && (live < len(g.Replicas) || len(g.Replicas) < rf) {
+		if len(g.Replicas) > 0 && (liveSettled < settledReps || settledReps < rf) {
 			ps.UnderReplicated = true
 			st.UnderReplicated++
 		}

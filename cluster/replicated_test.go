@@ -388,6 +388,11 @@ func (tc *testCluster) waitSettled(ctx context.Context) {
 			if len(p.Replicas) != tc.rf {
 				return fmt.Sprintf("partition %d has replicas %+v", p.Partition, p.Replicas)
 			}
+			for _, r := range p.Replicas {
+				if r.Moving {
+					return fmt.Sprintf("partition %d: a move is adding its replica on %s", p.Partition, r.Node)
+				}
+			}
 		}
 		return ""
 	})
