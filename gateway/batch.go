@@ -250,116 +250,124 @@ func planBatch(s *Server, app string, body []byte) ([]plannedOp, *apiError) {
 	}
 	ops := make([]plannedOp, len(raw))
 	for i, el := range raw {
-		fields, err := objectMembers(el)
-		if err != nil {
-			return nil, badRequest(fmt.Sprintf("operation %d: not a JSON object", i))
-		}
-		var object, name string
-		var rest []member
-		var idem *string
-		var slotRaw json.RawMessage
-		for _, f := range fields {
-			switch f.name {
-			case "object":
-				if object, err = decodeJSONString(f.value); err != nil {
-					return nil, badRequest(fmt.Sprintf(`operation %d: "object" must be a string "type/key"`, i))
-				}
-			case "op":
-				if name, err = decodeJSONString(f.value); err != nil {
-					return nil, badRequest(fmt.Sprintf(`operation %d: "op" must be a string`, i))
-				}
-			case "idempotencyKey":
-				k, err := decodeJSONString(f.value)
-				if err != nil {
-					ops[i].fail = badRequest("idempotencyKey must be a string")
-				}
-				idem = &k
-			case "slot":
-				slotRaw = f.value
-				rest = append(rest, f) // a body field of the routes without a slot (patch)
-			default:
-				rest = append(rest, f)
-			}
-		}
-		typ, key, ok := strings.Cut(object, "/")
-		if object == "" || !ok {
-			return nil, badRequest(fmt.Sprintf(`operation %d: needs "object": "type/key"`, i))
-		}
-		route, known := batchOps[name]
-		if !known {
-			if name == "" {
-				return nil, badRequest(fmt.Sprintf(`operation %d: needs "op"`, i))
-			}
-			return nil, badRequest(fmt.Sprintf("operation %d: unknown op %q (one of get, set, delete, increment, append, patch, transaction, log.append, log.read, queue.enqueue)", i, name))
-		}
-		op := &ops[i]
-		op.id = actors.ObjectID{App: app, Type: typ, Key: key}
-		if route.handler != nil {
-			op.handler = route.handler(s)
-		}
-		op.write = route.write
-		op.method = route.method
-		if op.fail != nil {
-			continue
-		}
-		if name == "get" && slotRaw != nil {
-			op.handler = s.getSlot
-			route.slot = true
-		}
-		if route.slot {
-			var slot string
-			var err error
-			switch {
-			case slotRaw == nil:
-				op.fail = badRequest(fmt.Sprintf("op %s needs a slot", name))
-			case func() bool { slot, err = decodeJSONString(slotRaw); return err != nil }():
-				op.fail = badRequest("slot must be a string")
-			case slot == "":
-				op.fail = badRequest("slot must not be empty")
-			}
-			if op.fail != nil {
-				continue
-			}
-			op.slot = slot
-			rest = withoutMember(rest, "slot")
-		}
-		if idem != nil {
-			if !route.idempotent {
-				op.fail = badRequest(fmt.Sprintf("op %s takes no idempotencyKey", name))
-				continue
-			}
-			op.idemKey = idem
-		}
-		switch route.body {
-		case bodyNone:
-			if len(rest) > 0 {
-				op.fail = badRequest(fmt.Sprintf("op %s takes no field %q", name, rest[0].name))
-			}
-		case bodyFields:
-			if op.write != nil {
-				op.fields = make(map[string]json.RawMessage, len(rest))
-				for _, m := range rest { // a member repeated: the last, as encoding/json
-					op.fields[m.name] = m.value
-				}
-				continue
-			}
-			op.body = joinMembers(rest)
-		case bodyOps:
-			if len(rest) != 1 || rest[0].name != "ops" {
-				op.fail = badRequest(`op transaction takes "ops": [...] and no other field`)
-				continue
-			}
-			op.body = rest[0].value
-		case bodyQuery:
-			q, aerr := queryOf(name, rest)
-			if aerr != nil {
-				op.fail = aerr
-				continue
-			}
-			op.query = q
+		if e := planOp(s, app, i, el, &ops[i]); e != nil {
+			return nil, e
 		}
 	}
 	return ops, nil
+}
+
+// planOp parses operation i into op. Its error refuses the whole batch; what
+// refuses only this operation is op.fail.
+func planOp(s *Server, app string, i int, el json.RawMessage, op *plannedOp) *apiError {
+	fields, err := objectMembers(el)
+	if err != nil {
+		return badRequest(fmt.Sprintf("operation %d: not a JSON object", i))
+	}
+	var object, name string
+	var rest []member
+	var idem *string
+	var slotRaw json.RawMessage
+	for _, f := range fields {
+		switch f.name {
+		case "object":
+			if object, err = decodeJSONString(f.value); err != nil {
+				return badRequest(fmt.Sprintf(`operation %d: "object" must be a string "type/key"`, i))
+			}
+		case "op":
+			if name, err = decodeJSONString(f.value); err != nil {
+				return badRequest(fmt.Sprintf(`operation %d: "op" must be a string`, i))
+			}
+		case "idempotencyKey":
+			k, err := decodeJSONString(f.value)
+			if err != nil {
+				op.fail = badRequest("idempotencyKey must be a string")
+			}
+			idem = &k
+		case "slot":
+			slotRaw = f.value
+			rest = append(rest, f) // a body field of the routes without a slot (patch)
+		default:
+			rest = append(rest, f)
+		}
+	}
+	typ, key, ok := strings.Cut(object, "/")
+	if object == "" || !ok {
+		return badRequest(fmt.Sprintf(`operation %d: needs "object": "type/key"`, i))
+	}
+	route, known := batchOps[name]
+	if !known {
+		if name == "" {
+			return badRequest(fmt.Sprintf(`operation %d: needs "op"`, i))
+		}
+		return badRequest(fmt.Sprintf("operation %d: unknown op %q (one of get, set, delete, increment, append, patch, transaction, log.append, log.read, queue.enqueue)", i, name))
+	}
+	op.id = actors.ObjectID{App: app, Type: typ, Key: key}
+	if route.handler != nil {
+		op.handler = route.handler(s)
+	}
+	op.write = route.write
+	op.method = route.method
+	if op.fail != nil {
+		return nil
+	}
+	if name == "get" && slotRaw != nil {
+		op.handler = s.getSlot
+		route.slot = true
+	}
+	if route.slot {
+		if slotRaw == nil {
+			op.fail = badRequest(fmt.Sprintf("op %s needs a slot", name))
+			return nil
+		}
+		slot, err := decodeJSONString(slotRaw)
+		switch {
+		case err != nil:
+			op.fail = badRequest("slot must be a string")
+			return nil
+		case slot == "":
+			op.fail = badRequest("slot must not be empty")
+			return nil
+		}
+		op.slot = slot
+		rest = withoutMember(rest, "slot")
+	}
+	if idem != nil {
+		if !route.idempotent {
+			op.fail = badRequest(fmt.Sprintf("op %s takes no idempotencyKey", name))
+			return nil
+		}
+		op.idemKey = idem
+	}
+	switch route.body {
+	case bodyNone:
+		if len(rest) > 0 {
+			op.fail = badRequest(fmt.Sprintf("op %s takes no field %q", name, rest[0].name))
+		}
+	case bodyFields:
+		if op.write != nil {
+			op.fields = make(map[string]json.RawMessage, len(rest))
+			for _, m := range rest { // a member repeated: the last, as encoding/json
+				op.fields[m.name] = m.value
+			}
+			return nil
+		}
+		op.body = joinMembers(rest)
+	case bodyOps:
+		if len(rest) != 1 || rest[0].name != "ops" {
+			op.fail = badRequest(`op transaction takes "ops": [...] and no other field`)
+			return nil
+		}
+		op.body = rest[0].value
+	case bodyQuery:
+		q, aerr := queryOf(name, rest)
+		if aerr != nil {
+			op.fail = aerr
+			return nil
+		}
+		op.query = q
+	}
+	return nil
 }
 
 // queryOf turns log.read's fields (from, limit: non-negative integers) into
