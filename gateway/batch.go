@@ -14,14 +14,17 @@ import (
 // POST /api/v1/batch/{app} (spec/batch.md): up to MaxBatchOps operations on
 // any objects of the app in one request.
 //
-// Each operation runs through the very handler of its own route (objects.go,
-// logs.go, queues.go), handed a request built from the operation: the route's
-// body fields become its body, "slot" its path value, "idempotencyKey" its
-// Idempotency-Key header, and log.read's fields its query. So validation,
-// idempotency, durability and the reply's body are the route's own by
-// construction, and a route's change reaches the batch without a second
-// parser to keep in step. The handler writes into a batchResult instead of the
-// connection; the batch's reply lists them in order.
+// Each operation runs as its own route would, by the route's own code: the
+// one-slot writes (set, increment, append, delete) through the function their
+// route builds its write with (slotWrite, objects.go) and the route's
+// writeKV; every other operation through the very handler of its route
+// (objects.go, logs.go, queues.go), handed a request built from the
+// operation: the route's body fields become its body, "slot" its path value,
+// "idempotencyKey" its Idempotency-Key header, and log.read's fields its
+// query. So validation, idempotency, durability and the reply's body are the
+// route's own by construction, and a route's change reaches the batch without
+// a second parser to keep in step. Each operation writes into a batchResult
+// instead of the connection; the batch's reply lists them in order.
 //
 // Ordering: the operations of one object run one after the other, in the order
 // they appear (one goroutine per object, from the server's pool of reused
