@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -217,7 +218,7 @@ func writeBatchReply(w http.ResponseWriter, results []batchResult) {
 			b = append(b, ',')
 		}
 		b = append(b, `{"status":`...)
-		b = fmt.Appendf(b, "%d", results[i].status)
+		b = strconv.AppendInt(b, int64(results[i].status), 10)
 		if body := bytes.TrimSpace(results[i].body.Bytes()); len(body) > 0 {
 			b = append(b, `,"body":`...)
 			b = append(b, body...)

@@ -153,8 +153,11 @@ func skipValue(b []byte, i int) int {
 		}
 		return len(b)
 	}
-	for i < len(b) && !bytes.ContainsRune([]byte(",}] \t\n\r"), rune(b[i])) {
-		i++
+	for ; i < len(b); i++ { // a number, true, false or null: up to a delimiter
+		switch b[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i
+		}
 	}
 	return i
 }
