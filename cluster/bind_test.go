@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast/holdfast/internal/devetcd"
 	"github.com/holdfast/holdfast/internal/tcpproxy"
 )
 
@@ -28,13 +27,6 @@ func freeAddr(t *testing.T) string {
 // healing it makes it reachable again: its traffic goes through advertise, not
 // around it.
 func TestTransport_BindApartFromAdvertise(t *testing.T) {
-	e, err := devetcd.Start(devetcd.Config{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	endpoints := []string{e.Endpoint()}
-	nowhere := newOwnerLookup(func(string) (string, bool) { return "", false })
 	log := testLogger(t)
 	answer := func(context.Context, *wireRequest) *wireReply { return &wireReply{} }
 
@@ -44,25 +36,25 @@ func TestTransport_BindApartFromAdvertise(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer px.Close()
-	b, err := startTransport("bind", px.Addr(), bind, endpoints, nowhere, answer, func(*wireRequest) {}, false, log)
+	b, err := startTransport(px.Addr(), bind, answer, func(*wireRequest) {}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.stop(false)
+	defer b.stop()
 	if b.addr != px.Addr() {
 		t.Fatalf("the node is known as %q, want its advertised address %q", b.addr, px.Addr())
 	}
-	a, err := startTransport("bind", "127.0.0.1:0", "", endpoints, nowhere, answer, func(*wireRequest) {}, false, log)
+	a, err := startTransport("127.0.0.1:0", "", answer, func(*wireRequest) {}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.stop(false)
+	defer a.stop()
 
 	waitPing := func(want bool) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			_, ok := a.ping(b.addr, 0)
+			_, ok := a.ping(b.addr)
 			if ok == want {
 				return
 			}
@@ -79,8 +71,9 @@ func TestTransport_BindApartFromAdvertise(t *testing.T) {
 	waitPing(true)
 }
 
-// TestBindAddr: bind defaults to advertise; a bind apart from advertise makes
-// the remote advertise it; a picked port (0) cannot be advertised apart.
+// TestBindAddr: bind defaults to advertise; a bind apart from advertise is
+// listened on while advertise is what others dial; a picked port (0) cannot be
+// advertised apart.
 func TestBindAddr(t *testing.T) {
 	for _, c := range []struct {
 		advertise, bind, listen string
@@ -94,9 +87,9 @@ func TestBindAddr(t *testing.T) {
 		{"10.0.0.1:7071", "nowhere", "", false, true},
 		{"10.0.0.1", "", "", false, true},
 	} {
-		listen, opts, err := bindAddr(c.advertise, c.bind)
-		if (err != nil) != c.bad || listen != c.listen || (len(opts) > 0) != c.renamed {
-			t.Errorf("bindAddr(%q, %q) = %q, %d options, %v; want %q, renamed %v, error %v", c.advertise, c.bind, listen, len(opts), err, c.listen, c.renamed, c.bad)
+		listen, apart, err := bindAddr(c.advertise, c.bind)
+		if (err != nil) != c.bad || listen != c.listen || apart != c.renamed {
+			t.Errorf("bindAddr(%q, %q) = %q, apart %v, %v; want %q, apart %v, error %v", c.advertise, c.bind, listen, apart, err, c.listen, c.renamed, c.bad)
 		}
 	}
 }

@@ -44,7 +44,8 @@
 //     the replica reports in etcd, the replicated `cluster status`, raft metrics;
 //     recover.go: recover-partition (a partition that lost its majority restarts
 //     from its best survivor).
-//   - remote.go, wire.go: requests between nodes over protoactor remote; feed.go:
+//   - remote.go, wire.go: the transport between members (requests, replies and
+//     one-way messages in frames over TCP, batched per connection); feed.go:
 //     live feeds of objects served by another node; client.go: client members;
 //     admin.go: the operator commands (status, leave, forget-node).
 //

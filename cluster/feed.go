@@ -14,15 +14,15 @@ import (
 // by node O: S keeps the socket's subscriber under a subscription id and asks O
 // to subscribe a stand-in (remoteSub) in its place. The stand-in sends every
 // event to S's router, in the feed's order, one-way; S's router hands them to
-// the subscriber on its own goroutine, in arrival order (protoactor remote keeps
-// the order of one sender to one address). When O's activation drops its
+// the subscriber on its own goroutine, in arrival order (the transport keeps
+// the order of one sender to one address: one connection). When O's activation drops its
 // subscribers (a failed write, a handoff), the stand-in sends Lost and the
 // socket's client joins again, resuming after its last log_id, wherever the
 // object lives now. Each side also drops the other's subscriptions when the
 // other node is no longer live.
 //
-// One-way messages can be lost (protoactor remote drops what is sent while its
-// endpoint to a restarted address is closing). So every message of events
+// One-way messages can be lost (what is queued on a connection that breaks, a
+// restarted subscriber node's). So every message of events
 // carries its number in the subscription, and the stand-in tells the
 // subscriber's node, about once a second while events flow, how many it sent.
 // A subscriber that misses a number is told Lost and joins again as above: a

@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/holdfast/holdfast/actors"
@@ -31,8 +30,8 @@ type ClusterConfig struct {
 	// NodeID is unique within the cluster and stable across restarts: a node's
 	// partitions wait for the node of that id to come back with its data.
 	NodeID string
-	// Advertise is the host:port other nodes reach this one at (protoactor
-	// remote, gRPC). Port 0 picks a free port (tests).
+	// Advertise is the host:port other nodes reach this one at (the cluster
+	// transport, remote.go). Port 0 picks a free port (tests).
 	Advertise string
 	// Bind is the host:port this node listens on for other nodes; empty means
 	// Advertise. Something between the nodes (NAT, a container's port
@@ -268,7 +267,7 @@ func (m *member) start() error {
 			m.stale[p] = true
 		}
 	}
-	tr, err := startTransport(m.cfg.Name, m.cfg.Advertise, m.cfg.Bind, m.cfg.Endpoints, newOwnerLookup(m.resolve), m.serveRemote, m.serveFeed, false, m.log)
+	tr, err := startTransport(m.cfg.Advertise, m.cfg.Bind, m.serveRemote, m.serveFeed, m.log)
 	if err != nil {
 		return err
 	}
@@ -277,14 +276,14 @@ func (m *member) start() error {
 	if err := m.newSession(); err != nil {
 		m.cancel()
 		_ = m.owned.Wait(context.Background())
-		tr.stop(false)
+		tr.stop()
 		return err
 	}
 	if m.r != nil {
 		if err := m.r.start(); err != nil {
 			m.cancel()
 			_ = m.owned.Wait(context.Background())
-			tr.stop(false)
+			tr.stop()
 			return err
 		}
 		m.goOwned(m.r.servingLoop)
@@ -484,48 +483,6 @@ func (m *member) stopServingAll() {
 	}
 }
 
-// resolve is the identity lookup's resolver: an object identity to the router
-// address of its partition's live owner.
-func (m *member) resolve(identity string) (string, bool) {
-	id, ok := parseIdentity(identity)
-	if !ok {
-		return "", false
-	}
-	e := m.view.part(persistence.Partition(id, len(m.state)))
-	if e.Owner == "" {
-		return "", false
-	}
-	info, ok := m.view.node(e.Owner)
-	if !ok {
-		return "", false
-	}
-	return info.Addr, true
-}
-
-// identity names an object in protoactor-go's cluster identity.
-func identity(id actors.ObjectID) string { return id.App + "\x00" + id.Type + "\x00" + id.Key }
-
-func parseIdentity(s string) (actors.ObjectID, bool) {
-	var parts [3]string
-	i := 0
-	start := 0
-	for j := 0; j < len(s); j++ {
-		if s[j] == 0 {
-			if i == 2 {
-				return actors.ObjectID{}, false
-			}
-			parts[i] = s[start:j]
-			i++
-			start = j + 1
-		}
-	}
-	if i != 2 {
-		return actors.ObjectID{}, false
-	}
-	parts[2] = s[start:]
-	return actors.ObjectID{App: parts[0], Type: parts[1], Key: parts[2]}, true
-}
-
 // request runs msg on object id wherever its partition is served: here, or on
 // the owner through the transport. A request for a partition that is moving or
 // being taken up waits for it (at most RequestWait); one for a partition whose
@@ -628,8 +585,9 @@ func (m *member) forward(ctx context.Context, n NodeInfo, id actors.ObjectID, ms
 		if errors.Is(err, errNotWire) {
 			return nil, Served{}, &actors.Error{Kind: actors.KindInternal, Msg: err.Error()}, false
 		}
-		if errors.Is(err, actor.ErrDeadLetter) {
-			return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: "the owner node did not take the request", RetryAfter: 200 * time.Millisecond}, true
+		if errors.Is(err, errNotSent) {
+			m.log.Debug("a request was not sent to its owner node", "to", addr, "err", err)
+			return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: "the object's node cannot be reached", RetryAfter: time.Second}, true
 		}
 		m.log.Debug("forwarded request got no reply", "to", addr, "err", err)
 		return nil, Served{}, &actors.Error{Kind: actors.KindUnavailable, Msg: "no reply from the object's node in time; a write's outcome is unknown", RetryAfter: time.Second}, false
@@ -943,7 +901,7 @@ func (m *member) stop(revoke bool) {
 		s.revoke()
 	}
 	_ = m.owned.Wait(context.Background()) // every loop ends with m.ctx
-	m.tr.stop(revoke)
+	m.tr.stop()
 	_ = m.cli.Close()
 }
 

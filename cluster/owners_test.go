@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/holdfast/holdfast/internal/devetcd"
 )
 
 // goroutinesWith counts the goroutines whose stack mentions s.
@@ -36,13 +34,6 @@ func goroutinesWith(s string) int {
 // a transport's stop cancels the requests of other nodes it runs and waits for
 // them: every goroutine of the transport has an owner.
 func TestTransport_CallsAndServedRequestsAreOwned(t *testing.T) {
-	e, err := devetcd.Start(devetcd.Config{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	endpoints := []string{e.Endpoint()}
-	nowhere := newOwnerLookup(func(string) (string, bool) { return "", false })
 	log := testLogger(t)
 	entered := make(chan struct{}, 1)
 	var returned atomic.Bool
@@ -58,16 +49,16 @@ func TestTransport_CallsAndServedRequestsAreOwned(t *testing.T) {
 		returned.Store(true)
 		return &wireReply{}
 	}
-	b, err := startTransport("owners", "127.0.0.1:0", "", endpoints, nowhere, blocking, func(*wireRequest) {}, false, log)
+	b, err := startTransport("127.0.0.1:0", "", blocking, func(*wireRequest) {}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := startTransport("owners", "127.0.0.1:0", "", endpoints, nowhere, blocking, func(*wireRequest) {}, false, log)
+	a, err := startTransport("127.0.0.1:0", "", blocking, func(*wireRequest) {}, log)
 	if err != nil {
-		b.stop(false)
+		b.stop()
 		t.Fatal(err)
 	}
-	defer a.stop(false)
+	defer a.stop()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -88,7 +79,7 @@ func TestTransport_CallsAndServedRequestsAreOwned(t *testing.T) {
 		t.Fatalf("%d goroutines of a call that returned are still running", n)
 	}
 
-	b.stop(false)
+	b.stop()
 	if !returned.Load() {
 		t.Fatal("stop returned before the request it was serving did")
 	}

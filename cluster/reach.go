@@ -60,7 +60,7 @@ func (m *member) reachLoop() {
 		if len(now) > 0 && time.Since(lastPing) >= pingDownEvery {
 			lastPing = time.Now()
 			for id := range now {
-				if _, ok := m.tr.ping(nodes[id].Addr, 0); ok {
+				if _, ok := m.tr.ping(nodes[id].Addr); ok {
 					m.tr.clearDown(nodes[id].Addr)
 					delete(now, id)
 				}

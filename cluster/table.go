@@ -28,7 +28,6 @@ import (
 //	controller      the node id of the placement controller, attached to its lease
 //	leave/<id>      an operator asked node id to leave (holdfast cluster leave)
 //	reach/<id>      the nodes node id's router finds unreachable, attached to its lease
-//	members/...     protoactor-go's own member list (its etcd provider)
 //
 // Every change of a parts/ entry is a compare-and-swap on its mod revision.
 
@@ -52,7 +51,6 @@ func (k keys) replicas(id string) string {
 func (k keys) nodeNum(id string) string {
 	return k.root + "nodenum/" + id
 }
-func (k keys) members() string        { return k.root + "members" }
 func (k keys) leaves() string         { return k.root + "leave/" }
 func (k keys) leave(id string) string { return k.root + "leave/" + id }
 func (k keys) reaches() string        { return k.root + "reach/" }
@@ -72,7 +70,7 @@ func (m clusterMeta) rf() int { return max(m.ReplicationFactor, 1) }
 // NodeInfo is a live node's entry.
 type NodeInfo struct {
 	ID      string `json:"id"`
-	Addr    string `json:"addr"`           // protoactor remote address (host:port)
+	Addr    string `json:"addr"`           // its cluster transport's address (host:port; remote.go)
 	HTTP    string `json:"http,omitempty"` // its HTTP listener, for operators
 	Boot    string `json:"boot"`           // names this run of the node
 	Lease   int64  `json:"lease"`          // the etcd lease the node serves under

@@ -566,13 +566,11 @@ func (t *clusterTarget) unstable(st *cluster.Status, balanced bool) string {
 //     sends a request that certainly did not run (the node it asked no longer
 //     serves the partition: a handoff) again to the new owner, until the
 //     request's context ends, and that goes on after a client time-out.
-//   - Nor does the owner's death end it. The entry gets no reply, pings,
-//     answers 503 ("outcome unknown"); but a node talks to another through
-//     protoactor-go's endpoint writer, which keeps the messages sent while it
-//     reconnects (up to five tries, 2 s apart) and then delivers them to
-//     whatever listens at the address: the owner started again on its data
-//     at the same advertise address, which takes its partitions up at a new
-//     epoch and runs the request then, after the 503 and after the kill.
+//   - The owner's death ends what it held (a request travels on a connection
+//     that dies with it; protoactor-go's remote, used until issue 28, kept
+//     what was sent while it reconnected and delivered it to the owner's next
+//     run). But by the point above, the request may be on its way to another
+//     node by then.
 //
 // What does bound it: once every node process has exited at the same time,
 // the clients having stopped before, no process holds the request any more;
