@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
@@ -80,9 +81,16 @@ func StartClient(cfg ClientConfig) (*Client, error) {
 		id:  cfg.ID, log: cfg.Logger.With("client", cfg.ID), cli: cli, k: k, view: newView(meta.Partitions), boot: newBoot(),
 		state: make([]uint8, meta.Partitions), subs: newRemoteSubs(), kick: make(chan struct{}, 1), leaveAsked: make(chan struct{}),
 	}
+	if rf := meta.rf(); rf > 1 {
+		// Requests go to each partition's leader as a node without a replica
+		// of it sends them (replicated.request): to the leader the last
+		// refusal named, else to the group's replicas in turn. No engine:
+		// the client runs no replica.
+		m.r = &replicated{m: m, rf: rf, hints: make([]atomic.Pointer[string], meta.Partitions)}
+	}
 	m.owned = owner.New(nil)
 	m.ctx, m.cancel = m.owned.Context(), m.owned.Stop
-	tr, err := startTransport(cfg.Name, cfg.Advertise, "", cfg.Endpoints, newOwnerLookup(m.resolve), m.serveRemote, m.serveFeed, true, m.log)
+	tr, err := startTransport(cfg.Advertise, "", m.serveRemote, m.serveFeed, m.log)
 	if err != nil {
 		m.cancel()
 		_ = cli.Close()

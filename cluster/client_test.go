@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -97,4 +98,57 @@ func TestCluster_ClientMemberUsesEveryBehaviour(t *testing.T) {
 			t.Fatalf("the client owns partition %d", p.Partition)
 		}
 	}
+}
+
+// TestReplicated_AClientMemberFollowsLeaders: in a replicated cluster a
+// client member sends each request to its partition's leader, and after the
+// leader's node crashes, to the replica elected in its place; no
+// acknowledged increment is lost.
+func TestReplicated_AClientMemberFollowsLeaders(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	c, err := StartClient(ClientConfig{Name: tc.name, ID: "svc", Endpoints: []string{tc.etcd.Endpoint()}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id := actors.ObjectID{App: "app", Type: "kv", Key: "counter"}
+	kv := actors.NewKV(c, id)
+	acked := 0
+	increment := func() {
+		t.Helper()
+		for {
+			sctx, served := actors.WithServedRecord(ctx)
+			r, err := kv.Increment(sctx, "n", 1)
+			if err == nil {
+				acked++
+				if string(r.Value) != fmt.Sprint(acked) {
+					t.Fatalf("increment %d: value %s", acked, r.Value)
+				}
+				if s := served(); s.Node != tc.leaderOf(t, id) {
+					t.Fatalf("served by %q, not the partition's leader %s", s.Node, tc.leaderOf(t, id))
+				}
+				return
+			}
+			var e *actors.Error
+			if !errors.As(err, &e) || e.Kind != actors.KindUnavailable || ctx.Err() != nil {
+				t.Fatalf("increment %d: %v", acked+1, err)
+			}
+			time.Sleep(50 * time.Millisecond) // 503: an election is under way
+		}
+	}
+	for range 20 {
+		increment()
+	}
+	leader := tc.leaderOf(t, id)
+	tc.crash(leader)
+	start := time.Now()
+	for range 20 {
+		increment()
+	}
+	if now := tc.leaderOf(t, id); now == leader {
+		t.Fatalf("the crashed node %s still leads", leader)
+	}
+	t.Logf("the client followed the new leader %s after the crash of %s within %v", tc.leaderOf(t, id), leader, time.Since(start).Round(time.Millisecond))
 }
