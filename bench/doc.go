@@ -7,7 +7,9 @@
 //	go run ./bench -json bench/results/run.json -md bench/results/run.md
 //
 // The systems: Holdfast embedded (its Go API), Holdfast over HTTP (a node and
-// its gateway in a child process), Redis (Debian's redis-server, appendonly
+// its gateway in a child process), Holdfast's in-cluster Go client (a client
+// member in the case's process, a node and an embedded etcd in a child
+// process; increments-256 only), Redis (Debian's redis-server, appendonly
 // yes, appendfsync always; see bench/peers) and JetStream (embedded, file
 // store, SyncAlways). Every record is 256 bytes and every write is synced
 // before it is acknowledged.
@@ -43,6 +45,14 @@
 //
 //	go run ./bench -systems holdfast,holdfast-http,redis -cases increments-256,batch-increments-16x100 -rounds 3
 //
+// increments-256 also runs on holdfast-client (issue 28 point 3): a Go
+// service that joins the cluster as a client (cluster.StartClient) and sends
+// each increment over the node-to-node transport to the one node, which owns
+// every partition. Its target, 1x Redis, is on that figure; the node's CPU
+// (etcd's included) is given apart from the client's:
+//
+//	go run ./bench -systems holdfast-client,redis -cases increments-256 -rounds 3
+//
 // Other modes: -fanout (websocket fan-out), -cold (cold storage), -alarms,
 // -cluster, -stall (write latency with storage maintenance, issue 25), and
 // -replicated (issue 27: three `holdfast serve` processes built from
@@ -59,9 +69,10 @@
 //
 //	HOLDFAST_BENCH_CPUPROFILE=cpu.prof go run ./bench -case holdfast/1000-objects -dir /tmp/k -duration 5s
 //
-// In a holdfast-http case the profile is the server child's (the case's
-// process is the client); in -cluster's latency phase, the other-64 case's
-// (64 writers through a node that does not own their objects).
+// In a holdfast-http or holdfast-client case the profile is the server
+// child's (the case's process is the client); in -cluster's latency phase,
+// the other-64 case's (64 writers through a node that does not own their
+// objects).
 //
 // HOLDFAST_BENCH_ALLOCPROFILE writes a heap profile (go tool pprof
 // -sample_index=alloc_space) and HOLDFAST_BENCH_TRACE an execution trace.

@@ -11,8 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/holdfast/holdfast/actors"
@@ -37,20 +35,22 @@ func httpServer(dir string, leaseParallelism int) int {
 	}, nil)
 }
 
-// httpClient is a case's view of its server child.
-type httpClient struct {
-	info  serverInfo
+// serverChild is a case's server child process: this program run with
+// -case <mode>, which prints one JSON line once it serves and serves until
+// its stdin closes (the holdfast-http and holdfast-client cases).
+type serverChild struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
-	c     *http.Client
 }
 
-func startHTTPServer(dir string, callers, leaseParallelism int) (*httpClient, error) {
+// startServerChild runs this program with args and decodes the line the child
+// prints once it serves into info.
+func startServerChild(info any, args ...string) (*serverChild, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, "-case", "http-server", "-dir", dir, fmt.Sprintf("-lease-parallelism=%d", leaseParallelism))
+	cmd := exec.Command(self, args...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -63,25 +63,42 @@ func startHTTPServer(dir string, callers, leaseParallelism int) (*httpClient, er
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	h := &httpClient{cmd: cmd, stdin: stdin}
-	if err := json.NewDecoder(stdout).Decode(&h.info); err != nil {
-		h.close()
-		return nil, fmt.Errorf("the server child did not start: %w", err)
+	s := &serverChild{cmd: cmd, stdin: stdin}
+	if err := json.NewDecoder(stdout).Decode(info); err != nil {
+		s.close()
+		return nil, fmt.Errorf("the server child %v did not start: %w", args, err)
 	}
-	h.c = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: callers + 8, MaxConnsPerHost: callers + 8}}
-	return h, nil
+	return s, nil
 }
 
-func (h *httpClient) close() {
-	_ = h.stdin.Close()
+// close closes the child's stdin, and kills it if it has not exited 30 s later.
+func (s *serverChild) close() {
+	_ = s.stdin.Close()
 	done := make(chan struct{})
-	go func() { _ = h.cmd.Wait(); close(done) }()
+	go func() { _ = s.cmd.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		_ = h.cmd.Process.Kill()
+		_ = s.cmd.Process.Kill()
 		<-done
 	}
+}
+
+// httpClient is a case's view of its server child.
+type httpClient struct {
+	*serverChild
+	info serverInfo
+	c    *http.Client
+}
+
+func startHTTPServer(dir string, callers, leaseParallelism int) (*httpClient, error) {
+	h := &httpClient{}
+	var err error
+	if h.serverChild, err = startServerChild(&h.info, "-case", "http-server", "-dir", dir, fmt.Sprintf("-lease-parallelism=%d", leaseParallelism)); err != nil {
+		return nil, err
+	}
+	h.c = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: callers + 8, MaxConnsPerHost: callers + 8}}
+	return h, nil
 }
 
 // do sends a request and decodes a 2xx reply into out (if not nil).
@@ -111,16 +128,16 @@ func (h *httpClient) do(method, path string, body []byte, out any) error {
 	return nil
 }
 
-// httpLoop runs workers goroutines repeating op (which returns the operations
-// it completed) for warmup, then measures d: throughput, and the server
-// process's disk bytes and CPU; this process's CPU is the client's.
-func httpLoop(h *httpClient, workers int, warmup, d time.Duration, op func(w int) (int64, error)) (result, error) {
+// serverLoop runs workers goroutines repeating op (which returns the
+// operations it completed) for warmup, then measures d: throughput, and the
+// server child's disk bytes and CPU; this process's CPU is the client's.
+func serverLoop(srv *serverChild, workers int, warmup, d time.Duration, op func(w int) (int64, error)) (result, error) {
 	if iv, err := runWorkers(workers, warmup, op); err != nil {
 		return result{}, err
 	} else if iv.note != "" {
 		return result{}, errors.New("ran out of records during the warm-up")
 	}
-	pid := h.cmd.Process.Pid
+	pid := srv.cmd.Process.Pid
 	disk0, _ := peers.DiskWriteBytes(pid)
 	srv0, cpu0 := peers.PIDCPU(pid), peers.ProcessCPU()
 	iv, err := runWorkers(workers, d, op)
@@ -151,7 +168,7 @@ func httpCase(w workload, dir string, d, warmup time.Duration) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	r, err := httpLoop(h, spec.workers, warmup, d, op)
+	r, err := serverLoop(h.serverChild, spec.workers, warmup, d, op)
 	if err != nil {
 		return result{}, err
 	}
@@ -305,21 +322,5 @@ func httpBatchIncrements(objects, clients, batch int) *httpSpec {
 
 // httpActivate sends method with body to every path once, 64 at a time.
 func httpActivate(h *httpClient, method string, paths []string, body []byte) error {
-	sem := make(chan struct{}, 64)
-	var wg sync.WaitGroup
-	var failed atomic.Value
-	for _, p := range paths {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := h.do(method, p, body, nil); err != nil {
-				failed.Store(err)
-			}
-		}()
-	}
-	wg.Wait()
-	err, _ := failed.Load().(error)
-	return err
+	return inParallel(len(paths), func(i int) error { return h.do(method, paths[i], body, nil) })
 }

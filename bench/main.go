@@ -73,7 +73,7 @@ func main() {
 		check    = flag.Bool("check", false, "exit 1 when a median ratio is below half its target")
 		smoke    = flag.Bool("smoke", false, "the CI profile: 2 short rounds of the cases with targets, small restart case, no memory case; exit 1 only when a ratio is below a tenth of its target")
 		filter   = flag.String("cases", "", "comma-separated workload names to run (default: all)")
-		sysFlag  = flag.String("systems", strings.Join(systems, ","), "comma-separated systems to run: holdfast, holdfast-http, redis, jetstream; and, only when named, the replicated systems holdfast-r3, etcd3, etcd1, jetstream-r3 (one-writer and 1000-objects)")
+		sysFlag  = flag.String("systems", strings.Join(systems, ","), "comma-separated systems to run: holdfast, holdfast-http, holdfast-client, redis, jetstream; and, only when named, the replicated systems holdfast-r3, etcd3, etcd1, jetstream-r3 (one-writer and 1000-objects)")
 		fanout   = flag.Bool("fanout", false, "run the websocket fan-out benchmark instead of the write cases")
 		fSockets = flag.Int("fanout-sockets", 1000, "fan-out: websockets")
 		fObjects = flag.Int("fanout-objects", 100, "fan-out: objects the sockets subscribe to")
@@ -113,6 +113,9 @@ func main() {
 	}
 	if *only == "http-server" {
 		os.Exit(httpServer(*dirFlag, *leasePar))
+	}
+	if *only == "client-server" {
+		os.Exit(clientServer(*dirFlag))
 	}
 	ccfg := clusterConfig{rounds: *rounds, d: *duration, warmup: *warmup, mib: *cMiB}
 	if strings.HasPrefix(*only, "cluster-") {
@@ -234,6 +237,8 @@ func runChild(name, dir string, d, warmup time.Duration, memObjs, logRecs int) i
 			err = fmt.Errorf("unknown case %q", name)
 		case system == sysHoldfastHTTP && w.name != restartCase:
 			r, err = httpCase(w, dir, d, warmup)
+		case system == sysHoldfastClient && w.name != restartCase:
+			r, err = clientCase(w, dir, d, warmup)
 		case system == sysHoldfastR3:
 			r, err = holdfastR3Case(w, dir, d)
 		case system != sysHoldfast:

@@ -102,7 +102,7 @@ func drive(base string, cfg driveConfig) int {
 	if cfg.logRecs > 0 {
 		rep.restart = map[string]result{}
 		for _, s := range cfg.systems {
-			if s == sysHoldfastHTTP || slices.Contains(replicatedSystems, s) {
+			if s == sysHoldfastHTTP || s == sysHoldfastClient || slices.Contains(replicatedSystems, s) {
 				continue // the same start as embedded; the replicated peers only write
 			}
 			if r, ok := run(0, caseName(s, restartCase)); ok {
@@ -132,13 +132,15 @@ func drive(base string, cfg driveConfig) int {
 // roundRatios returns one round's ratios to the peers, keyed as report.vs:
 // under a peer's case name, Holdfast's figure over the peer's (on
 // holdfast-r3's case, the single node's over R3's); with "/http" appended,
-// Holdfast over HTTP's; with "/r3" appended, Holdfast R3's over a replicated
-// peer's (issue 27's targets).
+// Holdfast over HTTP's; with "/client" appended, the in-cluster Go client's;
+// with "/r3" appended, Holdfast R3's over a replicated peer's (issue 27's
+// targets).
 func roundRatios(ws []workload, got map[string]result) map[string]float64 {
 	out := map[string]float64{}
 	for _, w := range ws {
 		h, hok := got[caseName(sysHoldfast, w.name)]
 		hh, hhok := got[caseName(sysHoldfastHTTP, w.name)]
+		hc, hcok := got[caseName(sysHoldfastClient, w.name)]
 		r3, r3ok := got[caseName(sysHoldfastR3, w.name)]
 		for _, peer := range slices.Concat([]string{sysRedis, sysJetStream}, replicatedSystems) {
 			name := caseName(peer, w.name)
@@ -151,6 +153,9 @@ func roundRatios(ws []workload, got map[string]result) map[string]float64 {
 			}
 			if hhok { // with or without an embedded form (batch-increments-16x100 has none)
 				out[name+"/http"] = hh.OpsPerSec / p.OpsPerSec
+			}
+			if hcok {
+				out[name+"/client"] = hc.OpsPerSec / p.OpsPerSec
 			}
 			if r3ok && peer != sysHoldfastR3 && slices.Contains(replicatedSystems, peer) {
 				out[name+"/r3"] = r3.OpsPerSec / p.OpsPerSec
@@ -218,18 +223,21 @@ type systemFigures struct {
 	// RatioToProbe is OpsPerSec over the mean of the round's two probes.
 	RatioToProbe stat `json:"ratioToProbe"`
 	// CPUMicrosPerOp is the CPU time of the process that ran the case (for
-	// Redis and Holdfast over HTTP the client only) per operation.
+	// Redis, Holdfast over HTTP and its in-cluster Go client the client
+	// only) per operation.
 	CPUMicrosPerOp stat `json:"cpuMicrosPerOp"`
 	// ServerCPUMicrosPerOp is a separate server process's CPU time per
-	// operation (Redis, Holdfast over HTTP).
+	// operation (Redis, Holdfast over HTTP and its in-cluster Go client's node).
 	ServerCPUMicrosPerOp *stat `json:"serverCpuMicrosPerOp,omitempty"`
 	// DiskBytesPerPayloadByte is what the server process wrote to disk per
 	// byte of payload (write cases only).
 	DiskBytesPerPayloadByte *stat `json:"diskBytesPerPayloadByte,omitempty"`
 	// HoldfastOver is Holdfast's figure over this peer's, round by round;
-	// HoldfastHTTPOver the same for Holdfast over HTTP.
-	HoldfastOver     *stat `json:"holdfastOver,omitempty"`
-	HoldfastHTTPOver *stat `json:"holdfastHttpOver,omitempty"`
+	// HoldfastHTTPOver the same for Holdfast over HTTP, HoldfastClientOver
+	// for its in-cluster Go client.
+	HoldfastOver       *stat `json:"holdfastOver,omitempty"`
+	HoldfastHTTPOver   *stat `json:"holdfastHttpOver,omitempty"`
+	HoldfastClientOver *stat `json:"holdfastClientOver,omitempty"`
 	// HoldfastR3Over is Holdfast R3's figure over this replicated peer's,
 	// round by round.
 	HoldfastR3Over *stat `json:"holdfastR3Over,omitempty"`
@@ -256,7 +264,7 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 			return c.CPUSeconds * 1e6 / float64(c.Ops)
 		}),
 	}
-	if system == sysRedis || system == sysHoldfastHTTP || system == sysEtcd3 || system == sysEtcd1 {
+	if system == sysRedis || system == sysHoldfastHTTP || system == sysHoldfastClient || system == sysEtcd3 || system == sysEtcd1 {
 		s := r.field(name, func(c result) float64 {
 			if c.Ops == 0 {
 				return 0
@@ -290,6 +298,10 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 		s := summarize(vs)
 		f.HoldfastHTTPOver = &s
 	}
+	if vs := r.vs[name+"/client"]; len(vs) > 0 {
+		s := summarize(vs)
+		f.HoldfastClientOver = &s
+	}
 	if vs := r.vs[name+"/r3"]; len(vs) > 0 {
 		s := summarize(vs)
 		f.HoldfastR3Over = &s
@@ -306,7 +318,45 @@ func (r *report) figures(w workload, system string) (systemFigures, bool) {
 	return f, true
 }
 
-var systemTitle = map[string]string{sysHoldfast: "Holdfast", sysHoldfastHTTP: "Holdfast over HTTP", sysRedis: "Redis", sysJetStream: "JetStream",
+// holdfastOver is the ratio of the Holdfast system system's figure to this
+// peer's, round by round; nil when there is none.
+func (f systemFigures) holdfastOver(system string) *stat {
+	switch system {
+	case sysHoldfast:
+		return f.HoldfastOver
+	case sysHoldfastHTTP:
+		return f.HoldfastHTTPOver
+	case sysHoldfastClient:
+		return f.HoldfastClientOver
+	}
+	return nil
+}
+
+// overCell is a peer's "Holdfast ÷ peer" cell: the embedded figure's ratio
+// to peer's figures f ("—" when none), then over HTTP's and the in-cluster
+// Go client's where they have a ratio or a target, each followed by its
+// target.
+func overCell(f systemFigures, targets []peerTarget) string {
+	var parts []string
+	for _, s := range []struct{ system, label string }{{sysHoldfast, ""}, {sysHoldfastHTTP, "over HTTP "}, {sysHoldfastClient, "Go client "}} {
+		over := f.holdfastOver(s.system)
+		i := slices.IndexFunc(targets, func(t peerTarget) bool { return t.system == s.system })
+		if over == nil && i < 0 && s.system != sysHoldfast {
+			continue
+		}
+		part := s.label + "—"
+		if over != nil {
+			part = s.label + fmtStat(*over, "%.2fx")
+		}
+		if i >= 0 {
+			part += fmt.Sprintf(" (target %gx)", targets[i].min)
+		}
+		parts = append(parts, part)
+	}
+	return strings.Join(parts, "; ")
+}
+
+var systemTitle = map[string]string{sysHoldfast: "Holdfast", sysHoldfastHTTP: "Holdfast over HTTP", sysHoldfastClient: "Holdfast's in-cluster Go client", sysRedis: "Redis", sysJetStream: "JetStream",
 	sysEtcd3: "etcd, 3 members", sysEtcd1: "etcd, 1 member", sysJetStreamR3: "JetStream R3", sysHoldfastR3: "Holdfast R3"}
 
 // write prints the Markdown report, writes the JSON and Markdown files, and
@@ -319,8 +369,8 @@ func (r *report) write() int {
 	fmt.Fprintf(&md, "%d rounds in shuffled order, %v measured per case after a %v warm-up, each case in its own process with a fresh data directory. "+
 		"Figures are medians over the rounds (min–max in brackets); ratios are to the mean of the fsync probe run before and after the round's cases, "+
 		"and Holdfast's ratio to a peer is taken round by round.\n\n", r.cfg.rounds, r.cfg.d, r.cfg.warmup)
-	fmt.Fprintf(&md, "| case | unit | Holdfast | Holdfast ÷ probe | target | Holdfast over HTTP | Redis | Holdfast ÷ Redis | JetStream | Holdfast ÷ JetStream |\n|---|---|---|---|---|---|---|---|---|---|\n")
-	fmt.Fprintf(&md, "| fsync probe (4 KiB overwrite + fdatasync) | syncs/s | %s | 1 | | | | | | |\n", fmtStat(ps, "%.0f"))
+	fmt.Fprintf(&md, "| case | unit | Holdfast | Holdfast ÷ probe | target | Holdfast over HTTP | Holdfast's in-cluster Go client | Redis | Holdfast ÷ Redis | JetStream | Holdfast ÷ JetStream |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&md, "| fsync probe (4 KiB overwrite + fdatasync) | syncs/s | %s | 1 | | | | | | | |\n", fmtStat(ps, "%.0f"))
 	summary := map[string]any{"machine": mach, "rounds": r.cfg.rounds, "duration": r.cfg.d.String(), "warmup": r.cfg.warmup.String(),
 		"probe": ps, "workloads": map[string]any{}}
 	var below []string
@@ -345,59 +395,47 @@ func (r *report) write() int {
 				}
 			}
 		}
-		cell := func(s string) (string, string) {
-			f, ok := figs[s]
-			if !ok {
-				return "—", "—"
+		ops := func(s string) string {
+			if f, ok := figs[s]; ok {
+				return fmtStat(f.OpsPerSec, "%.0f")
 			}
-			over := "—"
-			if f.HoldfastOver != nil {
-				over = fmtStat(*f.HoldfastOver, "%.2fx")
-			}
-			if f.HoldfastHTTPOver != nil {
-				over += "; over HTTP " + fmtStat(*f.HoldfastHTTPOver, "%.2fx")
-			}
-			return fmtStat(f.OpsPerSec, "%.0f"), over
+			return "—"
 		}
-		rOps, rOver := cell(sysRedis)
-		jOps, jOver := cell(sysJetStream)
-		for _, pt := range []struct {
-			peer string
-			min  float64
-			over *string
-		}{{sysRedis, w.vsRedis, &rOver}, {sysJetStream, w.vsJetStream, &jOver}} {
-			if pt.min == 0 {
-				continue
-			}
-			*pt.over += fmt.Sprintf(" (target %gx)", pt.min)
-			entry["targetOver"+systemTitle[pt.peer]] = pt.min
-			over, how := (*stat)(nil), ""
-			if f, ok := figs[pt.peer]; ok {
-				over = f.HoldfastOver
-				if w.wire { // its target is the REST figure's
-					over, how = f.HoldfastHTTPOver, " over HTTP"
+		over := map[string]string{}
+		for _, peer := range []string{sysRedis, sysJetStream} {
+			targets := w.targetsOver(peer)
+			over[peer] = overCell(figs[peer], targets)
+			for _, t := range targets {
+				key := "targetOver" + systemTitle[peer] // on the REST figure in a wire case
+				if t.system == sysHoldfastClient {
+					key += "Client"
 				}
-			}
-			if over != nil && r.cfg.floor > 0 && over.Median < pt.min*r.cfg.floor {
-				below = append(below, fmt.Sprintf("%s: %.2fx %s%s, below %g × its target %gx", w.name, over.Median, systemTitle[pt.peer], how, r.cfg.floor, pt.min))
+				entry[key] = t.min
+				if got := figs[peer].holdfastOver(t.system); got != nil && r.cfg.floor > 0 && got.Median < t.min*r.cfg.floor {
+					below = append(below, fmt.Sprintf("%s: %s at %.2fx %s, below %g × its target %gx", w.name, systemTitle[t.system], got.Median, systemTitle[peer], r.cfg.floor, t.min))
+				}
 			}
 		}
 		hOps, hRatio := "—", "—"
 		if hok {
 			hOps, hRatio = fmtStat(h.OpsPerSec, "%.0f"), fmtStat(h.RatioToProbe, "%.2fx")
 		}
-		httpOps, _ := cell(sysHoldfastHTTP)
+		httpOps, clientOps := ops(sysHoldfastHTTP), ops(sysHoldfastClient)
 		if f, ok := figs[sysHoldfastHTTP]; ok {
 			httpOps += fmt.Sprintf(" [%.2fx probe]", f.RatioToProbe.Median)
 		}
-		fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.title, w.unit, hOps, hRatio, target, httpOps, rOps, rOver, jOps, jOver)
+		if f, ok := figs[sysHoldfastClient]; ok {
+			clientOps += fmt.Sprintf(" [%.2fx probe]", f.RatioToProbe.Median)
+		}
+		fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.title, w.unit, hOps, hRatio, target, httpOps, clientOps,
+			ops(sysRedis), over[sysRedis], ops(sysJetStream), over[sysJetStream])
 		summary["workloads"].(map[string]any)[w.name] = entry
 	}
 
 	// Costs.
 	fmt.Fprintf(&md, "\nCosts over the measured interval. CPU is the process that ran the case: Holdfast and JetStream run embedded, so theirs includes the server; "+
-		"Redis's and Holdfast-over-HTTP's clients and servers are separate processes, given apart. Disk bytes are what the server process wrote (`write_bytes` of `/proc/<pid>/io`) per byte of 256-byte payload.\n\n")
-	fmt.Fprintf(&md, "| case | CPU µs per op: Holdfast | HTTP client | HTTP server | Redis client | Redis server | JetStream | disk bytes per payload byte: Holdfast | Redis | JetStream | Holdfast syncs per op |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+		"Redis's, Holdfast-over-HTTP's and Holdfast's in-cluster Go client's clients and servers are separate processes, given apart. Disk bytes are what the server process wrote (`write_bytes` of `/proc/<pid>/io`) per byte of 256-byte payload.\n\n")
+	fmt.Fprintf(&md, "| case | CPU µs per op: Holdfast | HTTP client | HTTP server | Go client | its node | Redis client | Redis server | JetStream | disk bytes per payload byte: Holdfast | Redis | JetStream | Holdfast syncs per op |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, w := range r.cfg.workloads {
 		cpu := map[string]string{}
 		disk := map[string]string{}
@@ -418,8 +456,8 @@ func (r *report) write() int {
 		if f, ok := r.figures(w, sysHoldfast); ok && f.SyncsPerOp != nil {
 			syncs = fmtStat(*f.SyncsPerOp, "%.4f")
 		}
-		fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.title, cpu[sysHoldfast], cpu[sysHoldfastHTTP], server[sysHoldfastHTTP],
-			cpu[sysRedis], server[sysRedis], cpu[sysJetStream], disk[sysHoldfast], disk[sysRedis], disk[sysJetStream], syncs)
+		fmt.Fprintf(&md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.title, cpu[sysHoldfast], cpu[sysHoldfastHTTP], server[sysHoldfastHTTP],
+			cpu[sysHoldfastClient], server[sysHoldfastClient], cpu[sysRedis], server[sysRedis], cpu[sysJetStream], disk[sysHoldfast], disk[sysRedis], disk[sysJetStream], syncs)
 	}
 
 	r.writeReplicated(&md)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -123,5 +124,69 @@ func TestRoundRatios_OverHTTPWithoutAnEmbeddedForm(t *testing.T) {
 	})
 	if len(r) != 1 || r["redis/batch-increments-16x100/http"] != 0.05 {
 		t.Fatalf("ratios %v, want only redis/batch-increments-16x100/http = 0.05", r)
+	}
+}
+
+// TestWorkload_TargetsOver: increments-256's targets over Redis are on the
+// REST figure (0.4x) and on the in-cluster Go client's (1x, issue 28 point
+// 3); a case that is not a wire case has its targets on the embedded figure.
+func TestWorkload_TargetsOver(t *testing.T) {
+	inc, _ := findWorkload("increments-256")
+	objs, _ := findWorkload("1000-objects")
+	for _, c := range []struct {
+		w    workload
+		peer string
+		want []peerTarget
+	}{
+		{inc, sysRedis, []peerTarget{{sysHoldfastHTTP, 0.4}, {sysHoldfastClient, 1}}},
+		{inc, sysJetStream, nil},
+		{objs, sysRedis, []peerTarget{{sysHoldfast, 2.5}}},
+		{objs, sysJetStream, []peerTarget{{sysHoldfast, 10}}},
+	} {
+		if got := c.w.targetsOver(c.peer); !slices.Equal(got, c.want) {
+			t.Errorf("%s over %s: %v, want %v", c.w.name, c.peer, got, c.want)
+		}
+	}
+	if !inc.has(sysHoldfastClient) || objs.has(sysHoldfastClient) {
+		t.Errorf("only increments-256 runs on %s", sysHoldfastClient)
+	}
+}
+
+// TestReport_ClientRatioAndTarget: the in-cluster Go client's figure over
+// Redis's is taken round by round, printed beside the REST figure's, each
+// with its own target, and checked against the floor.
+func TestReport_ClientRatioAndTarget(t *testing.T) {
+	w := workload{name: "w", title: "w", unit: "increments/s", vsRedis: 0.4, wire: true, vsRedisClient: 1}
+	for _, c := range []struct {
+		client float64
+		cell   string
+		code   int
+	}{
+		{12000, "| —; over HTTP 0.50x (target 0.4x); Go client 1.20x (target 1x) |", 0},
+		{500, "| —; over HTTP 0.50x (target 0.4x); Go client 0.05x (target 1x) |", 1}, // below a tenth of 1x
+	} {
+		got := map[string]result{"holdfast-http/w": {OpsPerSec: 5000}, "holdfast-client/w": {OpsPerSec: c.client}, "redis/w": {OpsPerSec: 10000}}
+		dir := t.TempDir()
+		r := &report{
+			cfg: driveConfig{rounds: 1, floor: 0.1, workloads: []workload{w}, systems: []string{sysHoldfastHTTP, sysHoldfastClient, sysRedis},
+				base: dir, mdOut: filepath.Join(dir, "out.md")},
+			cases: map[string][]result{}, ratios: map[string][]float64{}, vs: map[string][]float64{},
+		}
+		for name, res := range got {
+			r.cases[name] = []result{res}
+		}
+		for k, v := range roundRatios(r.cfg.workloads, got) {
+			r.vs[k] = []float64{v}
+		}
+		if code := r.write(); code != c.code {
+			t.Errorf("client at %.0f/s: exit code %d, want %d", c.client, code, c.code)
+		}
+		md, err := os.ReadFile(filepath.Join(dir, "out.md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(md), c.cell) {
+			t.Errorf("the table lacks %q:\n%s", c.cell, md)
+		}
 	}
 }

@@ -16,13 +16,16 @@ import (
 // The systems a workload runs on. Holdfast runs embedded (its Go API, no
 // network), as JetStream does (embedded server, its client over 127.0.0.1);
 // Redis is a redis-server child process with its client over 127.0.0.1.
+// Holdfast also runs in a child process, its clients in the case's process:
+// over HTTP (holdfast-http, httpbench.go) and as an in-cluster Go client
+// (holdfast-client, clientbench.go).
 const (
 	sysHoldfast  = "holdfast"
 	sysRedis     = "redis"
 	sysJetStream = "jetstream"
 )
 
-var systems = []string{sysHoldfast, sysHoldfastHTTP, sysRedis, sysJetStream}
+var systems = []string{sysHoldfast, sysHoldfastHTTP, sysHoldfastClient, sysRedis, sysJetStream}
 
 // The replicated peers (issue 27), run only when -systems names them and only
 // for replicatedWorkloads: a 3-member etcd cluster (three processes of the
@@ -60,6 +63,9 @@ type workload struct {
 	// wire says that vsRedis and vsJetStream are targets of Holdfast's REST
 	// figure, not of the embedded one (issue 28's cases).
 	wire bool
+	// vsRedisClient is the in-cluster Go client's minimum median ratio to
+	// Redis's figure (issue 28 point 3); 0: none.
+	vsRedisClient float64
 	// payload says that every operation carries one 256-byte payload, so disk
 	// bytes per payload byte make sense.
 	payload bool
@@ -73,6 +79,9 @@ type workload struct {
 	peerOnly string
 	// http is the workload over Holdfast's REST API; nil: embedded only.
 	http *httpSpec
+	// client is the workload through an in-cluster Go client; nil: not run
+	// there.
+	client *clientSpec
 	// r3 is the workload on holdfast-r3; nil: not run there.
 	r3 *r3Spec
 	// fill, for the lease and queue cases, is how many records per second of
@@ -105,11 +114,12 @@ var workloads = []workload{
 	{name: "10000-objects", title: "10,000 objects, one write in flight each", unit: "writes/s", payload: true,
 		holdfast: func(dir string, d time.Duration) (result, error) { return throughput(dir, d, 10000, 10000) }, peer: writes(10000, 10000), http: httpWrites(10000, 10000)},
 	// The wire (issue 28): increments, over REST one at a time and in
-	// batches (POST /api/v1/batch), against Redis's INCR one at a time and
-	// pipelined by the same number of clients.
-	{name: "increments-256", title: "increments, 1,000 objects, 256 callers, one in flight each", unit: "increments/s", vsRedis: 0.4, wire: true,
+	// batches (POST /api/v1/batch), and through an in-cluster Go client one at
+	// a time, against Redis's INCR one at a time and pipelined by the same
+	// number of clients.
+	{name: "increments-256", title: "increments, 1,000 objects, 256 callers, one in flight each", unit: "increments/s", vsRedis: 0.4, wire: true, vsRedisClient: 1,
 		holdfast: func(dir string, d time.Duration) (result, error) { return increments(dir, d, 1000, 256) },
-		peer:     incrs(1000, 256, 1), peerOnly: sysRedis, http: httpIncrements(1000, 256)},
+		peer:     incrs(1000, 256, 1), peerOnly: sysRedis, http: httpIncrements(1000, 256), client: clientIncrements(1000, 256)},
 	{name: "batch-increments-16x100", title: "increments, 1,000 objects, 16 clients each sending 100 at once (REST: one batch; Redis: one pipeline)", unit: "increments/s", vsRedis: 0.3, wire: true,
 		peer: incrs(1000, 16, 100), peerOnly: sysRedis, http: httpBatchIncrements(1000, 16, 100)},
 	// Holdfast only: the floor under 1000-objects (userRequests).
@@ -151,6 +161,34 @@ var workloads = []workload{
 		holdfast: func(dir string, d time.Duration) (result, error) { return logAppends(dir, d, 1000, 1000, 1) }},
 }
 
+// peerTarget is one of a workload's targets over a peer: the minimum median
+// ratio of one Holdfast system's figure to the peer's.
+type peerTarget struct {
+	system string // whose figure: holdfast, holdfast-http or holdfast-client
+	min    float64
+}
+
+// targetsOver returns w's targets over peer: vsRedis and vsJetStream on the
+// embedded figure, or on the REST one for a wire case; vsRedisClient on the
+// in-cluster Go client's.
+func (w workload) targetsOver(peer string) []peerTarget {
+	on := sysHoldfast
+	if w.wire {
+		on = sysHoldfastHTTP
+	}
+	var out []peerTarget
+	switch {
+	case peer == sysRedis && w.vsRedis > 0:
+		out = append(out, peerTarget{on, w.vsRedis})
+	case peer == sysJetStream && w.vsJetStream > 0:
+		out = append(out, peerTarget{on, w.vsJetStream})
+	}
+	if peer == sysRedis && w.vsRedisClient > 0 {
+		out = append(out, peerTarget{sysHoldfastClient, w.vsRedisClient})
+	}
+	return out
+}
+
 // caseName names one process of the driver: a system and a workload.
 func caseName(system, workload string) string { return system + "/" + workload }
 
@@ -164,6 +202,8 @@ func (w workload) has(s string) bool {
 		return w.holdfast != nil
 	case sysHoldfastHTTP:
 		return w.http != nil
+	case sysHoldfastClient:
+		return w.client != nil
 	case sysHoldfastR3:
 		return w.r3 != nil
 	}

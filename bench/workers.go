@@ -10,7 +10,7 @@ import (
 	"github.com/holdfast/holdfast"
 )
 
-// errDry tells runWorkers (and httpLoop) that a worker found nothing left to
+// errDry tells runWorkers (and serverLoop) that a worker found nothing left to
 // consume.
 var errDry = errors.New("nothing left to consume")
 
@@ -64,6 +64,29 @@ func runWorkers(n int, d time.Duration, op func(w int) (int64, error)) (interval
 		return interval{}, err
 	}
 	return iv, nil
+}
+
+// inParallel calls f(i) for every i below n, 64 calls at a time, and returns
+// the first error. (Not an atomic.Value: it panics when errors of two
+// concrete types are stored.)
+func inParallel(n int, f func(i int) error) error {
+	sem := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	var first sync.Once
+	var failed error
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := f(i); err != nil {
+				first.Do(func() { failed = err })
+			}
+		}()
+	}
+	wg.Wait()
+	return failed
 }
 
 func (iv interval) perSec() float64 { return float64(iv.ops) / iv.elapsed.Seconds() }
