@@ -428,6 +428,33 @@ func (h *Host) inflight() int64 {
 	return n
 }
 
+// RequestAsync is Request without a goroutine waiting for the reply: it
+// sends msg to object id, activating it if needed, and done takes the reply,
+// once, on the goroutine that has it (this one, when the object answers at
+// once or id cannot be reached; the commit pipeline's, once a write is
+// durable). done must not block. There is no timeout: the caller keeps its
+// own. As with Request, the calling goroutine may run the commit itself when
+// the committer is idle (Pipeline.Help), so it must be free to block for a
+// sync.
+//
+// Why: a request from another node held a goroutine from its arrival until
+// its write was durable, and waking it again cost a scheduling round; with
+// 64 writers forwarded through another node, those goroutines were most of
+// the runnable ones (go tool trace -pprof=sched of bench -case
+// cluster-latency).
+func (h *Host) RequestAsync(id ObjectID, msg any, done func(val any, err error)) {
+	if h.refuses(msg) {
+		done(nil, errOverBudget())
+		return
+	}
+	act, err := h.acquire(id)
+	if err != nil {
+		done(nil, err)
+		return
+	}
+	h.send(act, &envelope{msg: msg, done: done, act: act}, true)
+}
+
 // Active returns the number of active objects.
 func (h *Host) Active() int {
 	n := 0

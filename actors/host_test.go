@@ -517,3 +517,58 @@ func TestKV_GoAPIValues(t *testing.T) {
 		}
 	}
 }
+
+// TestHost_RequestAsyncRepliesOnceAfterTheSync: RequestAsync's done takes a
+// write's reply once, only after the commit that covers it, while the
+// goroutine that sent it has gone on (each sends from its own, which may run
+// a commit: Pipeline.Help); a request the host refuses gets its error at once.
+func TestHost_RequestAsyncRepliesOnceAfterTheSync(t *testing.T) {
+	hd := newHold(t)
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: hd.before}}})
+	const writes = 50
+	var calls atomic.Int64
+	replies := make(chan *WriteResult, writes)
+	var sent sync.WaitGroup
+	for i := range writes {
+		msg := &KVWrite{Route: RoutePut, Ops: []Op{{Op: "set", Key: "v", Value: json.RawMessage(fmt.Sprint(i))}}}
+		sent.Add(1)
+		go func() {
+			defer sent.Done()
+			n.host.RequestAsync(ObjectID{App: "app_t", Type: "c", Key: fmt.Sprint(i % 5)}, msg, func(v any, err error) {
+				calls.Add(1)
+				if err != nil {
+					t.Errorf("write %d: %v", i, err)
+				}
+				r, _ := v.(*WriteResult)
+				replies <- r
+			})
+		}()
+	}
+	waitFor(t, "every write to reach the pipeline", func() bool {
+		return hd.inHold.Load()+int64(n.pipe.Queued()) > 0 && n.host.inflight() == writes
+	})
+	if got := calls.Load(); got != 0 {
+		t.Fatalf("%d writes replied to while their commit was held", got)
+	}
+	hd.open()
+	sent.Wait()
+	for range writes {
+		if r := <-replies; r == nil || r.LogID == 0 {
+			t.Fatalf("a write's reply: %+v", r)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // a second call would come now
+	if got := calls.Load(); got != writes {
+		t.Fatalf("done was called %d times for %d writes", got, writes)
+	}
+	refused := make(chan error, 1)
+	n.host.RequestAsync(ObjectID{App: "app_t", Type: "c", Key: ""}, &KVGet{}, func(_ any, err error) { refused <- err })
+	select {
+	case err := <-refused:
+		if err == nil {
+			t.Fatal("a request for an object with no key was not refused")
+		}
+	default:
+		t.Fatal("a refused request's done was not called before RequestAsync returned")
+	}
+}

@@ -16,7 +16,9 @@ import (
 type envelope struct {
 	msg   any
 	reply chan result // buffered: the actor never blocks on a caller that left
-	act   *activation
+	// done, when set instead of reply, takes the reply (RequestAsync).
+	done func(val any, err error)
+	act  *activation
 	// The reply held at the output gate (respond) until its write is durable.
 	h   *Host
 	val any
@@ -33,7 +35,11 @@ func (e *envelope) finish(val any, err, cerr error) {
 	if cerr != nil {
 		val, err = nil, commitError(cerr)
 	}
-	e.reply <- result{val, err}
+	if e.done != nil {
+		e.done(val, err)
+	} else {
+		e.reply <- result{val, err}
+	}
 	e.act.inflight.Add(-1)
 }
 

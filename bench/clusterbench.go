@@ -234,8 +234,10 @@ func clusterLatency(dir string, cfg clusterConfig) (clusterResult, error) {
 			}
 			stopProfile := func() {}
 			if via.name == "other" && writers == 64 {
-				// HOLDFAST_BENCH_CPUPROFILE profiles the forward under load.
-				stopProfile = profileCPU()
+				// HOLDFAST_BENCH_CPUPROFILE profiles the forward under load,
+				// HOLDFAST_BENCH_TRACE traces it.
+				stopCPU, stopTrace := profileCPU(), traceRun()
+				stopProfile = func() { stopCPU(); stopTrace() }
 			}
 			f, err := run(c.nodes[via.node], writers, cfg.d)
 			stopProfile()

@@ -36,7 +36,7 @@ func TestTransport_BindApartFromAdvertise(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer px.Close()
-	b, err := startTransport(px.Addr(), bind, answer, func(*wireRequest) {}, log)
+	b, err := startTransport(px.Addr(), bind, answer, nil, func(*wireRequest) {}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestTransport_BindApartFromAdvertise(t *testing.T) {
 	if b.addr != px.Addr() {
 		t.Fatalf("the node is known as %q, want its advertised address %q", b.addr, px.Addr())
 	}
-	a, err := startTransport("127.0.0.1:0", "", answer, func(*wireRequest) {}, log)
+	a, err := startTransport("127.0.0.1:0", "", answer, nil, func(*wireRequest) {}, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,7 +90,7 @@ func StartClient(cfg ClientConfig) (*Client, error) {
 	}
 	m.owned = owner.New(nil)
 	m.ctx, m.cancel = m.owned.Context(), m.owned.Stop
-	tr, err := startTransport(cfg.Advertise, "", m.serveRemote, m.serveFeed, m.log)
+	tr, err := startTransport(cfg.Advertise, "", m.serveRemote, nil, m.serveFeed, m.log)
 	if err != nil {
 		m.cancel()
 		_ = cli.Close()

@@ -267,7 +267,7 @@ func (m *member) start() error {
 			m.stale[p] = true
 		}
 	}
-	tr, err := startTransport(m.cfg.Advertise, m.cfg.Bind, m.serveRemote, m.serveFeed, m.log)
+	tr, err := startTransport(m.cfg.Advertise, m.cfg.Bind, m.serveRemote, m.serveObject, m.serveFeed, m.log)
 	if err != nil {
 		return err
 	}
@@ -607,23 +607,36 @@ func (m *member) notServing(p uint32) error {
 	return &notOwnerError{msg: fmt.Sprintf("node %s does not serve partition %d now", m.id, p)}
 }
 
-// serveRemote answers a request from another node.
+// serveObject answers another node's request for an object
+// (opObject) without holding a goroutine until the reply
+// (actors.Host.RequestAsync); it takes no other op.
+func (m *member) serveObject(req *wireRequest, reply func(*wireReply)) bool {
+	if req.Op != opObject {
+		return false
+	}
+	if err := actors.ValidateID(req.ID); err != nil {
+		reply(&wireReply{Err: toWireError(err)})
+		return true
+	}
+	p := persistence.Partition(req.ID, len(m.state))
+	e := m.servingEpoch(p)
+	if e == 0 {
+		reply(&wireReply{Err: toWireError(m.notServing(p))})
+		return true
+	}
+	m.n.host.RequestAsync(req.ID, req.Msg, func(v any, err error) {
+		if actors.NotServed(err) {
+			reply(&wireReply{Err: toWireError(m.notServing(p))})
+			return
+		}
+		reply(&wireReply{Val: v, Err: toWireError(err), Served: Served{Node: m.id, Partition: p, Epoch: e}})
+	})
+	return true
+}
+
+// serveRemote answers a request from another node (but opObject: serveObject).
 func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 	switch req.Op {
-	case opObject:
-		if err := actors.ValidateID(req.ID); err != nil {
-			return &wireReply{Err: toWireError(err)}
-		}
-		p := persistence.Partition(req.ID, len(m.state))
-		e := m.servingEpoch(p)
-		if e == 0 {
-			return &wireReply{Err: toWireError(m.notServing(p))}
-		}
-		v, err := m.n.host.Request(ctx, req.ID, req.Msg)
-		if actors.NotServed(err) {
-			return &wireReply{Err: toWireError(m.notServing(p))}
-		}
-		return &wireReply{Val: v, Err: toWireError(err), Served: Served{Node: m.id, Partition: p, Epoch: e}}
 	case opHandoffBegin, opHandoffChunk, opHandoffEnd:
 		return m.serveHandoff(ctx, req)
 	case opPing:

@@ -49,11 +49,11 @@ func TestTransport_CallsAndServedRequestsAreOwned(t *testing.T) {
 		returned.Store(true)
 		return &wireReply{}
 	}
-	b, err := startTransport("127.0.0.1:0", "", blocking, func(*wireRequest) {}, log)
+	b, err := startTransport("127.0.0.1:0", "", blocking, nil, func(*wireRequest) {}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := startTransport("127.0.0.1:0", "", blocking, func(*wireRequest) {}, log)
+	a, err := startTransport("127.0.0.1:0", "", blocking, nil, func(*wireRequest) {}, log)
 	if err != nil {
 		b.stop()
 		t.Fatal(err)

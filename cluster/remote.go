@@ -123,6 +123,12 @@ const maxIdleServers = 1024
 // handler serves one request that arrived from another member.
 type handler func(ctx context.Context, req *wireRequest) *wireReply
 
+// asyncHandler serves a request that arrived from another member without
+// holding the goroutine until its reply, when it takes the request's op: it
+// reports false for the others (handler serves those). reply must be called
+// once, on any goroutine, and does not block.
+type asyncHandler func(req *wireRequest, reply func(*wireReply)) bool
+
 // errUnreachable is a request that got no reply from the other node: its
 // outcome is unknown.
 var errUnreachable = errors.New("cluster: no reply from the node")
@@ -140,6 +146,7 @@ type transport struct {
 	ln    net.Listener
 	addr  string // the address other members reach this one at
 	serve handler
+	async asyncHandler // nil: serve takes every request
 	feed  func(*wireRequest)
 	log   *slog.Logger
 
@@ -177,10 +184,11 @@ type transport struct {
 
 // startTransport starts a member's transport listening on bind and known to
 // the others as advertise (host:port each; an empty bind means advertise, and
-// then port 0 picks a free port). serve answers requests from other members;
-// feed, called on a connection's reader in arrival order, takes one-way
-// messages (they must not be reordered, and it must not block).
-func startTransport(advertise, bind string, serve handler, feed func(*wireRequest), log *slog.Logger) (*transport, error) {
+// then port 0 picks a free port). serve answers requests from other members,
+// but those async takes (nil: none); feed, called on a connection's reader in
+// arrival order, takes one-way messages (they must not be reordered, and it
+// must not block).
+func startTransport(advertise, bind string, serve handler, async asyncHandler, feed func(*wireRequest), log *slog.Logger) (*transport, error) {
 	listen, apart, err := bindAddr(advertise, bind)
 	if err != nil {
 		return nil, err
@@ -190,7 +198,7 @@ func startTransport(advertise, bind string, serve handler, feed func(*wireReques
 		return nil, fmt.Errorf("cluster: listen on %s: %w", listen, err)
 	}
 	t := &transport{
-		ln: ln, addr: advertise, serve: serve, feed: feed, log: log,
+		ln: ln, addr: advertise, serve: serve, async: async, feed: feed, log: log,
 		owned: owner.New(nil), serving: owner.New(nil),
 		out: map[string]*conn{}, in: map[*conn]struct{}{}, down: map[string]time.Time{},
 	}
@@ -394,24 +402,29 @@ func (t *transport) markDown(addr string) {
 func (t *transport) serveRequest(c *conn, id uint64, payload []byte) {
 	if !t.servers.Go(func() {
 		var w wireRequest
-		var reply *wireReply
 		if err := decodeRequest(payload, &w); err != nil {
 			t.log.Error("cannot decode a request from another node", "err", err)
-			reply = &wireReply{Err: &wireError{Kind: actors.KindInternal, Msg: "cannot decode a request from another node"}}
-		} else {
-			wait := w.Wait
-			if wait <= 0 || wait > time.Minute {
-				wait = time.Minute
-			}
-			ctx, cancel := context.WithTimeout(t.serving.Context(), wait)
-			reply = t.serve(ctx, &w)
-			cancel()
+			c.reply(id, encodeReply(t.log, &wireReply{Err: &wireError{Kind: actors.KindInternal, Msg: "cannot decode a request from another node"}}))
+			return
+		}
+		send := func(reply *wireReply) {
 			if drop := t.dropReply.Load(); drop != nil && (*drop)(w.Op) {
 				c.reply(id, nil)
 				return
 			}
+			c.reply(id, encodeReply(t.log, reply))
 		}
-		c.reply(id, encodeReply(t.log, reply))
+		if t.async != nil && t.async(&w, send) {
+			return
+		}
+		wait := w.Wait
+		if wait <= 0 || wait > time.Minute {
+			wait = time.Minute
+		}
+		ctx, cancel := context.WithTimeout(t.serving.Context(), wait)
+		reply := t.serve(ctx, &w)
+		cancel()
+		send(reply)
 	}) { // stopping
 		c.reply(id, encodeReply(t.log, &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindUnavailable, Msg: "the node is shutting down", RetryAfter: time.Second})}))
 	}

@@ -28,7 +28,7 @@ func startTestTransport(t *testing.T, serve handler, feed func(*wireRequest)) *t
 	if feed == nil {
 		feed = func(*wireRequest) {}
 	}
-	tr, err := startTransport("127.0.0.1:0", "", serve, feed, testLogger(t))
+	tr, err := startTransport("127.0.0.1:0", "", serve, nil, feed, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,12 +328,12 @@ func BenchmarkTransport_Call(b *testing.B) {
 	reply := &wireReply{Val: &actors.WriteResult{LogID: 5}}
 	serve := func(context.Context, *wireRequest) *wireReply { return reply }
 	log := testLogger(&testing.T{})
-	srv, err := startTransport("127.0.0.1:0", "", serve, func(*wireRequest) {}, log)
+	srv, err := startTransport("127.0.0.1:0", "", serve, nil, func(*wireRequest) {}, log)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer srv.stop()
-	cli, err := startTransport("127.0.0.1:0", "", serve, func(*wireRequest) {}, log)
+	cli, err := startTransport("127.0.0.1:0", "", serve, nil, func(*wireRequest) {}, log)
 	if err != nil {
 		b.Fatal(err)
 	}
