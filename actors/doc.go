@@ -47,11 +47,14 @@
 //     log_id, idempotency records; kvplan.go plans a write's ops against the
 //     limits of spec/objects.md; slots.go keeps small objects' slots in a
 //     slice.
-//   - The retained log (log.go, logapi.go): records, offsets, cursors,
-//     retention; cold segments (logcold.go, through cold.Store); leases for
-//     parallel consumers (loglease.go).
-//   - The write-ahead queue (queue.go, queueapi.go): messages and their
-//     (message, target) pairs; push handlers (queuepush.go), dead letters
+//   - The retained log (log.go, logapi.go): its state, appends, reads and
+//     cursors; blocks, the records of one append (logblock.go); retention
+//     and trimming (logtrim.go); cold segments (logcold.go, through
+//     cold.Store); leases for parallel consumers (loglease.go).
+//   - The write-ahead queue (queue.go, queueapi.go): its state and
+//     transactions, enqueues, messages and their (message, target) pairs;
+//     keys and receipts (queuekeys.go); deliveries: receive, expiry, retries,
+//     ack, nack (queuedeliver.go); push handlers (queuepush.go), dead letters
 //     (queuedead.go), compaction (queuecompact.go), replay of deliveries in
 //     flight at start (queuereplay.go), the node-wide depth (queuedepth.go),
 //     the alarm action that enqueues (queuealarm.go).
