@@ -6,10 +6,12 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/client"
 	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/gateway"
@@ -200,6 +202,37 @@ func TestClient_LogAndQueue(t *testing.T) {
 	}
 	if more := must(q.Receive(ctx, 10, 0)); len(more) != 0 {
 		t.Fatalf("after the acks: %+v", more)
+	}
+	// A delivery its handler calls hopeless is a dead letter, listed with
+	// when it failed.
+	must(q.Enqueue(ctx, client.Message{ID: "m3", Topic: "t", Payload: 3}))
+	d := must(q.Receive(ctx, 1, 0))
+	if _, err := c.Do(ctx, http.MethodPost, "/api/v1/queues/"+app.ID+"/jobs/q/dead", nil, nil, map[string]string{"receipt": d[0].Receipt, "reason": "bad input"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	dead := must(q.DeadLetters(ctx, client.DeadLetterQuery{Topic: "t"}))
+	if len(dead) != 1 || dead[0].ID != "m3" || dead[0].Topic != "t" || string(dead[0].Payload) != "3" || dead[0].Attempts != 1 || dead[0].FailedAt == 0 || dead[0].Target == "" {
+		t.Fatalf("dead letters: %+v", dead)
+	}
+	if none := must(q.DeadLetters(ctx, client.DeadLetterQuery{Topic: "other"})); len(none) != 0 {
+		t.Fatalf("dead letters of another topic: %+v", none)
+	}
+}
+
+// The client's copies of the server's replies carry every field of them.
+func TestClient_RepliesCarryEveryField(t *testing.T) {
+	for _, pair := range [][2]any{{actors.QueueDeadLetter{}, client.DeadLetter{}}} {
+		have := map[string]bool{}
+		ct := reflect.TypeOf(pair[1])
+		for i := range ct.NumField() {
+			have[strings.Split(ct.Field(i).Tag.Get("json"), ",")[0]] = true
+		}
+		st := reflect.TypeOf(pair[0])
+		for i := range st.NumField() {
+			if name := strings.Split(st.Field(i).Tag.Get("json"), ",")[0]; name != "-" && !have[name] {
+				t.Errorf("%s has no field %q of %s", ct, name, st)
+			}
+		}
 	}
 }
 

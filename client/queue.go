@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
+	"strconv"
 )
 
 // Queue is a write-ahead queue's routes (spec/queue.md).
@@ -93,4 +95,47 @@ func (q *Queue) Ack(ctx context.Context, receipts ...string) (int, error) {
 		return 0, err
 	}
 	return r.Acked, nil
+}
+
+// DeadLetter is a message whose delivery to a target failed for good: its
+// attempts were spent, or a handler said it cannot succeed. FailedAt is unix
+// milliseconds. (The server's definition is actors.QueueDeadLetter; a test
+// checks that every field of it is here.)
+type DeadLetter struct {
+	ID        string          `json:"id"`
+	Target    string          `json:"target"`
+	Topic     string          `json:"topic"`
+	Payload   json.RawMessage `json:"payload"`
+	Attempts  int             `json:"attempts"`
+	Reason    string          `json:"reason"`
+	LastError string          `json:"lastError"`
+	FailedAt  int64           `json:"failedAt"`
+}
+
+// DeadLetterQuery narrows a listing of dead letters: at most Limit (0: the
+// server's default, 100), of one Target and one Topic when set.
+type DeadLetterQuery struct {
+	Limit         int
+	Target, Topic string
+}
+
+// DeadLetters lists the queue's dead letters, oldest failure first.
+func (q *Queue) DeadLetters(ctx context.Context, query DeadLetterQuery) ([]DeadLetter, error) {
+	v := url.Values{}
+	if query.Limit > 0 {
+		v.Set("limit", strconv.Itoa(query.Limit))
+	}
+	if query.Target != "" {
+		v.Set("target", query.Target)
+	}
+	if query.Topic != "" {
+		v.Set("topic", query.Topic)
+	}
+	var r struct {
+		DeadLetters []DeadLetter `json:"deadLetters"`
+	}
+	if _, err := q.c.Do(ctx, http.MethodGet, q.c.path("queues", q.typ, q.key, "dead-letters"), v, nil, nil, &r); err != nil {
+		return nil, err
+	}
+	return r.DeadLetters, nil
 }

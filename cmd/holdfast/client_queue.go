@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	hfclient "github.com/holdfast/holdfast/client"
 )
 
 // queueCommand is `holdfast queue`: an object's write-ahead queue.
@@ -245,15 +247,7 @@ PAYLOAD". Redrive them with "queue redrive".`,
 				q.Set("topic", topic)
 			}
 			var r struct {
-				DeadLetters []struct {
-					ID        string          `json:"id"`
-					Target    string          `json:"target"`
-					Topic     string          `json:"topic"`
-					Payload   json.RawMessage `json:"payload"`
-					Attempts  int             `json:"attempts"`
-					Reason    string          `json:"reason"`
-					LastError string          `json:"lastError"`
-				} `json:"deadLetters"`
+				DeadLetters []hfclient.DeadLetter `json:"deadLetters"`
 			}
 			b, err := c.call(cmd.Context(), "GET", c.path("queues", ref, "dead-letters"), q, nil, &r)
 			if err != nil || o.json {
