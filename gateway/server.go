@@ -77,8 +77,9 @@ const maxIdleBatchWorkers = 1024
 
 // Metrics is what the gateway reports to the node's metrics.
 type Metrics interface {
-	// Request observes one request: its behaviour, route pattern, status, time.
-	Request(behaviour, route string, code int, d time.Duration)
+	// Request observes one request: its behaviour, method, route (the path
+	// pattern, without the method), status and time.
+	Request(behaviour, method, route string, code int, d time.Duration)
 	// SlowSocketClosed counts a websocket closed for falling behind.
 	SlowSocketClosed()
 }
@@ -242,11 +243,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
 		w = sw
 		start := time.Now()
-		route := pattern
-		if route == "" {
-			route = "unmatched"
-		}
-		defer func() { m.Request(behaviourOf(pattern), route, sw.code, time.Since(start)) }()
+		method, route := metricLabels(pattern, r.Method)
+		defer func() { m.Request(behaviourOf(pattern), method, route, sw.code, time.Since(start)) }()
 	}
 	if pattern == "" {
 		s.unmatched(w, r, h)
@@ -466,6 +464,26 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// metricLabels splits a route pattern ("PUT /api/v1/...") into the method
+// and route labels of the request metrics. A request no pattern matched is
+// route "unmatched"; its method label is the request's when it is one of
+// HTTP's, else "other" (a client must not grow the series without bound).
+func metricLabels(pattern, method string) (string, string) {
+	if m, route, ok := strings.Cut(pattern, " "); ok {
+		return m, route
+	}
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+	default:
+		method = "other"
+	}
+	if pattern == "" {
+		return method, "unmatched"
+	}
+	return method, pattern
+}
 
 // behaviourOf names the behaviour a route pattern serves (a metrics label).
 func behaviourOf(pattern string) string {

@@ -10,6 +10,7 @@ package metrics
 import (
 	"context"
 	"net/http"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -58,12 +59,12 @@ func New() *Metrics {
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 	})
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "holdfast_http_requests_total", Help: "HTTP requests by behaviour, route pattern and status code.",
-	}, []string{"behaviour", "route", "code"})
+		Name: "holdfast_http_requests_total", Help: "HTTP requests by behaviour, method, route (the path pattern) and status code.",
+	}, []string{"behaviour", "method", "route", "code"})
 	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "holdfast_http_request_seconds", Help: "HTTP request latency by behaviour and route pattern.",
+		Name: "holdfast_http_request_seconds", Help: "HTTP request latency by behaviour, method and route (the path pattern).",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
-	}, []string{"behaviour", "route"})
+	}, []string{"behaviour", "method", "route"})
 	m.passivated = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "holdfast_objects_passivated_total", Help: "Object activations passivated after being idle.",
 	})
@@ -109,6 +110,18 @@ func New() *Metrics {
 	return m
 }
 
+// BuildInfo registers holdfast_build_info, always 1, whose labels say what
+// runs: the version, the VCS revision ("" when unknown) and Go's version.
+// Dashboards join on it (Prometheus's convention for *_build_info).
+func (m *Metrics) BuildInfo(version, revision string) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "holdfast_build_info", Help: "Always 1; the labels say which build of Holdfast runs.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": runtime.Version()},
+	})
+	g.Set(1)
+	m.reg.MustRegister(g)
+}
+
 // Handler serves the metrics in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
@@ -133,10 +146,11 @@ func (m *Metrics) Commit(writes int, sync time.Duration) {
 	m.syncSeconds.Observe(sync.Seconds())
 }
 
-// Request observes one HTTP request.
-func (m *Metrics) Request(behaviour, route string, code int, d time.Duration) {
-	m.requests.WithLabelValues(behaviour, route, strconv.Itoa(code)).Inc()
-	m.latency.WithLabelValues(behaviour, route).Observe(d.Seconds())
+// Request observes one HTTP request: route is its path pattern, without the
+// method.
+func (m *Metrics) Request(behaviour, method, route string, code int, d time.Duration) {
+	m.requests.WithLabelValues(behaviour, method, route, strconv.Itoa(code)).Inc()
+	m.latency.WithLabelValues(behaviour, method, route).Observe(d.Seconds())
 }
 
 // Passivated counts one passivation.

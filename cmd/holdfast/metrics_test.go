@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -118,8 +119,14 @@ func TestMetrics_CountWhatAWorkloadDid(t *testing.T) {
 	if n := value(mid, "holdfast_http_requests_total", "behaviour", "kv", "code", "404"); n != 3 {
 		t.Fatalf("kv 404 requests: %v, want 3", n)
 	}
-	if n := value(mid, "holdfast_http_requests_total", "route", "PUT /api/v1/objects/{app}/{type}/{key}/{slot}"); n != 12 {
+	if n := value(mid, "holdfast_http_requests_total", "method", "PUT", "route", "/api/v1/objects/{app}/{type}/{key}/{slot}"); n != 12 {
 		t.Fatalf("requests of the PUT route: %v", n)
+	}
+	if n := value(mid, "holdfast_http_requests_total", "method", "GET", "route", "/api/v1/objects/{app}/{type}/{key}/{slot}", "code", "404"); n != 3 {
+		t.Fatalf("404s of the GET route: %v", n)
+	}
+	if n := value(mid, "holdfast_build_info", "goversion", runtime.Version()); n != 1 {
+		t.Fatalf("holdfast_build_info with goversion %s: %v, want 1", runtime.Version(), n)
 	}
 	if n := value(mid, "holdfast_http_request_seconds", "behaviour", "kv"); n != 15 {
 		t.Fatalf("kv latency observations: %v, want 15", n)
@@ -193,7 +200,8 @@ func TestMetrics_CountWhatAWorkloadDid(t *testing.T) {
 }
 
 // TestMetrics_DashboardNamesExportedMetrics: every holdfast_* series the
-// Grafana dashboard in docs/ queries is one the node exports.
+// Grafana dashboard in docs/ queries is one the node exports, narrowed to the
+// dashboard's job and instance variables.
 func TestMetrics_DashboardNamesExportedMetrics(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server process")
@@ -231,6 +239,12 @@ func TestMetrics_DashboardNamesExportedMetrics(t *testing.T) {
 				}
 				if fams[base] == nil {
 					t.Errorf("panel %q queries %s, which the node does not export", p.Title, name)
+				}
+			}
+			// Every series is narrowed to the dashboard's job and instance.
+			for _, m := range names.FindAllStringIndex(tg.Expr, -1) {
+				if !strings.HasPrefix(tg.Expr[m[1]:], `{job=~"$job",instance=~"$instance"`) {
+					t.Errorf("panel %q queries %s without the job and instance variables", p.Title, tg.Expr[m[0]:m[1]])
 				}
 			}
 		}

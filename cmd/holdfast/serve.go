@@ -158,6 +158,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			RaftAdvertise: c.RaftAdvertise, RaftBind: c.RaftBind}
 	}
 	mt := metrics.New()
+	mt.BuildInfo(buildVersion())
 	setMemoryLimit(cfg.MemoryBudget, log)
 	node, err := cluster.Start(cluster.Config{
 		DataDir:     filepath.Join(cfg.DataDir, "db"),
