@@ -46,6 +46,8 @@ type testCluster struct {
 	// cold, when set, is every node's cold store, shared if coldShared.
 	cold       cold.Store
 	coldShared bool
+	// log, when set, is every node's log handler (else testLogger's).
+	log slog.Handler
 }
 
 // activity is the activation checker.
@@ -122,6 +124,14 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// logger is a node's logger: tc.log's, else testLogger's.
+func (tc *testCluster) logger() *slog.Logger {
+	if tc.log != nil {
+		return slog.New(tc.log)
+	}
+	return testLogger(tc.t)
+}
+
 // testTypeOptions: type "leased" has leases; the others the defaults.
 func testTypeOptions(typ string) actors.TypeOptions {
 	o := actors.DefaultTypeOptions()
@@ -148,7 +158,7 @@ func (tc *testCluster) start(id string) *Node {
 		tc.metrics[id] = mt
 	}
 	n, err := Start(Config{
-		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: testLogger(tc.t), TypeOptions: testTypeOptions,
+		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: tc.logger(), TypeOptions: testTypeOptions,
 		Hooks: actors.Hooks{Routed: tc.activity.routed(id)},
 		Cold:  tc.cold, ColdShared: tc.coldShared, Metrics: mt,
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second,

@@ -88,7 +88,7 @@ func (m *member) handoff(p uint32, e PartEntry) {
 	}
 	m.state[p] = stIdle
 	m.stale[p] = true
-	m.log.Info("handed a partition off", "partition", p, "to", e.Target, "took", time.Since(start).Round(time.Millisecond))
+	m.events.handedOff.add(e.Target, "handed a partition off", "partition", p, "to", e.Target, "took", time.Since(start).Round(time.Millisecond))
 	m.poke()
 }
 

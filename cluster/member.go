@@ -98,6 +98,9 @@ type member struct {
 	cfg  ClusterConfig
 	id   string
 	log  *slog.Logger
+	// events gathers per-partition events into one INFO line a run
+	// (eventlog.go); nil in a client member.
+	events *memberEvents
 	cli  *clientv3.Client
 	k    keys
 	view *view
@@ -234,6 +237,7 @@ func newMember(n *Node, cli *clientv3.Client, parts int) *member {
 		imports: map[uint32]*importState{}, retryAt: map[uint32]time.Time{}, stale: map[uint32]bool{},
 		kick: make(chan struct{}, 1), leaveAsked: make(chan struct{}), subs: newRemoteSubs(),
 	}
+	m.events = newMemberEvents(m.log)
 	m.owned = owner.New(nil)
 	m.ctx, m.cancel = m.owned.Context(), m.owned.Stop
 	return m
@@ -707,7 +711,7 @@ func (m *member) reconcile() {
 				if mine && e.Epoch == local-1 {
 					continue // our own take-up's write is not in the view yet
 				}
-				m.log.Info("stopped serving a partition", "partition", p, "owner", e.Owner, "epoch", e.Epoch)
+				m.events.stopped.add(e.Owner, "stopped serving a partition", "partition", p, "owner", e.Owner, "epoch", e.Epoch)
 				m.stopServing(p)
 				m.state[p] = stIdle
 				if !mine {
@@ -915,6 +919,9 @@ func (m *member) stop(revoke bool) {
 	}
 	_ = m.owned.Wait(context.Background()) // every loop ends with m.ctx
 	m.tr.stop()
+	if m.events != nil {
+		m.events.stop()
+	}
 	_ = m.cli.Close()
 }
 

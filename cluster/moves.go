@@ -104,7 +104,7 @@ func (r *replicated) planMoves() error {
 		groups[p] = ne
 		pending++
 		load[to]++
-		m.log.Info("moving a replica", "partition", p, "from", from.Node, "to", to, "why", why)
+		m.events.moving.add(to, "moving a replica", "partition", p, "from", from.Node, "to", to, "why", why)
 		return nil
 	}
 	// A move whose new replica's node went down, is leaving, or runs on
@@ -301,7 +301,7 @@ func (r *replicated) runMove(g replication.GroupID, self replication.ReplicaID, 
 			return
 		}
 		if r.settle(p, 0, add.ID) {
-			m.log.Info("added a replica", "partition", p, "on", add.Node)
+			m.events.moved.add(add.Node, "added a replica", "partition", p, "on", add.Node)
 		}
 		return
 	}
@@ -337,7 +337,7 @@ func (r *replicated) runMove(g replication.GroupID, self replication.ReplicaID, 
 	}
 	// Settle the entry: the replaced replica goes, the new one is plain.
 	if r.settle(p, add.Replaces, add.ID) {
-		m.log.Info("moved a replica", "partition", p, "to", add.Node, "took", time.Since(start).Round(time.Millisecond))
+		m.events.moved.add(add.Node, "moved a replica", "partition", p, "to", add.Node, "took", time.Since(start).Round(time.Millisecond))
 	}
 }
 
