@@ -94,17 +94,17 @@ const (
 
 // member is the cluster half of a Node.
 type member struct {
-	n    *Node
-	cfg  ClusterConfig
-	id   string
-	log  *slog.Logger
+	n   *Node
+	cfg ClusterConfig
+	id  string
+	log *slog.Logger
 	// events gathers per-partition events into one INFO line a run
 	// (eventlog.go); nil in a client member.
 	events *memberEvents
-	cli  *clientv3.Client
-	k    keys
-	view *view
-	tr   *transport
+	cli    *clientv3.Client
+	k      keys
+	view   *view
+	tr     *transport
 
 	sess atomic.Pointer[session]
 	boot string
