@@ -186,6 +186,9 @@ func TestClient_ObjectErrors(t *testing.T) {
 		{[]string{"object", "get", "order/o1", "--url", "ftp://x"}, []string{"--url"}},
 		{[]string{"object", "get", "order/o1", "--nope"}, []string{"unknown flag"}},
 		{[]string{"object", "frobnicate"}, []string{"unknown command"}},
+		{[]string{"object", "gte"}, []string{`unknown command "gte" for "holdfast object"`, "Did you mean this?\n\tget"}},
+		{[]string{"queue", "recieve", "jobs/q"}, []string{"Did you mean this?\n\treceive"}},
+		{[]string{"cluster", "stauts"}, []string{"Did you mean this?\n\tstatus"}},
 	} {
 		cliFail(t, srv, c.args, c.wants...)
 	}

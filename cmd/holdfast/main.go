@@ -5,8 +5,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -20,8 +22,35 @@ func main() {
 	}
 	root.AddCommand(serveCommand(), versionCommand(), clusterCommand(), repairCommand())
 	root.AddCommand(clientCommands()...)
+	suggestUnknown(root)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "holdfast:", err)
 		os.Exit(1)
 	}
+}
+
+// suggestUnknown makes every command group below c answer an unknown
+// subcommand with the ones it resembles, as cobra does for the root only:
+// "holdfast object gte" suggests get. A group takes no arguments of its own.
+func suggestUnknown(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		if sub.HasSubCommands() {
+			sub.Args, sub.SuggestionsMinimumDistance = unknownSubcommand, 2
+			if !sub.Runnable() { // cobra checks the arguments of runnable commands only
+				sub.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+			}
+			suggestUnknown(sub)
+		}
+	}
+}
+
+func unknownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
+	}
+	return errors.New(msg + "\n\nRun '" + cmd.CommandPath() + " --help' for its commands.")
 }
