@@ -6,9 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	hfclient "github.com/holdfast/holdfast/client"
 )
 
 const valueRule = `A VALUE is JSON: 42, true, {"a": 1}, and a string in JSON quotes ('"shipped"').
@@ -17,7 +21,8 @@ With --string the argument is sent as a string as it is (shipped).`
 // objectCommand is `holdfast object`: an object's KV state.
 func objectCommand() *cobra.Command {
 	cmd, o := clientGroup("object", "Read, write and watch an object's KV state (TYPE/KEY)")
-	cmd.AddCommand(objectGet(o), objectSet(o), objectPatch(o), objectDelete(o), objectWatch(o))
+	cmd.AddCommand(objectGet(o), objectSet(o), objectIncrement(o), objectAppend(o), objectPatch(o), objectTransaction(o),
+		objectDelete(o), objectChanges(o), objectWatch(o))
 	return cmd
 }
 
@@ -88,6 +93,138 @@ func objectSet(o *clientOpts) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asString, "string", false, "send VALUE as a string, not as JSON")
+	return cmd
+}
+
+func objectIncrement(o *clientOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "increment TYPE/KEY SLOT [BY]",
+		Short: "Add BY (default 1) to a number slot and print its new value",
+		Long: `Add BY (a JSON number, default 1) to a slot holding a number (an absent slot
+counts as 0), and print the slot's new value and the object's new log_id.`,
+		Args: usageArgs(2, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ref, err := o.object(args[0])
+			if err != nil {
+				return err
+			}
+			body := map[string]json.RawMessage{}
+			if len(args) == 3 {
+				var n json.Number
+				if err := json.Unmarshal([]byte(args[2]), &n); err != nil {
+					return fmt.Errorf("BY %q is not a number", args[2])
+				}
+				body["by"] = json.RawMessage(args[2])
+			}
+			b, err := c.call(cmd.Context(), "POST", c.path("objects", ref, args[1], "increment"), nil, body, nil)
+			if err != nil || o.json {
+				return orPrint(cmd.OutOrStdout(), b, err)
+			}
+			var r struct {
+				LogID uint64          `json:"log_id"`
+				Value json.RawMessage `json:"value"`
+			}
+			if err := json.Unmarshal(b, &r); err != nil {
+				return errors.New("the server's reply has no value")
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s log_id %d\n", compact(r.Value), r.LogID)
+			return nil
+		},
+	}
+}
+
+func objectAppend(o *clientOpts) *cobra.Command {
+	var asString bool
+	cmd := &cobra.Command{
+		Use:   "append TYPE/KEY SLOT VALUE",
+		Short: "Append VALUE to a list slot",
+		Long:  "Append VALUE to the list a slot holds (an absent slot starts one) and print the\nobject's new log_id.\n\n" + valueRule,
+		Args:  usageArgs(3, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ref, err := o.object(args[0])
+			if err != nil {
+				return err
+			}
+			v, err := valueArg(args[2], asString)
+			if err != nil {
+				return err
+			}
+			b, err := c.call(cmd.Context(), "POST", c.path("objects", ref, args[1], "append"), nil, map[string]json.RawMessage{"value": v}, nil)
+			return o.printLogID(cmd.OutOrStdout(), b, err)
+		},
+	}
+	cmd.Flags().BoolVar(&asString, "string", false, "send VALUE as a string, not as JSON")
+	return cmd
+}
+
+func objectTransaction(o *clientOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "transaction TYPE/KEY OPS",
+		Short: "Apply several ops (set, delete, increment, append) as one write, all or none",
+		Long: `Apply OPS, a JSON array of ops, as one write: all of them or none. Each op is
+{"op": "set", "key": SLOT, "value": V}, {"op": "delete", "key": SLOT},
+{"op": "increment", "key": SLOT, "by": N} or {"op": "append", "key": SLOT, "value": V}.
+OPS "-" reads the array from standard input. Prints the object's new log_id.
+
+  holdfast object transaction order/o1 '[{"op":"set","key":"status","value":"paid"},{"op":"increment","key":"n"}]'`,
+		Args: usageArgs(2, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ref, err := o.object(args[0])
+			if err != nil {
+				return err
+			}
+			raw := []byte(args[1])
+			if args[1] == "-" {
+				if raw, err = io.ReadAll(cmd.InOrStdin()); err != nil {
+					return err
+				}
+			}
+			var ops []json.RawMessage
+			if err := json.Unmarshal(raw, &ops); err != nil {
+				return fmt.Errorf("OPS is not a JSON array of ops: %v", err)
+			}
+			b, err := c.call(cmd.Context(), "POST", c.path("objects", ref, "transaction"), nil, ops, nil)
+			return o.printLogID(cmd.OutOrStdout(), b, err)
+		},
+	}
+}
+
+func objectChanges(o *clientOpts) *cobra.Command {
+	var (
+		after uint64
+		limit int
+	)
+	cmd := &cobra.Command{
+		Use:   "log TYPE/KEY",
+		Short: "Print the object's change log: one changed slot a line",
+		Long: `Print the object's change log after log_id --after, one changed slot a line:
+"LOG_ID SLOT VALUE" (VALUE null: the slot was deleted). A log that no longer holds
+that far back says so (410 log_truncated).`,
+		Args: usageArgs(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ref, err := o.object(args[0])
+			if err != nil {
+				return err
+			}
+			q := url.Values{"after": {strconv.FormatUint(after, 10)}}
+			if cmd.Flags().Changed("limit") {
+				q.Set("limit", strconv.Itoa(limit))
+			}
+			var r struct {
+				Items []hfclient.Change `json:"items"`
+			}
+			b, err := c.call(cmd.Context(), "GET", c.path("objects", ref, "log"), q, nil, &r)
+			if err != nil || o.json {
+				return orPrint(cmd.OutOrStdout(), b, err)
+			}
+			for _, it := range r.Items {
+				fmt.Fprintf(cmd.OutOrStdout(), "%d %s %s\n", it.LogID, it.Key, compact(it.Value))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().Uint64Var(&after, "after", 0, "print the entries after this log_id")
+	cmd.Flags().IntVar(&limit, "limit", 1000, "at most this many entries")
 	return cmd
 }
 

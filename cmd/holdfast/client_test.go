@@ -161,6 +161,39 @@ func TestClient_Object(t *testing.T) {
 		"--url", srv.url+"/", "--app-key", crashAppKey, "--app-secret", crashAppSecret)
 }
 
+// The object verbs beyond get, set, patch and delete: increment, append,
+// transaction and the change log.
+func TestClient_ObjectWrites(t *testing.T) {
+	srv := startClientServer(t)
+	cliWant(t, srv, "1 log_id 1\n", "object", "increment", "c/k", "n")
+	cliWant(t, srv, "6 log_id 2\n", "object", "increment", "c/k", "n", "5")
+	var r3 map[string]any // a negative BY after "--", or it reads as flags
+	if out := cliOK(t, srv, "object", "increment", "--json", "c/k", "n", "--", "-2.5"); json.Unmarshal([]byte(out), &r3) != nil || r3["value"] != 3.5 || r3["log_id"] != 3.0 {
+		t.Fatalf("increment --json: %s", out)
+	}
+	cliWant(t, srv, "log_id 4\n", "object", "append", "c/k", "tags", `"a"`)
+	cliWant(t, srv, "log_id 5\n", "object", "append", "c/k", "tags", "--string", "b")
+	cliWant(t, srv, "log_id 6\n", "object", "transaction", "c/k", `[{"op":"set","key":"s","value":1},{"op":"delete","key":"n"}]`)
+	r := cli(t, srv, `[{"op":"increment","key":"s","by":2}]`, "object", "transaction", "c/k", "-")
+	if r.code != 0 || r.stdout != "log_id 7\n" {
+		t.Fatalf("transaction from stdin: %+v", r)
+	}
+	cliWant(t, srv, "3\n", "object", "get", "c/k", "s")
+	cliWant(t, srv, "5 tags [\"a\",\"b\"]\n6 s 1\n6 n null\n7 s 3\n", "object", "log", "c/k", "--after", "4")
+	cliWant(t, srv, "7 s 3\n", "object", "log", "c/k", "--after", "6", "--limit", "5")
+	for _, c := range []struct {
+		args  []string
+		wants []string
+	}{
+		{[]string{"object", "increment", "c/k", "n", "two"}, []string{`BY "two" is not a number`}},
+		{[]string{"object", "increment", "c/k", "tags"}, []string{"422"}},
+		{[]string{"object", "transaction", "c/k", `{"op":"set"}`}, []string{"not a JSON array"}},
+		{[]string{"object", "append", "c/k", "tags", "oops"}, []string{"not valid JSON"}},
+	} {
+		cliFail(t, srv, c.args, c.wants...)
+	}
+}
+
 func TestClient_ObjectErrors(t *testing.T) {
 	srv := startClientServer(t)
 	cliOK(t, srv, "object", "set", "order/o1", "status", `"new"`)
