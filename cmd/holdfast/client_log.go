@@ -19,7 +19,8 @@ import (
 // logCommand is `holdfast log`: an object's retained log.
 func logCommand() *cobra.Command {
 	cmd, o := clientGroup("log", "Append to, read and consume an object's retained log (TYPE/KEY)")
-	cmd.AddCommand(logAppend(o), logRead(o), logTail(o), logCursors(o), logLease(o), logAck(o))
+	cmd.AddCommand(logAppend(o), logRead(o), logTail(o), logBoundsCmd(o), logLoad(o), logTrim(o), logCursors(o), logLease(o), logAck(o),
+		logDeadLetters(o))
 	return cmd
 }
 
@@ -384,4 +385,114 @@ redelivered by the next lease. A batch that is not held gets HTTP 409.`,
 	}
 	cmd.Flags().BoolVar(&nack, "nack", false, "nack instead: the range is delivered again")
 	return cmd
+}
+
+func logBoundsCmd(o *clientOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "bounds TYPE/KEY",
+		Short: "Print the log's oldest readable, oldest hot and next offsets",
+		Long: `Print "oldest N hot N next N": the oldest readable offset (cold segments
+included), the oldest offset still in the node's storage, and the offset the next
+append gets.`,
+		Args: usageArgs(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ref, err := o.object(args[0])
+			if err != nil {
+				return err
+			}
+			var b logBounds
+			raw, err := c.call(cmd.Context(), "GET", c.path("logs", ref, "bounds"), nil, nil, &b)
+			if err != nil || o.json {
+				return orPrint(cmd.OutOrStdout(), raw, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "oldest %d hot %d next %d\n", b.OldestOffset, b.HotOffset, b.NextOffset)
+			return nil
+		},
+	}
+}
+
+func logLoad(o *clientOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "load TYPE/KEY",
+		Short: "Print the log's backlog: records after its slowest consumer's cursor",
+		Args:  usageArgs(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ref, err := o.object(args[0])
+			if err != nil {
+				return err
+			}
+			var l struct {
+				Backlog uint64 `json:"backlog"`
+			}
+			raw, err := c.call(cmd.Context(), "GET", c.path("logs", ref, "load"), nil, nil, &l)
+			if err != nil || o.json {
+				return orPrint(cmd.OutOrStdout(), raw, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "backlog %d\n", l.Backlog)
+			return nil
+		},
+	}
+}
+
+func logTrim(o *clientOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "trim TYPE/KEY",
+		Short: "Enforce the type's retention now, oldest records first",
+		Long: `Enforce the type's retention now (as the log's own alarm does), oldest records
+first, and print how many records were removed from the node's storage (moved to
+the cold store, when the type has one).`,
+		Args: usageArgs(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ref, err := o.object(args[0])
+			if err != nil {
+				return err
+			}
+			var t struct {
+				Removed uint64 `json:"removed"`
+			}
+			raw, err := c.call(cmd.Context(), "POST", c.path("logs", ref, "trim"), nil, map[string]any{}, &t)
+			if err != nil || o.json {
+				return orPrint(cmd.OutOrStdout(), raw, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %d\n", t.Removed)
+			return nil
+		},
+	}
+}
+
+func logDeadLetters(o *clientOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "dead-letters TYPE/KEY CONSUMER",
+		Short: "List a consumer's dead-lettered ranges (types with leases)",
+		Long: `List the ranges that failed the type's maxAttempts deliveries to CONSUMER, one
+"FIRST-LAST attempts N" line each, then their records ("OFFSET BODY").`,
+		Args: usageArgs(2, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ref, err := o.object(args[0])
+			if err != nil {
+				return err
+			}
+			var d struct {
+				DeadLetters []struct {
+					FirstOffset uint64            `json:"firstOffset"`
+					LastOffset  uint64            `json:"lastOffset"`
+					Attempts    int               `json:"attempts"`
+					Records     []json.RawMessage `json:"records"`
+				} `json:"deadLetters"`
+			}
+			raw, err := c.call(cmd.Context(), "GET", c.path("logs", ref, "consumers", args[1], "dead-letters"), nil, nil, &d)
+			if err != nil || o.json {
+				return orPrint(cmd.OutOrStdout(), raw, err)
+			}
+			for _, l := range d.DeadLetters {
+				fmt.Fprintf(cmd.OutOrStdout(), "%d-%d attempts %d\n", l.FirstOffset, l.LastOffset, l.Attempts)
+				for _, r := range l.Records {
+					if err := printRecord(cmd.OutOrStdout(), r, false); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+	}
 }

@@ -29,6 +29,12 @@ func TestClient_Log(t *testing.T) {
 	cliOK(t, srv, "log", "cursors", "ev/p1", "audit", "0")
 	cliWant(t, srv, "audit 0\nbilling 2\n", "log", "cursors", "ev/p1")
 	cliWant(t, srv, "billing 2\n", "log", "cursors", "ev/p1", "billing")
+	cliWant(t, srv, "oldest 0 hot 0 next 3\n", "log", "bounds", "ev/p1")
+	cliWant(t, srv, "backlog 3\n", "log", "load", "ev/p1") // audit's cursor is at 0
+	if r := cliJSON(t, srv, "log", "bounds", "ev/p1"); r["nextOffset"] != 3.0 {
+		t.Fatalf("bounds --json: %v", r)
+	}
+	cliWant(t, srv, "removed 0\n", "log", "trim", "ev/p1") // within the type's retention
 	if r := cliJSON(t, srv, "log", "cursors", "ev/p1"); r["cursors"].(map[string]any)["billing"] != 2.0 {
 		t.Fatalf("cursors --json: %v", r)
 	}
@@ -117,4 +123,8 @@ func TestClient_LogLeases(t *testing.T) {
 	cliFail(t, srv, []string{"log", "ack", "leased/l1", "c", "nope"}, "not held", "HTTP 409")
 	cliFail(t, srv, []string{"log", "ack", "leased/l1", "c"}, "usage: holdfast log ack TYPE/KEY CONSUMER BATCH_ID")
 	cliFail(t, srv, []string{"log", "lease", "leased/l1", "c", "--limit", "0"}, "HTTP 400")
+	cliWant(t, srv, "", "log", "dead-letters", "leased/l1", "c")
+	if r := cliJSON(t, srv, "log", "dead-letters", "leased/l1", "c"); len(r["deadLetters"].([]any)) != 0 {
+		t.Fatalf("dead-letters --json: %v", r)
+	}
 }

@@ -16,7 +16,8 @@ import (
 // queueCommand is `holdfast queue`: an object's write-ahead queue.
 func queueCommand() *cobra.Command {
 	cmd, o := clientGroup("queue", "Send, receive and settle messages of an object's queue (TYPE/KEY)")
-	cmd.AddCommand(queueSend(o), queueReceive(o), queueAck(o), queueNack(o), queueDeadLetters(o), queueRedrive(o), queueStats(o))
+	cmd.AddCommand(queueSend(o), queueReceive(o), queueAck(o), queueNack(o), queueDeadLetters(o), queueRedrive(o),
+		queueDeadLetterDelete(o), queueStats(o))
 	return cmd
 }
 
@@ -310,6 +311,27 @@ func queueStats(o *clientOpts) *cobra.Command {
 			}
 			for _, k := range []string{"pending", "delayed", "processing", "complete", "failed"} {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", k, r[k])
+			}
+			return nil
+		},
+	}
+}
+
+func queueDeadLetterDelete(o *clientOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "dead-letter-delete TYPE/KEY ID...",
+		Short: "Delete dead letters for good (the message too, once no target holds it)",
+		Args:  usageArgs(2, -1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ref, err := o.object(args[0])
+			if err != nil {
+				return err
+			}
+			for _, id := range args[1:] {
+				if _, err := c.call(cmd.Context(), "DELETE", c.path("queues", ref, "dead-letters", id), nil, nil, nil); err != nil {
+					return fmt.Errorf("dead letter %s: %w", id, err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted %s\n", id)
 			}
 			return nil
 		},

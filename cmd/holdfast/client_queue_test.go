@@ -70,6 +70,13 @@ func TestClient_Queue(t *testing.T) {
 	if r := cliJSON(t, srv, "queue", "receive", "other/q", "--wait", "100ms"); len(r["messages"].([]any)) != 0 {
 		t.Fatalf("receive of a delayed message: %v", r)
 	}
+	// A dead letter deleted for good.
+	cliOK(t, srv, "queue", "send", "mq/q9", `"z"`, "--id", "m9")
+	m9 := receiveOne(t, srv, "mq/q9")
+	cliWant(t, srv, "failed\n", "queue", "nack", "mq/q9", m9["receipt"].(string), "--dead", "--error", "no")
+	cliWant(t, srv, "deleted m9\n", "queue", "dead-letter-delete", "mq/q9", "m9")
+	cliWant(t, srv, "", "queue", "dead-letters", "mq/q9")
+	cliFail(t, srv, []string{"queue", "dead-letter-delete", "mq/q9", "m9"}, "dead letter m9", "404")
 
 	for _, c := range []struct {
 		args  []string
