@@ -125,6 +125,9 @@ until a message is due.`,
 			if err != nil || o.json {
 				return orPrint(cmd.OutOrStdout(), b, err)
 			}
+			if len(r.Messages) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "no message is due")
+			}
 			for _, m := range r.Messages {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s %s attempt %d receipt %s %s\n", m.ID, m.Topic, m.Attempt, m.Receipt, compact(m.Payload))
 			}

@@ -70,6 +70,7 @@ func TestClient_Queue(t *testing.T) {
 	if r := cliJSON(t, srv, "queue", "receive", "other/q", "--wait", "100ms"); len(r["messages"].([]any)) != 0 {
 		t.Fatalf("receive of a delayed message: %v", r)
 	}
+	cliWant(t, srv, "no message is due\n", "queue", "receive", "other/q")
 	// A dead letter deleted for good.
 	cliOK(t, srv, "queue", "send", "mq/q9", `"z"`, "--id", "m9")
 	m9 := receiveOne(t, srv, "mq/q9")

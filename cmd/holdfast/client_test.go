@@ -225,6 +225,25 @@ func TestClient_ObjectErrors(t *testing.T) {
 	} {
 		cliFail(t, srv, c.args, c.wants...)
 	}
+	// With --json an error is JSON too: the server's body with its status.
+	for _, c := range []struct {
+		args []string
+		want map[string]any
+	}{
+		{[]string{"object", "get", "order/o1", "nope", "--json"}, map[string]any{"status": 404.0, "code": "not_found"}},
+		{[]string{"object", "get", "order", "--json"}, map[string]any{}},
+	} {
+		r := cli(t, srv, "", c.args...)
+		var got map[string]any
+		if r.code != 1 || r.stdout != "" || json.Unmarshal([]byte(r.stderr), &got) != nil || got["error"] == "" || got["error"] == nil {
+			t.Fatalf("holdfast %s: exit %d, stdout %q, stderr %q; want exit 1 and a JSON error", strings.Join(c.args, " "), r.code, r.stdout, r.stderr)
+		}
+		for k, v := range c.want {
+			if got[k] != v {
+				t.Fatalf("holdfast %s: error %v, want %s %v", strings.Join(c.args, " "), got, k, v)
+			}
+		}
+	}
 	// Nothing to connect to.
 	srv.kill(t)
 	cliFail(t, srv, []string{"object", "get", "order/o1"}, "connection refused")

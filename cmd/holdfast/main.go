@@ -5,8 +5,11 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"os"
 	"strings"
 
@@ -23,10 +26,33 @@ func main() {
 	root.AddCommand(serveCommand(), versionCommand(), clusterCommand(), repairCommand())
 	root.AddCommand(clientCommands()...)
 	suggestUnknown(root)
-	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "holdfast:", err)
+	if cmd, err := root.ExecuteC(); err != nil {
+		if f := cmd.Flag("json"); f != nil && f.Value.String() == "true" {
+			printJSONError(os.Stderr, err)
+		} else {
+			fmt.Fprintln(os.Stderr, "holdfast:", err)
+		}
 		os.Exit(1)
 	}
+}
+
+// printJSONError writes err as one JSON object (--json): a server's error body
+// as the server sent it, with its HTTP status as "status"; the CLI's own
+// errors as {"error": message}.
+func printJSONError(w io.Writer, err error) {
+	out := map[string]any{}
+	var se *serverError
+	if errors.As(err, &se) {
+		maps.Copy(out, se.Body)
+		out["status"] = se.Status
+		if _, ok := out["error"]; !ok {
+			out["error"] = se.Message
+		}
+	} else {
+		out["error"] = err.Error()
+	}
+	b, _ := json.Marshal(out)
+	fmt.Fprintf(w, "%s\n", b)
 }
 
 // suggestUnknown makes every command group below c answer an unknown
