@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -27,9 +28,9 @@ func objectWatch(o *clientOpts) *cobra.Command {
 		Long: `Join the object's channel on the websocket feed (with the App Secret), print its
 snapshot, then one line per change as it commits: "LOG_ID SLOT = VALUE", or
 "LOG_ID SLOT deleted"; a multi-slot write (patch, transaction, purge) is one line
-of comma-separated changes. With --json each event's payload is printed as one
-line of JSON (snapshot: {"state","log_id"}; change: {"key","value","previous",
-"log_id"}; batch: {"changes","log_id"}).
+of comma-separated changes. With --json each event is one line of JSON,
+{"event": NAME, "payload": PAYLOAD} (snapshot: {"state","log_id"}; change:
+{"key","value","previous","log_id"}; batch: {"changes","log_id"}).
 
 A dropped connection or a channel error is rejoined after the last log_id seen,
 so no change is missed or printed twice. Runs until interrupted (Ctrl-C), until
@@ -115,13 +116,13 @@ func (w *watcher) event(ev hfclient.Event) error {
 		fmt.Fprintf(w.errOut, "holdfast: watch: changes were compacted away while disconnected (%s); the next snapshot is the current state\n", compact(ev.Payload))
 	case "snapshot":
 		if w.json {
-			return printJSON(w.out, ev.Payload)
+			return printEvent(w.out, ev.Kind, ev.Payload)
 		}
 		fmt.Fprintf(w.out, "snapshot log_id %d\n", ev.LogID)
 		printSlots(w.out, "  ", ev.State)
 	case "change", "batch":
 		if w.json {
-			if err := printJSON(w.out, ev.Payload); err != nil {
+			if err := printEvent(w.out, ev.Kind, ev.Payload); err != nil {
 				return err
 			}
 		} else {
@@ -133,6 +134,19 @@ func (w *watcher) event(ev hfclient.Event) error {
 		}
 	}
 	return nil // other events (run:*) are not changes
+}
+
+// printEvent writes one --json line: {"event": name, "payload": payload},
+// the event as the channel carried it.
+func printEvent(w io.Writer, name string, payload json.RawMessage) error {
+	b, err := json.Marshal(struct {
+		Event   string          `json:"event"`
+		Payload json.RawMessage `json:"payload"`
+	}{name, payload})
+	if err != nil {
+		return err
+	}
+	return printJSON(w, b)
 }
 
 // lostReason is the first line of a loss: what happened, without the

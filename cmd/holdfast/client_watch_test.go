@@ -100,7 +100,7 @@ func TestClient_Watch(t *testing.T) {
 			t.Fatalf("watch printed %q, want %q", got, want)
 		}
 	}
-	if got := js.next(t); got != `{"state":{"status":"new"},"log_id":1}` {
+	if got := js.next(t); got != `{"event":"snapshot","payload":{"state":{"status":"new"},"log_id":1}}` {
 		t.Fatalf("watch --json printed %q, want the snapshot", got)
 	}
 	// Both joined (they printed their snapshots): the next writes are live.
@@ -115,9 +115,9 @@ func TestClient_Watch(t *testing.T) {
 	}
 	text.wait(t)
 	for _, want := range []string{
-		`{"key":"status","value":"shipped","previous":"new","log_id":2}`,
-		`{"changes":[{"key":"n","value":1,"previous":null},{"key":"note","value":"fragile\nglass","previous":null}],"log_id":3}`,
-		`{"key":"status","value":null,"previous":"shipped","log_id":4}`,
+		`{"event":"change","payload":{"key":"status","value":"shipped","previous":"new","log_id":2}}`,
+		`{"event":"batch","payload":{"changes":[{"key":"n","value":1,"previous":null},{"key":"note","value":"fragile\nglass","previous":null}],"log_id":3}}`,
+		`{"event":"change","payload":{"key":"status","value":null,"previous":"shipped","log_id":4}}`,
 	} {
 		got := js.next(t)
 		if !json.Valid([]byte(got)) || got != want {
