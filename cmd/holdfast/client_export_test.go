@@ -120,7 +120,7 @@ func TestClient_ExportImportLog(t *testing.T) {
 
 	// Import from stdin with the same batches' worth of progress.
 	imp := cli(t, srv, r.stdout, "import", "ev/copy", "--kind", "log", "--progress")
-	if imp.code != 0 || imp.stdout != fmt.Sprintf("imported %d records into ev/copy (offsets 0-%d)\n", n+1, n) || !strings.Contains(imp.stderr, fmt.Sprintf("%d/-", n+1)) {
+	if imp.code != 0 || imp.stdout != fmt.Sprintf("imported %d records into ev/copy (offsets 0-%d): %d new, 0 already there\n", n+1, n, n+1) || !strings.Contains(imp.stderr, fmt.Sprintf("%d/-", n+1)) {
 		t.Fatalf("import --progress: %+v", imp)
 	}
 	file := filepath.Join(t.TempDir(), "copy.jsonl")
@@ -134,11 +134,18 @@ func TestClient_ExportImportLog(t *testing.T) {
 	}
 	// Importing the same lines again appends nothing: their keys are deduplicated.
 	again := cliJSON(t, srv, "import", "ev/copy", "--kind", "log", "--in", file, "--batch", "50")
-	if again["imported"] != float64(n+1) || again["firstOffset"] != 0.0 || again["lastOffset"] != float64(n) {
+	if again["imported"] != float64(n+1) || again["firstOffset"] != 0.0 || again["lastOffset"] != float64(n) ||
+		again["new"] != 0.0 || again["existing"] != float64(n+1) {
 		t.Fatalf("import again: %v", again)
 	}
 	if b := api(t, srv, "GET", "/api/v1/logs/app_crash/ev/copy/bounds", nil); b["nextOffset"] != float64(n+1) {
 		t.Fatalf("after a second import the log has %v", b)
+	}
+	// One line the log holds (its key), one it does not.
+	mixed := `{"body":1,"deduplicationKey":"k-0"}` + "\n" + `{"body":2,"deduplicationKey":"fresh"}` + "\n"
+	if r := cli(t, srv, mixed, "import", "ev/copy", "--kind", "log"); r.code != 0 ||
+		r.stdout != fmt.Sprintf("imported 2 records into ev/copy (offsets 0-%d): 1 new, 1 already there\n", n+1) {
+		t.Fatalf("import of a known and a new record: %+v", r)
 	}
 	// A short transfer shows no bar, even with --progress; --from starts later.
 	if r := cli(t, srv, "", "export", "ev/src", "--kind", "log", "--from", fmt.Sprint(n-2), "--progress"); r.code != 0 || r.stderr != "" || strings.Count(r.stdout, "\n") != 3 {

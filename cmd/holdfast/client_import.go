@@ -130,6 +130,15 @@ type importer struct {
 	imported          int64
 	logID             uint64
 	firstOff, lastOff uint64
+	// fresh and known count the records imported (--kind log) that were
+	// appended, and those whose deduplication key the log held already (its
+	// append answered the record's old offset): an offset at or past next,
+	// the log's next offset when the import started or after its last new
+	// record, is new. (A record another writer appended meanwhile under the
+	// same key counts as new.)
+	fresh, known int64
+	next         uint64
+	nextRead     bool
 }
 
 func (im *importer) run(r *bufio.Reader) error {
@@ -238,6 +247,13 @@ func (im *importer) flush() error {
 // included; the first refusal is the error, naming the input lines written
 // and not.
 func (im *importer) sendAppends(ctx context.Context) error {
+	if !im.nextRead {
+		b, err := im.c.bounds(ctx, im.ref)
+		if err != nil {
+			return err
+		}
+		im.next, im.nextRead = b.NextOffset, true
+	}
 	object := im.ref.typ + "/" + im.ref.key
 	ops := make([]map[string]any, len(im.appends))
 	for i, a := range im.appends {
@@ -278,6 +294,13 @@ func (im *importer) sendAppends(ctx context.Context) error {
 			}
 			im.lastOff = out.Offsets[len(out.Offsets)-1]
 		}
+		for _, off := range out.Offsets {
+			if off >= im.next {
+				im.fresh, im.next = im.fresh+1, off+1
+			} else {
+				im.known++
+			}
+		}
 		im.done(len(a.records))
 		if refused != nil {
 			written = append(written, lines)
@@ -301,13 +324,14 @@ func (im *importer) report(asJSON bool) error {
 	case asJSON && im.kind == "object":
 		return printValue(w, map[string]any{"kind": "object", "imported": im.imported, "log_id": im.logID})
 	case asJSON:
-		return printValue(w, map[string]any{"kind": "log", "imported": im.imported, "firstOffset": im.firstOff, "lastOffset": im.lastOff})
+		return printValue(w, map[string]any{"kind": "log", "imported": im.imported, "firstOffset": im.firstOff, "lastOffset": im.lastOff,
+			"new": im.fresh, "existing": im.known})
 	case im.imported == 0:
 		fmt.Fprintf(w, "imported nothing into %s\n", name)
 	case im.kind == "object":
 		fmt.Fprintf(w, "imported %d slots into %s (log_id %d)\n", im.imported, name, im.logID)
 	default:
-		fmt.Fprintf(w, "imported %d records into %s (offsets %d-%d)\n", im.imported, name, im.firstOff, im.lastOff)
+		fmt.Fprintf(w, "imported %d records into %s (offsets %d-%d): %d new, %d already there\n", im.imported, name, im.firstOff, im.lastOff, im.fresh, im.known)
 	}
 	return nil
 }
