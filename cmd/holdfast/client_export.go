@@ -84,6 +84,7 @@ when stderr is a terminal or with --progress.`
 	}
 	f := cmd.Flags()
 	f.StringVar(&t.kind, "kind", "", "what to export: object (its slots) or log (its records)")
+	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"object", "log"}, cobra.ShellCompDirectiveNoFileComp))
 	f.StringVar(&t.file, "out", "", "write to this file (default: stdout)")
 	f.Uint64Var(&from, "from", 0, "--kind log: the first offset (default: the oldest readable)")
 	f.BoolVar(&t.progress, "progress", false, "show a progress bar for long transfers even when stderr is not a terminal")

@@ -70,6 +70,7 @@ goes to stderr for long transfers when stderr is a terminal or with --progress.`
 	}
 	f := cmd.Flags()
 	f.StringVar(&t.kind, "kind", "", "what to import into: object (slots) or log (records)")
+	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"object", "log"}, cobra.ShellCompDirectiveNoFileComp))
 	f.StringVar(&t.file, "in", "", "read this file (default: stdin)")
 	f.IntVar(&batch, "batch", 100, "--kind log: records per append (at most the type's maxBatchSize)")
 	f.BoolVar(&t.progress, "progress", false, "show a progress bar for long transfers even when stderr is not a terminal")

@@ -267,6 +267,24 @@ func TestClient_Help(t *testing.T) {
 	}
 }
 
+// Shell completion offers the values of the flags that take a fixed set.
+func TestClient_CompletesFlagValues(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"import", "order/o1", "--kind", ""}, "object\nlog\n"},
+		{[]string{"export", "order/o1", "--kind", ""}, "object\nlog\n"},
+		{[]string{"serve", "--log-format", ""}, "text\njson\n"},
+		{[]string{"serve", "--log-level", ""}, "debug\ninfo\nwarn\nerror\n"},
+	} {
+		r := cli(t, nil, "", append([]string{"__complete"}, c.args...)...)
+		if r.code != 0 || !strings.HasPrefix(r.stdout, c.want) {
+			t.Fatalf("completing %v: exit %d, %q; want it to start with %q", c.args, r.code, r.stdout, c.want)
+		}
+	}
+}
+
 func TestClient_Token(t *testing.T) {
 	srv := startClientServer(t)
 	r := cli(t, srv, "", "token", "mint", "object:read:order/o1", "object:read:order/*", "--ttl", "90s")

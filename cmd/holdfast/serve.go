@@ -115,6 +115,8 @@ join it (docs/cluster.md).`,
 	f.IntVar(&devEtcdPort, "dev-etcd-port", 0, "the embedded etcd's client port on 127.0.0.1, with --dev-cluster (default: any free port)")
 	f.StringVar(&logFormat, "log-format", envOr("HOLDFAST_LOG_FORMAT", "text"), "log format: text or json (env HOLDFAST_LOG_FORMAT)")
 	f.StringVar(&logLevel, "log-level", envOr("HOLDFAST_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env HOLDFAST_LOG_LEVEL)")
+	_ = cmd.RegisterFlagCompletionFunc("log-format", cobra.FixedCompletions([]string{"text", "json"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("log-level", cobra.FixedCompletions([]string{"debug", "info", "warn", "error"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
 
