@@ -30,6 +30,7 @@ const defaultURL = "http://127.0.0.1:7070"
 // clientOpts are the connection flags every client command group has.
 type clientOpts struct {
 	url, appKey, appSecret string
+	context                string // a saved context (context.go); "": HOLDFAST_CONTEXT, else the current one
 	json                   bool
 }
 
@@ -44,6 +45,10 @@ func clientGroup(use, short string) (*cobra.Command, *clientOpts) {
 	pf.StringVar(&o.url, "url", "", "the node's base URL (default $HOLDFAST_URL, else "+defaultURL+")")
 	pf.StringVar(&o.appKey, "app-key", "", "App Key (default $HOLDFAST_APP_KEY)")
 	pf.StringVar(&o.appSecret, "app-secret", "", "App Secret (default $HOLDFAST_APP_SECRET)")
+	pf.StringVar(&o.context, "context", "", "a saved context (holdfast context; default $HOLDFAST_CONTEXT, else the current one)")
+	_ = cmd.RegisterFlagCompletionFunc("context", func(c *cobra.Command, args []string, prefix string) ([]string, cobra.ShellCompDirective) {
+		return completeContexts(c, args, prefix)
+	})
 	pf.BoolVar(&o.json, "json", false, "print the server's JSON replies instead of text")
 	return cmd, o
 }
@@ -65,21 +70,33 @@ type client struct {
 
 // client builds the client the flags and environment describe.
 func (o *clientOpts) client() (*client, error) {
-	raw := firstNonEmpty(o.url, os.Getenv("HOLDFAST_URL"), defaultURL)
-	u, err := url.Parse(strings.TrimSuffix(raw, "/"))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--url %q: want http://host:port or https://host:port", raw)
+	saved, _, err := chosenContext(firstNonEmpty(o.context, os.Getenv("HOLDFAST_CONTEXT")))
+	if err != nil {
+		return nil, err
 	}
-	c := &client{base: u, key: firstNonEmpty(o.appKey, os.Getenv("HOLDFAST_APP_KEY")),
-		secret: firstNonEmpty(o.appSecret, os.Getenv("HOLDFAST_APP_SECRET")),
+	u, err := parseBaseURL(firstNonEmpty(o.url, os.Getenv("HOLDFAST_URL"), saved.URL, defaultURL))
+	if err != nil {
+		return nil, err
+	}
+	c := &client{base: u, key: firstNonEmpty(o.appKey, os.Getenv("HOLDFAST_APP_KEY"), saved.AppKey),
+		secret: firstNonEmpty(o.appSecret, os.Getenv("HOLDFAST_APP_SECRET"), saved.AppSecret),
 		http:   &http.Client{Timeout: 2 * time.Minute}}
 	if c.key == "" || c.secret == "" {
-		return nil, errors.New("no app credentials: set HOLDFAST_APP_KEY and HOLDFAST_APP_SECRET, or pass --app-key and --app-secret")
+		return nil, errors.New("no app credentials: set HOLDFAST_APP_KEY and HOLDFAST_APP_SECRET, pass --app-key and --app-secret, or save a context (holdfast context add)")
 	}
 	if c.lib, err = hfclient.New(u.String(), c.key, c.secret, hfclient.WithHTTPClient(c.http)); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// parseBaseURL checks a node's base URL (--url, a context's).
+func parseBaseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(strings.TrimSuffix(raw, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--url %q: want http://host:port or https://host:port", raw)
+	}
+	return u, nil
 }
 
 func firstNonEmpty(s ...string) string {

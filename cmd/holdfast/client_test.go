@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -47,7 +48,9 @@ func cliCommand(ctx context.Context, srv *server, args ...string) *exec.Cmd {
 			env = append(env, kv)
 		}
 	}
-	cmd.Env = append(env, "HOLDFAST_TEST_MAIN=1")
+	// No saved context of the user's: a test that wants one sets
+	// XDG_CONFIG_HOME again (the last value wins).
+	cmd.Env = append(env, "HOLDFAST_TEST_MAIN=1", "XDG_CONFIG_HOME="+filepath.Join(os.TempDir(), "holdfast-test-no-contexts"))
 	if srv != nil {
 		cmd.Env = append(cmd.Env, "HOLDFAST_URL="+srv.url, "HOLDFAST_APP_KEY="+crashAppKey, "HOLDFAST_APP_SECRET="+crashAppSecret)
 	}
