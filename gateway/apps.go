@@ -58,37 +58,61 @@ func (a *Apps) ByKey(key string) (*App, bool) {
 // appsFile is where a data directory keeps the app created on first start.
 const appsFile = "apps.json"
 
-// LoadOrCreateApps returns configured if it is not empty. Otherwise it returns the
-// apps stored in dataDir, creating one app (and printing it through created) on the
-// first start, so that a new user can call the API at once.
-func LoadOrCreateApps(dataDir string, configured []App, created func(App)) ([]App, error) {
+// AppsFile is the file of dataDir that keeps its apps when the configuration
+// lists none.
+func AppsFile(dataDir string) string { return filepath.Join(dataDir, appsFile) }
+
+// LoadApps returns the apps a node serves: configured if it is not empty,
+// else the apps stored in dataDir (fromFile). With neither, it returns one new
+// app (created) for a new user to call the API at once; the caller saves it
+// with SaveApps once the node has started, so that a start that fails leaves
+// no app behind.
+func LoadApps(dataDir string, configured []App) (apps []App, fromFile bool, created *App, err error) {
 	if len(configured) > 0 {
-		return configured, nil
+		return configured, false, nil, nil
 	}
-	path := filepath.Join(dataDir, appsFile)
+	path := AppsFile(dataDir)
 	b, err := os.ReadFile(path)
 	if err == nil {
-		var apps []App
 		if err := json.Unmarshal(b, &apps); err != nil || len(apps) == 0 {
-			return nil, fmt.Errorf("read %s: not a list of apps", path)
+			return nil, false, nil, fmt.Errorf("read %s: not a list of apps", path)
 		}
-		return apps, nil
+		return apps, true, nil, nil
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("read %s: %w", path, err)
+		return nil, false, nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	app := App{ID: "app_" + randomHex(8), Key: "pk_" + randomHex(12), Secret: "sk_" + randomHex(24)}
+	return []App{app}, false, &app, nil
+}
+
+// SaveApps writes apps to dataDir's apps file, durably and readable by this
+// user only.
+func SaveApps(dataDir string, apps []App) error {
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
-		return nil, fmt.Errorf("create data directory: %w", err)
+		return fmt.Errorf("create data directory: %w", err)
 	}
-	b, _ = json.MarshalIndent([]App{app}, "", "  ")
-	if err := writeFileSync(path, b); err != nil {
-		return nil, fmt.Errorf("write %s: %w", path, err)
+	b, _ := json.MarshalIndent(apps, "", "  ")
+	if err := writeFileSync(AppsFile(dataDir), b); err != nil {
+		return fmt.Errorf("write %s: %w", AppsFile(dataDir), err)
+	}
+	return nil
+}
+
+// LoadOrCreateApps is LoadApps that saves a new app at once and reports it
+// through created (embedded uses, such as the examples).
+func LoadOrCreateApps(dataDir string, configured []App, created func(App)) ([]App, error) {
+	apps, _, app, err := LoadApps(dataDir, configured)
+	if err != nil || app == nil {
+		return apps, err
+	}
+	if err := SaveApps(dataDir, apps); err != nil {
+		return nil, err
 	}
 	if created != nil {
-		created(app)
+		created(*app)
 	}
-	return []App{app}, nil
+	return apps, nil
 }
 
 // writeFileSync writes b to path durably: a temporary file, fsync, rename, and an

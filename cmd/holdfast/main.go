@@ -23,7 +23,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCommand(), versionCommand(), clusterCommand(), repairCommand(), contextCommand())
+	root.AddCommand(serveCommand(), versionCommand(), clusterCommand(), repairCommand(), contextCommand(), appCommand())
 	root.AddCommand(clientCommands()...)
 	suggestUnknown(root)
 	if cmd, err := root.ExecuteC(); err != nil {

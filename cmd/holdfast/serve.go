@@ -132,13 +132,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	for _, a := range cfg.Apps {
 		configured = append(configured, gateway.App{ID: a.ID, Key: a.Key, Secret: a.Secret})
 	}
-	apps, err := gateway.LoadOrCreateApps(cfg.DataDir, configured, func(a gateway.App) {
-		fmt.Printf("Created an app on first start (kept in %s, readable only by this user):\n"+
-			"  App ID:     %s\n  App Key:    %s\n  App Secret: %s\n",
-			filepath.Join(cfg.DataDir, "apps.json"), a.ID, a.Key, a.Secret)
-	})
+	apps, fromFile, created, err := gateway.LoadApps(cfg.DataDir, configured)
 	if err != nil {
 		return err
+	}
+	if fromFile {
+		log.Info("the configuration lists no apps: serving those of the data directory", "apps", len(apps), "file", gateway.AppsFile(cfg.DataDir))
 	}
 	store, err := openColdStore(ctx, cfg)
 	if err != nil {
@@ -180,6 +179,17 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		ln.Close()
 		return err
+	}
+	if created != nil {
+		// Saved only now: a start that failed before this left no app behind.
+		if err := gateway.SaveApps(cfg.DataDir, apps); err != nil {
+			_ = node.Close(context.Background())
+			ln.Close()
+			return err
+		}
+		fmt.Printf("Created an app on first start (kept in %s, readable only by this user; holdfast app show prints it again):\n"+
+			"  App ID:     %s\n  App Key:    %s\n  App Secret: %s\n",
+			gateway.AppsFile(cfg.DataDir), created.ID, created.Key, created.Secret)
 	}
 	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps(apps), Logger: log,
 		Metrics: mt, MetricsHandler: mt.Handler(), MaxBodyBytesInFlight: bodiesInFlight(cfg.MemoryBudget),
