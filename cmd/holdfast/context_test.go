@@ -60,7 +60,7 @@ func TestContexts(t *testing.T) {
 	fails(nil, `no context "nope"`, "object", "get", "order/c1", "--context", "nope")
 	want(nil, "using context other\n", "context", "use", "other")
 	fails(nil, "connection refused", "object", "get", "order/c1", "x")
-	want(nil, "1\n", "object", "get", "order/c1", "x", "--url", srv.url)             // a flag wins
+	want(nil, "1\n", "object", "get", "order/c1", "x", "--url", srv.url)               // a flag wins
 	want([]string{"HOLDFAST_URL=" + srv.url}, "1\n", "object", "get", "order/c1", "x") // so does the environment
 	out, _, _ := run(nil, "context", "ls")
 	if out != "  local "+srv.url+" "+crashAppKey+"\n* other http://127.0.0.1:1 "+crashAppKey+"\n" || strings.Contains(out, crashAppSecret) {
