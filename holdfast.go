@@ -18,6 +18,7 @@ import (
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/cold"
+	"github.com/holdfast/holdfast/internal/slogx"
 	"github.com/holdfast/holdfast/internal/storetune"
 )
 
@@ -78,6 +79,9 @@ type (
 // ErrLogTruncated matches every truncation error (errors.Is).
 var ErrLogTruncated = actors.ErrLogTruncated
 
+// ErrNotFound matches a missing slot, message or alarm (errors.Is).
+var ErrNotFound = actors.ErrNotFound
+
 // Options configure an embedded runtime.
 type Options struct {
 	// DataDir holds the database. Required.
@@ -91,15 +95,19 @@ type Options struct {
 	// TypeOptions returns a type's options; nil means the defaults (10,000
 	// change-log entries per object).
 	TypeOptions func(typ string) TypeOptions
-	// Logger; nil means slog.Default().
+	// Logger; nil means slog.Default()'s handler at WARN and above: an
+	// embedded node says nothing while all is well (its INFO lines, such as
+	// the queue replay at start, are a server's).
 	Logger *slog.Logger
 	// Cold is where logs of types with cold storage keep trimmed records
 	// (cold.NewMemory, cold/fs, cold/s3); nil means none.
 	Cold cold.Store
-	// KeepGOMAXPROCS leaves GOMAXPROCS alone. By default Open raises it by
-	// cluster.ExtraProcs (unless the GOMAXPROCS environment variable is set),
-	// because the commit pipeline blocks a P in fdatasync.
-	KeepGOMAXPROCS bool
+	// TuneGOMAXPROCS raises GOMAXPROCS by cluster.ExtraProcs (unless the
+	// GOMAXPROCS environment variable is set), as `holdfast serve` does: the
+	// commit pipeline blocks a P in fdatasync, and with 2 cores and 1,000
+	// writers 2 Ps kept 1.5 cores busy, 4 Ps 1.8 (cluster/procs.go). Off by
+	// default: a library leaves the process's settings to the program.
+	TuneGOMAXPROCS bool
 	// Storage overrides storage sizes for this module's benchmarks and tests
 	// (the type is internal: no other program can set it); nil means the
 	// defaults.
@@ -113,7 +121,10 @@ type Runtime struct {
 
 // Open starts a runtime on opts.DataDir.
 func Open(opts Options) (*Runtime, error) {
-	if !opts.KeepGOMAXPROCS {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slogx.MinLevel(slog.Default().Handler(), slog.LevelWarn))
+	}
+	if opts.TuneGOMAXPROCS {
 		cluster.TuneGOMAXPROCS(opts.Logger)
 	}
 	n, err := cluster.Start(cluster.Config{

@@ -27,7 +27,7 @@ func openWithMinIO(t *testing.T, srv *s3test.Server, timeout time.Duration) (*ho
 		t.Fatal(err)
 	}
 	rt, err := holdfast.Open(holdfast.Options{
-		DataDir: t.TempDir(), Cold: store, KeepGOMAXPROCS: true,
+		DataDir: t.TempDir(), Cold: store,
 		TypeOptions: func(string) holdfast.TypeOptions {
 			o := actors.DefaultTypeOptions()
 			o.Log = holdfast.LogOptions{MaxBatchSize: 10, MaxRecords: 5, Cold: true}

@@ -40,7 +40,7 @@ func TestCold_LongestNames(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			store := open(t)
 			rt, err := holdfast.Open(holdfast.Options{
-				DataDir: t.TempDir(), Cold: store, KeepGOMAXPROCS: true,
+				DataDir: t.TempDir(), Cold: store,
 				TypeOptions: func(string) holdfast.TypeOptions {
 					o := actors.DefaultTypeOptions()
 					o.Log = holdfast.LogOptions{MaxBatchSize: 10, MaxRecords: 5, Cold: true}

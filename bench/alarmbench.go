@@ -102,7 +102,7 @@ func alarmRuntime(dir string, late *lateness) (*holdfast.Runtime, error) {
 			return nil
 		}
 	}
-	return holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger(), Types: []holdfast.TypeSpec{{
+	return holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger(), TuneGOMAXPROCS: true, Types: []holdfast.TypeSpec{{
 		Name:   "timer",
 		Handle: func(*holdfast.Context, any) (any, error) { return nil, nil },
 		Alarms: handlers,

@@ -108,7 +108,7 @@ func runCold(base string, records, rounds int) int {
 // it but one record, and reads it again from the cold store.
 func coldOnce(dir string, store cold.Store, records int) (coldResult, error) {
 	open := func(maxRecords int64) (*holdfast.Runtime, error) {
-		return holdfast.Open(holdfast.Options{DataDir: filepath.Join(dir, "db"), Logger: quietLogger(), Cold: store,
+		return holdfast.Open(holdfast.Options{DataDir: filepath.Join(dir, "db"), Logger: quietLogger(), TuneGOMAXPROCS: true, Cold: store,
 			TypeOptions: func(string) holdfast.TypeOptions {
 				o := defaultTypeOptions()
 				o.Log = holdfast.LogOptions{MaxBatchSize: 1000, MaxRecords: maxRecords, Cold: true}

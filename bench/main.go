@@ -401,7 +401,7 @@ func increments(dir string, d time.Duration, objects, callers int) (result, erro
 // kvWrites runs callers goroutines, caller c doing write on object c mod
 // objects (all activated first), one write in flight each.
 func kvWrites(dir string, d time.Duration, objects, callers int, write func(context.Context, *holdfast.Object) error) (result, error) {
-	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger()})
+	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger(), TuneGOMAXPROCS: true})
 	if err != nil {
 		return result{}, err
 	}
@@ -442,7 +442,7 @@ type floorPut struct{}
 
 func userRequests(dir string, d time.Duration, objects int, write bool) (result, error) {
 	value := peers.Payload()
-	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger(), Types: []holdfast.TypeSpec{{
+	rt, err := holdfast.Open(holdfast.Options{DataDir: dir, Logger: quietLogger(), TuneGOMAXPROCS: true, Types: []holdfast.TypeSpec{{
 		Name: "floor",
 		Handle: func(c *holdfast.Context, msg any) (any, error) {
 			if _, ok := msg.(floorPut); ok {

@@ -83,11 +83,7 @@ func run(ctx context.Context, rt *holdfast.Runtime, key string, callers, each in
 	if err := <-errs; err != nil {
 		return 0, err
 	}
-	v, err := rt.Request(ctx, "app_example", "counter", key, Value{})
-	if err != nil {
-		return 0, err
-	}
-	return v.(int64), nil
+	return holdfast.Call[int64](ctx, rt, "app_example", "counter", key, Value{}) // the reply as an int64: no assertion
 }
 
 func main() {
