@@ -73,11 +73,17 @@ func printSlots(w io.Writer, indent string, state map[string]json.RawMessage) {
 }
 
 func objectSet(o *clientOpts) *cobra.Command {
+	return slotValueCommand(o, "set", "Set one slot", "Set one slot and print the object's new log_id.", "PUT", "")
+}
+
+// slotValueCommand is a command that writes VALUE to one slot (set, append)
+// with method, on the slot's path and then suffix, and prints the new log_id.
+func slotValueCommand(o *clientOpts, verb, short, long, method, suffix string) *cobra.Command {
 	var asString bool
 	cmd := &cobra.Command{
-		Use:   "set TYPE/KEY SLOT VALUE",
-		Short: "Set one slot",
-		Long:  "Set one slot and print the object's new log_id.\n\n" + valueRule,
+		Use:   verb + " TYPE/KEY SLOT VALUE",
+		Short: short,
+		Long:  long + "\n\n" + valueRule,
 		Args:  usageArgs(3, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ref, err := o.object(args[0])
@@ -88,7 +94,11 @@ func objectSet(o *clientOpts) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			b, err := c.call(cmd.Context(), "PUT", c.path("objects", ref, args[1]), nil, map[string]json.RawMessage{"value": v}, nil)
+			path := c.path("objects", ref, args[1])
+			if suffix != "" {
+				path = c.path("objects", ref, args[1], suffix)
+			}
+			b, err := c.call(cmd.Context(), method, path, nil, map[string]json.RawMessage{"value": v}, nil)
 			return o.printLogID(cmd.OutOrStdout(), b, err)
 		},
 	}
@@ -134,27 +144,8 @@ counts as 0), and print the slot's new value and the object's new log_id.`,
 }
 
 func objectAppend(o *clientOpts) *cobra.Command {
-	var asString bool
-	cmd := &cobra.Command{
-		Use:   "append TYPE/KEY SLOT VALUE",
-		Short: "Append VALUE to a list slot",
-		Long:  "Append VALUE to the list a slot holds (an absent slot starts one) and print the\nobject's new log_id.\n\n" + valueRule,
-		Args:  usageArgs(3, 3),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ref, err := o.object(args[0])
-			if err != nil {
-				return err
-			}
-			v, err := valueArg(args[2], asString)
-			if err != nil {
-				return err
-			}
-			b, err := c.call(cmd.Context(), "POST", c.path("objects", ref, args[1], "append"), nil, map[string]json.RawMessage{"value": v}, nil)
-			return o.printLogID(cmd.OutOrStdout(), b, err)
-		},
-	}
-	cmd.Flags().BoolVar(&asString, "string", false, "send VALUE as a string, not as JSON")
-	return cmd
+	return slotValueCommand(o, "append", "Append VALUE to a list slot",
+		"Append VALUE to the list a slot holds (an absent slot starts one) and print the\nobject's new log_id.", "POST", "append")
 }
 
 func objectTransaction(o *clientOpts) *cobra.Command {
