@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/holdfast/holdfast/replication"
@@ -98,7 +99,10 @@ func (r *replicated) planMoves() error {
 		n := nodes[to]
 		ne := GroupEntry{Replicas: append([]ReplicaEntry(nil), g.Replicas...), Next: g.Next + 1, Losses: g.Losses}
 		ne.Replicas = append(ne.Replicas, ReplicaEntry{ID: g.Next, Node: to, Num: n.Num, Storage: n.Storage, Replaces: from.ID, Adding: from.ID == 0})
-		if err := casGroup(m.ctx, m.cli, m.k, uint32(p), g, ne); err != nil {
+		// Only if to's entry is the one the plan saw: a node marked leaving
+		// (or gone) since gets no replica (a leave once returned with a
+		// replica placed on it afterwards, by a plan made before its mark).
+		if err := casGroup(m.ctx, m.cli, m.k, uint32(p), g, ne, clientv3.Compare(clientv3.ModRevision(m.k.node(to)), "=", n.rev)); err != nil {
 			return err
 		}
 		groups[p] = ne

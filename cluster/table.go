@@ -83,6 +83,10 @@ type NodeInfo struct {
 	// raft node number (nodenum/<id>); both empty in a cluster of one copy.
 	Raft string `json:"raft,omitempty"`
 	Num  uint64 `json:"num,omitempty"`
+	// rev is the entry's etcd mod revision in the view that read it: a move
+	// that places a replica on the node writes only if the entry is unchanged
+	// (casGroup), so never on a node that began leaving meanwhile.
+	rev int64
 }
 
 // GroupEntry is one partition's raft group: its replicas, as the controller
@@ -259,6 +263,7 @@ func (v *view) apply(k keys, key string, value []byte, rev int64) {
 		}
 		var n NodeInfo
 		if json.Unmarshal(value, &n) == nil {
+			n.rev = rev
 			v.nodes[id] = n
 		}
 	case strings.HasPrefix(key, k.parts()):
@@ -387,7 +392,8 @@ func casPart(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old Pa
 
 // casGroup replaces partition p's group entry old (as read, with its
 // revision) by g.
-func casGroup(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old, g GroupEntry) error {
+// also are further conditions of the write (a target node's entry unchanged).
+func casGroup(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old, g GroupEntry, also ...clientv3.Cmp) error {
 	b, err := json.Marshal(g)
 	if err != nil {
 		return err
@@ -399,7 +405,7 @@ func casGroup(ctx context.Context, cli *clientv3.Client, k keys, p uint32, old, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(b))).Commit()
+	resp, err := cli.Txn(ctx).If(append([]clientv3.Cmp{cmp}, also...)...).Then(clientv3.OpPut(key, string(b))).Commit()
 	if err != nil {
 		return fmt.Errorf("update the group of partition %d: %w", p, err)
 	}
