@@ -158,15 +158,7 @@ directory ($XDG_CONFIG_HOME, else ~/.config), readable by the user only.`,
 		Args:              usageArgs(1, 1),
 		ValidArgsFunction: completeContexts,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, path, err := loadContexts()
-			if err != nil {
-				return err
-			}
-			if _, ok := f.Contexts[args[0]]; !ok {
-				return fmt.Errorf("no context %q (holdfast context ls lists them)", args[0])
-			}
-			f.Current = args[0]
-			if err := f.save(path); err != nil {
+			if err := changeContext(args[0], func(f *contextFile) { f.Current = args[0] }); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "using context %s\n", args[0])
@@ -199,18 +191,13 @@ directory ($XDG_CONFIG_HOME, else ~/.config), readable by the user only.`,
 		Args:              usageArgs(1, 1),
 		ValidArgsFunction: completeContexts,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, path, err := loadContexts()
+			err := changeContext(args[0], func(f *contextFile) {
+				delete(f.Contexts, args[0])
+				if f.Current == args[0] {
+					f.Current = ""
+				}
+			})
 			if err != nil {
-				return err
-			}
-			if _, ok := f.Contexts[args[0]]; !ok {
-				return fmt.Errorf("no context %q", args[0])
-			}
-			delete(f.Contexts, args[0])
-			if f.Current == args[0] {
-				f.Current = ""
-			}
-			if err := f.save(path); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "deleted context %s\n", args[0])
@@ -219,6 +206,20 @@ directory ($XDG_CONFIG_HOME, else ~/.config), readable by the user only.`,
 	}
 	cmd.AddCommand(add, useCmd, ls, rm)
 	return cmd
+}
+
+// changeContext applies change to the saved contexts and saves them, if
+// context name exists.
+func changeContext(name string, change func(*contextFile)) error {
+	f, path, err := loadContexts()
+	if err != nil {
+		return err
+	}
+	if _, ok := f.Contexts[name]; !ok {
+		return fmt.Errorf("no context %q (holdfast context ls lists them)", name)
+	}
+	change(f)
+	return f.save(path)
 }
 
 // completeContexts completes a saved context's name.
