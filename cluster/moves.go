@@ -458,6 +458,7 @@ func (r *replicated) onRemoved(g replication.GroupID, rid replication.ReplicaID)
 		delete(r.removing, uint32(g))
 	}
 	r.retired = append(r.retired, [2]uint64{uint64(g), uint64(rid)})
+	r.ended[[2]uint64{uint64(g), uint64(rid)}] = true
 	r.m.poke()
 }
 

@@ -88,6 +88,13 @@ type replicated struct {
 	// a move, stopped by reconcile) whose logs reconcile has yet to end
 	// (WALPipeline.Forget).
 	retired [][2]uint64
+	// ended holds every replica that left its group on this node in this
+	// run (onRemoved): the table may list one a while longer (until the
+	// move's leader settles the entry), and reconcile must not start it
+	// again on a log Forget ends under it (raft failed the group: found by
+	// TestReplicated_ProcessesDownPastReplaceAfter). Replica ids are never
+	// reused within a group, so the set only grows, by one per removal.
+	ended map[[2]uint64]bool
 	// lostLogged is the count of lost replicas last logged (reconcile).
 	lostLogged int
 	// unformedSince is when the controller first saw partitions without a
@@ -110,7 +117,7 @@ func newReplicated(n *Node, cc ClusterConfig, rf int, num uint64) (*replicated, 
 	r := &replicated{
 		rf: rf, db: n.db, num: replication.NodeID(num), tick: timeout / electionTicks,
 		downSince: map[string]time.Time{}, removing: map[uint32]replication.ReplicaID{},
-		local: map[uint32]replication.ReplicaID{}, peers: map[replication.NodeID]NodeInfo{}, failed: map[uint32]string{},
+		local: map[uint32]replication.ReplicaID{}, ended: map[[2]uint64]bool{}, peers: map[replication.NodeID]NodeInfo{}, failed: map[uint32]string{},
 		serving: make([]uint64, n.db.Partitions()), hints: make([]atomic.Pointer[string], n.db.Partitions()),
 	}
 	r.names.Store(&map[uint64]string{})
@@ -333,7 +340,7 @@ func (r *replicated) reconcile() {
 			continue
 		}
 		me, ok := g.replicaOn(m.id, m.storage)
-		if !ok {
+		if !ok || r.ended[[2]uint64{uint64(p), me.ID}] {
 			continue
 		}
 		if err := r.addGroup(p, g, me); err != nil {

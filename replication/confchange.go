@@ -46,6 +46,13 @@ type memberState struct {
 	// retired: the group stopped and left the engine after its removal.
 	removed bool
 	retired atomic.Bool
+	// removeAsked: the owner asked to stop the replica (RemoveGroup). A
+	// failed group runs no calls, so process reads this one itself: a
+	// replica that failed can still be stopped, and its group started here
+	// again under a new replica id (a failed group that never left the
+	// engine once kept a new replica of its partition from starting, for
+	// good: found by TestReplicated_ProcessesDownPastReplaceAfter).
+	removeAsked atomic.Bool
 	// Under group.mu: snapshot send outcomes and calls into the worker.
 	snapReports []snapReport
 	calls       []func(*raft.RawNode)
@@ -448,6 +455,7 @@ func (e *Engine) RemoveGroup(id GroupID) error {
 	if g == nil {
 		return fmt.Errorf("%w: %d", ErrUnknownGroup, id)
 	}
+	g.member.removeAsked.Store(true)
 	g.mu.Lock()
 	g.member.calls = append(g.member.calls, func(*raft.RawNode) { g.member.removed = true })
 	g.mu.Unlock()

@@ -236,6 +236,9 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 		g.failAll(g.failed, g.failed)
 		g.failReads(g.failed)
 		g.failTransfers(g.failed)
+		if g.member.removeAsked.Load() {
+			e.retire(g) // its raft state is not touched again
+		}
 		return
 	}
 	defer func() {

@@ -159,7 +159,7 @@ func newGroup(cfg GroupConfig, e *Engine) (*group, error) {
 		return nil, fmt.Errorf("replication: group %d: storage: %w", cfg.ID, err)
 	}
 	c := e.cfg
-	rn, err := raft.NewRawNode(&raft.Config{
+	rn, err := newRawNode(cfg, &raft.Config{
 		ID:                        uint64(cfg.Replica),
 		ElectionTick:              c.ElectionTick,
 		HeartbeatTick:             c.HeartbeatTick,
@@ -343,4 +343,18 @@ func (g *group) failAll(proposed, buffered error) {
 			p.finish(Result{}, buffered)
 		}
 	}
+}
+
+// newRawNode is raft.NewRawNode with raft's panic (a storage that does not
+// hold what its state says: an applied index outside its log, a log that
+// was ended) returned as ErrGroupFailed: the replica does not start, and the
+// node goes on (a cluster node restarted with a removed replica still in
+// its table would otherwise stop at the first start of it).
+func newRawNode(cfg GroupConfig, rc *raft.Config) (rn *raft.RawNode, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			rn, err = nil, fmt.Errorf("%w: replica %d cannot start: %v", ErrGroupFailed, cfg.Replica, r)
+		}
+	}()
+	return raft.NewRawNode(rc)
 }

@@ -87,17 +87,60 @@ func (pc *procCluster) waitReplicated(timeout time.Duration, settled bool, gone 
 			return st, time.Since(start)
 		}
 		if time.Now().After(deadline) {
-			pc.t.Fatalf("the cluster is not fully replicated (without %v) after %v: %s", gone, timeout, why)
+			pc.t.Fatalf("the cluster is not fully replicated (without %v) after %v: %s%s", gone, timeout, why, pc.linesAbout(st))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// linesAbout returns, for the partitions of st that are not served or short
+// of replicas, every node's last log lines that name them (the node logs at
+// the end of a failed test are cut to their last lines, and CI's report to
+// its first part: these come first).
+func (pc *procCluster) linesAbout(st *cluster.Status) string {
+	if st == nil {
+		return ""
+	}
+	var marks []string
+	for _, p := range st.Parts {
+		if !p.Available || p.UnderReplicated {
+			marks = append(marks, fmt.Sprintf("partition=%d ", p.Partition), fmt.Sprintf("group=%d ", p.Partition))
+		}
+	}
+	if len(marks) == 0 || len(marks) > 8 {
+		return ""
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	var b strings.Builder
+	for i, n := range pc.started {
+		var keep []string
+		for _, line := range strings.Split(n.s.log(), "\n") {
+			for _, m := range marks {
+				if strings.Contains(line+" ", m) {
+					keep = append(keep, line)
+					break
+				}
+			}
+		}
+		fmt.Fprintf(&b, "\nnode %s (start %d), its lines about those partitions:\n%s", n.id, i, strings.Join(keep[max(0, len(keep)-15):], "\n"))
+	}
+	return b.String()
 }
 
 // replicatedShort says what keeps st from being fully replicated as
 // waitReplicated wants it ("": nothing).
 func replicatedShort(st *cluster.Status, settled bool, gone []string) string {
 	if st.Served != st.Partitions || st.UnderReplicated != 0 {
-		return fmt.Sprintf("%d of %d partitions served, %d under-replicated", st.Served, st.Partitions, st.UnderReplicated)
+		// Name the partitions short of replicas, so that a failure says
+		// which replica is missing or behind.
+		var short []string
+		for _, p := range st.Parts {
+			if !p.Available || p.UnderReplicated {
+				short = append(short, fmt.Sprintf("partition %d (leader %q, term %d): %+v", p.Partition, p.Leader, p.Term, p.Replicas))
+			}
+		}
+		return fmt.Sprintf("%d of %d partitions served, %d under-replicated: %s", st.Served, st.Partitions, st.UnderReplicated, strings.Join(short, "; "))
 	}
 	for _, p := range st.Parts {
 		if len(p.Replicas) != st.ReplicationFactor {

@@ -151,3 +151,95 @@ func TestWALStorage_ReseedRecoversAGroupFromOneSurvivor(t *testing.T) {
 		}
 	}
 }
+
+// TestWALStorage_AFailedReplicaCanBeRemovedAndItsGroupStartedAgain: a
+// replica started on a log that was ended (Forget) fails (raft panics: the
+// entries it must apply are gone), and stays failed; RemoveGroup still stops
+// it (OnRemoved is called, the group leaves the engine), so that a new
+// replica of the same group can start on the node. (A cluster node once
+// restarted a replica it had just been removed from, before the cluster's
+// table said so, while its log was being ended: the failed group never left
+// the engine, and the partition never got its new replica on that node.)
+func TestWALStorage_AFailedReplicaCanBeRemovedAndItsGroupStartedAgain(t *testing.T) {
+	c := newWALCluster(t, 3, 1, uint64(time.Now().UnixNano()), func(c *walCluster) { c.wcfg.KeepEntries = 0 })
+	defer c.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	g := c.groups[0]
+	c.leadAll(t, 1)
+	for i := range 20 {
+		c.propose(ctx, g, walPayload(g, uint64(i)))
+	}
+	c.crash(2)
+	c.crash(3)
+	c.crash(1)
+
+	dir := c.nodes[1].dir
+	db, err := persistence.Open(persistence.Config{Dir: dir, Partitions: 1, SegmentSize: 64 << 10, MemTableSize: 8 << 20, BlockCacheSize: 1 << 20, ValueLogFileSize: 1 << 20, Logger: c.quiet, Replicated: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := persistence.NewPipeline(db, persistence.PipelineConfig{Logger: c.quiet, ValueLogGCEvery: -1})
+	pp.Start()
+	wp := replication.NewWALPipeline(db, pp, replication.WALConfig{Logger: c.quiet})
+	defer func() {
+		wp.Close()
+		pp.Close()
+		_ = db.Close()
+	}()
+	st, applied, err := wp.Storage(g, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	net := NewNetwork(1)
+	net.Start()
+	defer net.Close()
+	e, err := replication.New(replication.Config{Node: 1, TickInterval: 2 * time.Millisecond, ElectionTick: 10, Workers: 2, Logger: c.quiet}, net.Endpoint(1), wp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	removed := make(chan replication.ReplicaID, 1)
+	onRemoved := func(_ replication.GroupID, r replication.ReplicaID) { removed <- r }
+	peers := map[replication.ReplicaID]replication.NodeID{1: 1, 2: 2, 3: 3}
+	if err := e.AddGroup(replication.GroupConfig{ID: g, Replica: 1, Peers: peers, Storage: st, Applied: applied, OnRemoved: onRemoved}); err != nil {
+		t.Fatal(err)
+	}
+	// Its log ends under it, as the cluster's Forget of a removed replica
+	// did while the replica started again.
+	if err := wp.Forget(ctx, g, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(); err != nil {
+		t.Fatal(err)
+	}
+	net.Attach(1, e)
+	for !errors.Is(e.Err(), replication.ErrGroupFailed) {
+		if ctx.Err() != nil {
+			t.Fatalf("the replica on an ended log did not fail: %v", e.Err())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := e.RemoveGroup(g); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-removed:
+		if r != 1 {
+			t.Fatalf("OnRemoved for replica %d, want 1", r)
+		}
+	case <-ctx.Done():
+		t.Fatal("the failed replica was not removed")
+	}
+	if _, err := e.Status(g); !errors.Is(err, replication.ErrUnknownGroup) {
+		t.Fatalf("the group after the failed replica's removal: %v, want ErrUnknownGroup", err)
+	}
+	st9, applied9, err := wp.Storage(g, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers[9] = 1
+	if err := e.AddGroup(replication.GroupConfig{ID: g, Replica: 9, Peers: peers, Storage: st9, Applied: applied9}); err != nil {
+		t.Fatalf("a new replica of the group after the failed one's removal: %v", err)
+	}
+}
