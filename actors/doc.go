@@ -77,6 +77,8 @@
 //     scheduler, push handlers) has an owner that Close stops and waits for.
 //   - served.go notes which node, partition and epoch answered a request (the
 //     cluster's ownership tests).
+//   - list.go: listing a type's keys (Host.ListKeys) from storage, without
+//     activating objects: what counts as state per listing.
 //   - plantedbug_on.go / plantedbug_off.go: the torture tool's planted bug
 //     (build tag plantedbug: replies leave before their writes are durable),
 //     which its check must catch; off in every normal build.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -283,5 +284,48 @@ func TestClient_Watch(t *testing.T) {
 	}
 	if err := bf.Err(); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("a refused join: %v", err)
+	}
+}
+
+// TestClient_List: List pages (limit, next) and Keys walks every page, in
+// byte order, for objects, logs and queues; a refused query is an *Error.
+func TestClient_List(t *testing.T) {
+	c, _ := start(t)
+	ctx := context.Background()
+	var want []string
+	for _, k := range []string{"b", "a", "c10", "c9", "d"} {
+		must(c.Object("order", k).Set(ctx, "n", 1))
+		want = append(want, k)
+	}
+	must(c.Log("order", "log-1").Append(ctx, client.Record{Body: 1}))
+	must(c.Queue("order", "q-1").Enqueue(ctx, client.Message{ID: "m", Payload: 1}))
+	want = append(want, "log-1", "q-1")
+	slices.Sort(want)
+	page := must(c.List(ctx, client.ListObjects, "order", client.ListOptions{Limit: 2}))
+	if !slices.Equal(page.Keys, want[:2]) || page.Next != want[1] {
+		t.Fatalf("first page %+v, want keys %q and next %q", page, want[:2], want[1])
+	}
+	var all []string
+	for k, err := range c.Keys(ctx, client.ListObjects, "order", client.ListOptions{Limit: 3}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, k)
+	}
+	if !slices.Equal(all, want) {
+		t.Fatalf("Keys: %q, want %q", all, want)
+	}
+	if p := must(c.List(ctx, client.ListObjects, "order", client.ListOptions{Prefix: "c"})); !slices.Equal(p.Keys, []string{"c10", "c9"}) || p.Next != "" {
+		t.Fatalf("prefix c: %+v", p)
+	}
+	if p := must(c.List(ctx, client.ListLogs, "order", client.ListOptions{})); !slices.Equal(p.Keys, []string{"log-1"}) {
+		t.Fatalf("logs: %+v", p)
+	}
+	if p := must(c.List(ctx, client.ListQueues, "order", client.ListOptions{})); !slices.Equal(p.Keys, []string{"q-1"}) {
+		t.Fatalf("queues: %+v", p)
+	}
+	var ce *client.Error
+	if _, err := c.List(ctx, client.ListObjects, "a:b", client.ListOptions{}); !errors.As(err, &ce) || ce.Status != 400 {
+		t.Fatalf("a type with ':': %v, want a 400 *Error", err)
 	}
 }

@@ -47,7 +47,8 @@
 //   - remote.go, wire.go: the transport between members (requests, replies and
 //     one-way messages in frames over TCP, batched per connection); feed.go:
 //     live feeds of objects served by another node; client.go: client members;
-//     admin.go: the operator commands (status, leave, forget-node).
+//     admin.go: the operator commands (status, leave, forget-node); list.go:
+//     listing a type's keys across every partition and node.
 //
 // Node's methods may be called from any goroutine once Start returned.
 package cluster

@@ -649,6 +649,8 @@ func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 		return m.serveSubscribe(ctx, req)
 	case opSubsCheck:
 		return m.serveSubsCheck(req)
+	case opList:
+		return m.serveList(ctx, req)
 	}
 	return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindInternal, Msg: fmt.Sprintf("unknown request %d from node %s", req.Op, req.From)})}
 }

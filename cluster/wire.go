@@ -35,6 +35,7 @@ const (
 	opFeed                    // events of a remote subscription (owner to subscriber node)
 	opPing                    // are you there?
 	opSubsCheck               // which of these remote subscriptions does the owner still hold?
+	opList                    // list a type's keys in some partitions (list.go)
 )
 
 // wireRequest and wireReply are encoded by their EncodeMsgpack (below), not

@@ -120,8 +120,8 @@ func TestObjects_UnknownRoute(t *testing.T) {
 		{"GET", "/", nil},
 		{"GET", "/api/v1/objects", nil},
 		{"GET", "/api/v1/objects/" + testApp.ID, nil},
-		{"GET", "/api/v1/objects/" + testApp.ID + "/order", nil},
-		{"PUT", "/api/v1/objects/" + testApp.ID + "/order", `{"value":1}`},
+		// (GET /api/v1/objects/{app}/{type} is the type's listing,
+		// list_test.go; other methods there are 405, below.)
 		{"GET", objPath("order", "o1", "a", "b"), nil},
 		{"PUT", objPath("order", "o1", "a", "b"), `{"value":2}`},
 		{"POST", objPath("order", "o1", "a", "incr"), `{"by":1}`},
@@ -139,6 +139,10 @@ func TestObjects_UnknownRoute(t *testing.T) {
 			wantError(t, ts.do(c.method, c.path, c.body, nil), http.StatusNotFound, "not_found", nil)
 			wantUnchanged(t, ts, "order", "o1", before)
 		})
+	}
+	wantSnap(t, ts, "order", "o1", 1, map[string]string{"a": "1"})
+	if r := ts.do("PUT", "/api/v1/objects/"+testApp.ID+"/order", `{"value":1}`, nil); r.status != http.StatusMethodNotAllowed || r.header.Get("Allow") == "" {
+		t.Fatalf("PUT on a type's listing: %d (Allow %q), want 405 with Allow", r.status, r.header.Get("Allow"))
 	}
 	wantSnap(t, ts, "order", "o1", 1, map[string]string{"a": "1"})
 }

@@ -137,6 +137,7 @@ func (s *Server) routes() {
 	s.alarmRoutes()
 	s.queueRoutes()
 	s.batchRoutes()
+	s.listRoutes()
 	s.mux.HandleFunc("POST /api/v1/tokens/{app}", s.mintToken)
 	s.mux.HandleFunc("GET /socket/websocket", s.serveSocket)
 	if s.cfg.MetricsHandler != nil {

@@ -23,6 +23,7 @@
 //	valuelog.go   syncing and collecting Badger's value log
 //	db.go         Open, Close, reads, releasable
 //	export.go     a partition's keys and changes as a stream (handoff)
+//	list.go       a type's object keys in byte order across partitions (listing)
 //	errors.go     the errors callers match: ErrFailed, ErrUnavailable, ...
 //	plantedbug.go test knobs, false in every program
 //	plantedbug_on.go, plantedbug_off.go  the torture's planted bug (build tag plantedbug)

@@ -14,13 +14,15 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	hfclient "github.com/holdfast/holdfast/client"
 )
 
 // logCommand is `holdfast log`: an object's retained log.
 func logCommand() *cobra.Command {
 	cmd, o := clientGroup("log", "Append to, read and consume an object's retained log (TYPE/KEY)")
 	cmd.AddCommand(logAppend(o), logRead(o), logTail(o), logBoundsCmd(o), logLoad(o), logTrim(o), logCursors(o), logLease(o), logAck(o),
-		logDeadLetters(o))
+		logDeadLetters(o), logConsumers(o), listCommand(o, hfclient.ListLogs, "objects that hold a log"))
 	return cmd
 }
 

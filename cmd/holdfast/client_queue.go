@@ -17,7 +17,7 @@ import (
 func queueCommand() *cobra.Command {
 	cmd, o := clientGroup("queue", "Send, receive and settle messages of an object's queue (TYPE/KEY)")
 	cmd.AddCommand(queueSend(o), queueReceive(o), queueAck(o), queueNack(o), queueDeadLetters(o), queueRedrive(o),
-		queueDeadLetterDelete(o), queueStats(o))
+		queueDeadLetterDelete(o), queueStats(o), listCommand(o, hfclient.ListQueues, "objects that hold a queue"))
 	return cmd
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand"
 	"net/http"
 	"os"
@@ -556,6 +557,17 @@ func TestReplicated_ProcessesKillOfALeaderLosesNothing(t *testing.T) {
 		t.Error(err)
 	}
 	l.verify(objects)
+	// Listing through each running node covers every partition, wherever
+	// its leader is (issue 29): every object written, in byte order.
+	want := strings.Join(slices.Sorted(slices.Values(objects)), "\n") + "\n"
+	pc.mu.Lock()
+	running := maps.Clone(pc.servers)
+	pc.mu.Unlock()
+	for id, s := range running {
+		if got := cliOK(t, s, "object", "ls", "crash"); got != want {
+			t.Errorf("holdfast object ls crash through %s printed\n%s\nwant\n%s", id, got, want)
+		}
+	}
 }
 
 // TestReplicated_ProcessesWipedDiskNeverServesOldReplicas: a node killed -9

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	hfclient "github.com/holdfast/holdfast/client"
+)
+
+// listCommand is `holdfast {object,log,queue} ls TYPE`: the keys of a
+// type's objects (of those that hold a log, a queue), from every partition
+// and every node, one per line in byte order, paged through to the end.
+func listCommand(o *clientOpts, kind hfclient.ListKind, what string) *cobra.Command {
+	var prefix, after string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "ls TYPE",
+		Short: "List the keys of a type's " + what,
+		Long: `List the keys of the type's ` + what + `, one per line, in byte order, from every
+partition (and every node of a cluster). --prefix keeps the keys that start with
+it, --after starts after a key, --limit stops after that many keys (0: all).
+With --json: {"keys":[...]} and, when --limit stopped it, "next" (the --after of
+the rest).`,
+		Args: usageArgs(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if strings.Contains(args[0], "/") {
+				return fmt.Errorf("%q: name a type, without a key (holdfast %s ls order)", args[0], cmd.Parent().Name())
+			}
+			if limit < 0 {
+				return fmt.Errorf("--limit %d: want 0 (all) or more", limit)
+			}
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			keys := []string{}
+			more := false // --limit stopped the listing before its end
+			opts := hfclient.ListOptions{Prefix: prefix, After: after, Limit: hfPage(limit)}
+			for {
+				page, err := c.lib.List(cmd.Context(), kind, args[0], opts)
+				if err != nil {
+					return err
+				}
+				for _, k := range page.Keys {
+					if limit > 0 && len(keys) == limit {
+						more = true
+						break
+					}
+					keys = append(keys, k)
+					if !o.json {
+						fmt.Fprintln(out, k)
+					}
+				}
+				if more || page.Next == "" {
+					break
+				}
+				if limit > 0 && len(keys) == limit {
+					more = true
+					break
+				}
+				opts.After = page.Next
+			}
+			next := ""
+			if more {
+				next = keys[len(keys)-1]
+			}
+			if o.json {
+				b, err := json.Marshal(hfclient.KeyPage{Keys: keys, Next: next})
+				if err != nil {
+					return err
+				}
+				return printJSON(out, b)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&prefix, "prefix", "", "only keys that start with this")
+	cmd.Flags().StringVar(&after, "after", "", "only keys after this one (byte order)")
+	cmd.Flags().IntVar(&limit, "limit", 0, "stop after this many keys (0: all)")
+	return cmd
+}
+
+// hfPage is the page size to ask for: the server's largest, or less when
+// fewer keys are wanted.
+func hfPage(limit int) int {
+	if limit > 0 && limit < 1000 {
+		return limit
+	}
+	return 1000
+}
+
+// logConsumers is `holdfast log consumers TYPE/KEY`: every consumer that
+// committed a cursor, with its cursor and backlog (records after it).
+func logConsumers(o *clientOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "consumers TYPE/KEY",
+		Short: "List a log's consumers, their cursors and backlogs",
+		Long: `List the consumers of a log that committed a cursor (by hand, or by acking a
+lease): "CONSUMER CURSOR BACKLOG" lines, where BACKLOG is the records from the
+cursor to the log's end. With --json: {"consumers":[{"name","cursor","backlog"}],
+"nextOffset":N}.`,
+		Args: usageArgs(1, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ref, err := o.object(args[0])
+			if err != nil {
+				return err
+			}
+			var cur struct {
+				Cursors map[string]uint64 `json:"cursors"`
+			}
+			if _, err := c.call(cmd.Context(), "GET", c.path("logs", ref, "cursors"), nil, nil, &cur); err != nil {
+				return err
+			}
+			var bounds logBounds
+			if _, err := c.call(cmd.Context(), "GET", c.path("logs", ref, "bounds"), nil, nil, &bounds); err != nil {
+				return err
+			}
+			type consumer struct {
+				Name    string `json:"name"`
+				Cursor  uint64 `json:"cursor"`
+				Backlog uint64 `json:"backlog"`
+			}
+			list := []consumer{}
+			for _, name := range sortedKeys(cur.Cursors) {
+				at := cur.Cursors[name]
+				list = append(list, consumer{Name: name, Cursor: at, Backlog: bounds.NextOffset - min(at, bounds.NextOffset)})
+			}
+			out := cmd.OutOrStdout()
+			if o.json {
+				b, err := json.Marshal(map[string]any{"consumers": list, "nextOffset": bounds.NextOffset})
+				if err != nil {
+					return err
+				}
+				return printJSON(out, b)
+			}
+			if len(list) == 0 {
+				fmt.Fprintln(cmd.ErrOrStderr(), "no consumer committed a cursor on this log")
+				return nil
+			}
+			w := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "CONSUMER\tCURSOR\tBACKLOG")
+			for _, c := range list {
+				fmt.Fprintf(w, "%s\t%d\t%d\n", c.Name, c.Cursor, c.Backlog)
+			}
+			return w.Flush()
+		},
+	}
+}
