@@ -99,3 +99,57 @@ func TestOpen_QuietAndLeavesGOMAXPROCSAlone(t *testing.T) {
 		t.Fatalf("TuneGOMAXPROCS left GOMAXPROCS at %d", got)
 	}
 }
+
+type note struct {
+	Text string
+	Tags []string
+}
+
+// noter's handler saves and loads Go values in its storage, and reports
+// what Load and Save say about bad values.
+var noter = holdfast.TypeSpec{Name: "noter", Handle: func(c *holdfast.Context, msg any) (any, error) {
+	switch m := msg.(type) {
+	case note:
+		before, err := holdfast.Load[note](c, "note")
+		if err != nil {
+			return nil, err
+		}
+		return before, holdfast.Save(c, "note", m)
+	case string: // "raw": a value Load cannot decode; "chan": one Save cannot encode
+		if m == "raw" {
+			if err := c.Put("note", []byte("not json")); err != nil {
+				return nil, err
+			}
+			_, err := holdfast.Load[note](c, "note")
+			return nil, err
+		}
+		return nil, holdfast.Save(c, "note", make(chan int))
+	}
+	return nil, nil
+}}
+
+// Load and Save keep a user type's state as Go values: Load of nothing is
+// the zero value, a saved value comes back whole after the turn committed,
+// and a value that is not JSON of the type, or cannot be encoded, is an
+// error that names the key.
+func TestTyped_LoadAndSave(t *testing.T) {
+	rt, err := holdfast.Open(holdfast.Options{DataDir: t.TempDir(), Types: []holdfast.TypeSpec{noter}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(context.Background())
+	ctx := context.Background()
+	first := note{Text: "a", Tags: []string{"x", "y"}}
+	if before, err := holdfast.Call[note](ctx, rt, "app", "noter", "n1", first); err != nil || before.Text != "" || before.Tags != nil {
+		t.Fatalf("first Load: %+v %v, want the zero note", before, err)
+	}
+	if before, err := holdfast.Call[note](ctx, rt, "app", "noter", "n1", note{Text: "b"}); err != nil || before.Text != "a" || len(before.Tags) != 2 || before.Tags[1] != "y" {
+		t.Fatalf("Load after Save: %+v %v, want %+v", before, err, first)
+	}
+	if _, err := rt.Request(ctx, "app", "noter", "n2", "raw"); err == nil || !strings.Contains(err.Error(), `storage key "note"`) {
+		t.Fatalf("Load of a value that is not JSON: %v", err)
+	}
+	if _, err := rt.Request(ctx, "app", "noter", "n3", "chan"); err == nil || !strings.Contains(err.Error(), `storage key "note": encode a chan int`) {
+		t.Fatalf("Save of a channel: %v", err)
+	}
+}

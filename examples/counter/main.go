@@ -11,7 +11,6 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"strconv"
 	"sync"
 
 	"github.com/holdfast/holdfast"
@@ -30,36 +29,30 @@ type (
 // ErrConflict is Reset's reply when the counter moved.
 var ErrConflict = errors.New("counter: value changed")
 
-// Counter is the object type.
+// Counter is the object type. Its handler runs in each counter's actor,
+// one message at a time; what it saves commits with the turn, durably,
+// before the reply leaves (docs/comparison.md sets it beside a Restate
+// virtual object and a Dapr actor).
 var Counter = holdfast.TypeSpec{
 	Name: "counter",
 	Handle: func(c *holdfast.Context, msg any) (any, error) {
-		cur, err := load(c)
+		cur, err := holdfast.Load[int64](c, "value") // 0 before the first Add
 		if err != nil {
 			return nil, err
 		}
 		switch m := msg.(type) {
 		case Add:
-			cur += m.By
-			return cur, c.Put("value", []byte(strconv.FormatInt(cur, 10)))
+			return cur + m.By, holdfast.Save(c, "value", cur+m.By)
 		case Value:
 			return cur, nil
 		case Reset:
 			if cur != m.Expect {
 				return nil, ErrConflict
 			}
-			return int64(0), c.Put("value", []byte("0"))
+			return int64(0), holdfast.Save(c, "value", 0)
 		}
 		return nil, fmt.Errorf("counter: unknown message %T", msg)
 	},
-}
-
-func load(c *holdfast.Context) (int64, error) {
-	v, found, err := c.Get("value")
-	if err != nil || !found {
-		return 0, err
-	}
-	return strconv.ParseInt(string(v), 10, 64)
 }
 
 // run adds 1 from `callers` goroutines, `each` times, and returns the final value.
