@@ -11,17 +11,17 @@ import (
 const alarmBase = "/api/v1/alarms/{app}/{type}/{key}"
 
 func (s *Server) alarmRoutes() {
-	s.mux.HandleFunc("PUT "+alarmBase+"/{name}", s.object(s.alarmPut))
-	s.mux.HandleFunc("GET "+alarmBase+"/{name}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.handle("PUT "+alarmBase+"/{name}", s.object(s.alarmPut))
+	s.handle("GET "+alarmBase+"/{name}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
 		s.logSimple(actors.AlarmGet{Name: r.PathValue("name")})(w, r, id)
 	}))
-	s.mux.HandleFunc("DELETE "+alarmBase+"/{name}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.handle("DELETE "+alarmBase+"/{name}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
 		if _, ok := s.call(w, r, id, actors.AlarmDelete{Name: r.PathValue("name")}); ok {
 			w.WriteHeader(http.StatusNoContent)
 		}
 	}))
-	s.mux.HandleFunc("GET "+alarmBase+"/{$}", s.object(s.alarmList))
-	s.mux.HandleFunc("GET "+alarmBase, s.object(s.alarmList))
+	s.handle("GET "+alarmBase+"/{$}", s.object(s.alarmList))
+	s.handle("GET "+alarmBase, s.object(s.alarmList))
 }
 
 // alarmList serves GET .../?limit=N&after=CURSOR: one page of the object's

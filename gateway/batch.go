@@ -82,7 +82,7 @@ var batchOps = map[string]batchOp{
 }
 
 func (s *Server) batchRoutes() {
-	s.mux.HandleFunc("POST /api/v1/batch/{app}", s.batch)
+	s.handle("POST /api/v1/batch/{app}", s.batch)
 }
 
 // plannedOp is one operation, parsed: the object it runs on and the request

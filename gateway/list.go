@@ -22,7 +22,7 @@ func (s *Server) listRoutes() {
 		"/api/v1/logs/{app}/{type}":    actors.ListLogs,
 		"/api/v1/queues/{app}/{type}":  actors.ListQueues,
 	} {
-		s.mux.HandleFunc("GET "+base, s.list(kind))
+		s.handle("GET "+base, s.list(kind))
 	}
 }
 

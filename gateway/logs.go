@@ -13,22 +13,22 @@ import (
 const logBase = "/api/v1/logs/{app}/{type}/{key}"
 
 func (s *Server) logRoutes() {
-	s.mux.HandleFunc("POST "+logBase+"/append", s.object(s.logAppend))
-	s.mux.HandleFunc("GET "+logBase+"/records", s.object(s.logRecords))
-	s.mux.HandleFunc("GET "+logBase+"/bounds", s.object(s.logSimple(actors.LogBoundsGet{})))
-	s.mux.HandleFunc("GET "+logBase+"/cursors", s.object(s.logSimple(actors.LogCursorsGet{})))
-	s.mux.HandleFunc("GET "+logBase+"/cursors/{consumer}", s.object(s.logCursor))
-	s.mux.HandleFunc("PUT "+logBase+"/cursors/{consumer}", s.object(s.logCommit))
-	s.mux.HandleFunc("GET "+logBase+"/load", s.object(s.logSimple(actors.LogLoadGet{})))
-	s.mux.HandleFunc("POST "+logBase+"/trim", s.object(s.logSimple(actors.LogTrim{})))
-	s.mux.HandleFunc("POST "+logBase+"/forget-cold", s.object(s.logForgetCold))
-	s.mux.HandleFunc("POST "+logBase+"/consumers/{consumer}/lease", s.object(s.logLease))
-	s.mux.HandleFunc("POST "+logBase+"/consumers/{consumer}/ack", s.object(s.logSettle(true)))
-	s.mux.HandleFunc("POST "+logBase+"/consumers/{consumer}/nack", s.object(s.logSettle(false)))
-	s.mux.HandleFunc("GET "+logBase+"/consumers/{consumer}/leases", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.handle("POST "+logBase+"/append", s.object(s.logAppend))
+	s.handle("GET "+logBase+"/records", s.object(s.logRecords))
+	s.handle("GET "+logBase+"/bounds", s.object(s.logSimple(actors.LogBoundsGet{})))
+	s.handle("GET "+logBase+"/cursors", s.object(s.logSimple(actors.LogCursorsGet{})))
+	s.handle("GET "+logBase+"/cursors/{consumer}", s.object(s.logCursor))
+	s.handle("PUT "+logBase+"/cursors/{consumer}", s.object(s.logCommit))
+	s.handle("GET "+logBase+"/load", s.object(s.logSimple(actors.LogLoadGet{})))
+	s.handle("POST "+logBase+"/trim", s.object(s.logSimple(actors.LogTrim{})))
+	s.handle("POST "+logBase+"/forget-cold", s.object(s.logForgetCold))
+	s.handle("POST "+logBase+"/consumers/{consumer}/lease", s.object(s.logLease))
+	s.handle("POST "+logBase+"/consumers/{consumer}/ack", s.object(s.logSettle(true)))
+	s.handle("POST "+logBase+"/consumers/{consumer}/nack", s.object(s.logSettle(false)))
+	s.handle("GET "+logBase+"/consumers/{consumer}/leases", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
 		s.logSimple(actors.LogLeasesGet{Consumer: r.PathValue("consumer")})(w, r, id)
 	}))
-	s.mux.HandleFunc("GET "+logBase+"/consumers/{consumer}/dead-letters", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.handle("GET "+logBase+"/consumers/{consumer}/dead-letters", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
 		s.logSimple(actors.LogDeadLettersGet{Consumer: r.PathValue("consumer")})(w, r, id)
 	}))
 }

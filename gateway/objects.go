@@ -16,18 +16,18 @@ const objectBase = "/api/v1/objects/{app}/{type}/{key}"
 
 func (s *Server) objectRoutes() {
 	for _, base := range []string{objectBase, objectBase + "/{$}"} {
-		s.mux.HandleFunc("GET "+base, s.object(s.getState))
-		s.mux.HandleFunc("PATCH "+base, s.object(s.patch))
-		s.mux.HandleFunc("DELETE "+base, s.object(s.purge))
+		s.handle("GET "+base, s.object(s.getState))
+		s.handle("PATCH "+base, s.object(s.patch))
+		s.handle("DELETE "+base, s.object(s.purge))
 	}
-	s.mux.HandleFunc("GET "+objectBase+"/log", s.object(s.readLog))
-	s.mux.HandleFunc("POST "+objectBase+"/transaction", s.object(s.transaction))
-	s.mux.HandleFunc("GET "+objectBase+"/{slot}", s.object(s.getSlot))
-	s.mux.HandleFunc("PUT "+objectBase+"/{slot}", s.object(s.slotWriteRoute(setWrite)))
-	s.mux.HandleFunc("DELETE "+objectBase+"/{slot}", s.object(s.deleteSlot))
-	s.mux.HandleFunc("POST "+objectBase+"/{slot}/increment", s.object(s.slotWriteRoute(incrementWrite)))
-	s.mux.HandleFunc("POST "+objectBase+"/{slot}/append", s.object(s.slotWriteRoute(appendWrite)))
-	s.mux.HandleFunc("POST "+objectBase+"/events", s.object(s.publish))
+	s.handle("GET "+objectBase+"/log", s.object(s.readLog))
+	s.handle("POST "+objectBase+"/transaction", s.object(s.transaction))
+	s.handle("GET "+objectBase+"/{slot}", s.object(s.getSlot))
+	s.handle("PUT "+objectBase+"/{slot}", s.object(s.slotWriteRoute(setWrite)))
+	s.handle("DELETE "+objectBase+"/{slot}", s.object(s.deleteSlot))
+	s.handle("POST "+objectBase+"/{slot}/increment", s.object(s.slotWriteRoute(incrementWrite)))
+	s.handle("POST "+objectBase+"/{slot}/append", s.object(s.slotWriteRoute(appendWrite)))
+	s.handle("POST "+objectBase+"/events", s.object(s.publish))
 }
 
 // publish serves POST .../events {"event": "run:...", "payload": {...}}: an

@@ -20,24 +20,24 @@ const queueBase = "/api/v1/queues/{app}/{type}/{key}"
 const maxWaitMs = 20_000
 
 func (s *Server) queueRoutes() {
-	s.mux.HandleFunc("POST "+queueBase+"/messages", s.object(s.queueEnqueue))
-	s.mux.HandleFunc("GET "+queueBase+"/messages/{id}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.handle("POST "+queueBase+"/messages", s.object(s.queueEnqueue))
+	s.handle("GET "+queueBase+"/messages/{id}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
 		s.logSimple(actors.QueueMessageGet{ID: r.PathValue("id")})(w, r, id)
 	}))
-	s.mux.HandleFunc("POST "+queueBase+"/receive", s.object(s.queueReceive))
-	s.mux.HandleFunc("POST "+queueBase+"/ack", s.object(s.queueAck))
-	s.mux.HandleFunc("POST "+queueBase+"/nack", s.object(s.queueNack))
-	s.mux.HandleFunc("POST "+queueBase+"/dead", s.object(s.queueDead))
-	s.mux.HandleFunc("GET "+queueBase+"/stats", s.object(s.logSimple(actors.QueueStatsGet{})))
-	s.mux.HandleFunc("POST "+queueBase+"/replay", s.object(s.queueReplay))
-	s.mux.HandleFunc("GET "+queueBase+"/dead-letters", s.object(s.queueDeadLetters))
-	s.mux.HandleFunc("POST "+queueBase+"/dead-letters/redrive", s.object(s.queueRedrive))
-	s.mux.HandleFunc("DELETE "+queueBase+"/dead-letters/{id}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
+	s.handle("POST "+queueBase+"/receive", s.object(s.queueReceive))
+	s.handle("POST "+queueBase+"/ack", s.object(s.queueAck))
+	s.handle("POST "+queueBase+"/nack", s.object(s.queueNack))
+	s.handle("POST "+queueBase+"/dead", s.object(s.queueDead))
+	s.handle("GET "+queueBase+"/stats", s.object(s.logSimple(actors.QueueStatsGet{})))
+	s.handle("POST "+queueBase+"/replay", s.object(s.queueReplay))
+	s.handle("GET "+queueBase+"/dead-letters", s.object(s.queueDeadLetters))
+	s.handle("POST "+queueBase+"/dead-letters/redrive", s.object(s.queueRedrive))
+	s.handle("DELETE "+queueBase+"/dead-letters/{id}", s.object(func(w http.ResponseWriter, r *http.Request, id actors.ObjectID) {
 		if _, ok := s.call(w, r, id, actors.QueueDeadLetterDelete{ID: r.PathValue("id")}); ok {
 			w.WriteHeader(http.StatusNoContent)
 		}
 	}))
-	s.mux.HandleFunc("GET /api/v1/admin/replay", s.adminReplay)
+	s.handle("GET /api/v1/admin/replay", s.adminReplay)
 }
 
 // replayer is a node that replays queues when it starts (cluster.Node).

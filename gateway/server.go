@@ -101,6 +101,10 @@ type Server struct {
 	workers *owner.Pool
 	// sockStats are the websockets' counters that tests read (socket.go).
 	sockStats socketStats
+	// patterns are the mux's patterns, in the order handle registered them:
+	// the routes served, which openapi_test.go holds docs/openapi.yaml to.
+	// Written by New only.
+	patterns []string
 }
 
 // New returns a server; serve it with Handler.
@@ -130,19 +134,26 @@ func New(cfg Config) *Server {
 }
 
 func (s *Server) routes() {
-	s.mux.HandleFunc("GET /healthz", s.healthz)
-	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.handle("GET /healthz", s.healthz)
+	s.handle("GET /readyz", s.readyz)
 	s.objectRoutes()
 	s.logRoutes()
 	s.alarmRoutes()
 	s.queueRoutes()
 	s.batchRoutes()
 	s.listRoutes()
-	s.mux.HandleFunc("POST /api/v1/tokens/{app}", s.mintToken)
-	s.mux.HandleFunc("GET /socket/websocket", s.serveSocket)
+	s.handle("POST /api/v1/tokens/{app}", s.mintToken)
+	s.handle("GET /socket/websocket", s.serveSocket)
 	if s.cfg.MetricsHandler != nil {
-		s.mux.Handle("GET /metrics", s.cfg.MetricsHandler)
+		s.handle("GET /metrics", s.cfg.MetricsHandler.ServeHTTP)
 	}
+}
+
+// handle registers h on the mux for pattern and records the pattern: every
+// route goes through it, so that patterns lists them all.
+func (s *Server) handle(pattern string, h http.HandlerFunc) {
+	s.patterns = append(s.patterns, pattern)
+	s.mux.HandleFunc(pattern, h)
 }
 
 // healthz answers 503 only when the node can be repaired by a restart alone
