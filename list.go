@@ -24,6 +24,8 @@ const (
 	ListObjects = actors.ListObjects
 	ListLogs    = actors.ListLogs
 	ListQueues  = actors.ListQueues
+	// ListTypes lists an app's types (ListQuery.Type empty).
+	ListTypes = actors.ListTypes
 )
 
 // List returns one page of the keys of q's objects, in byte order. It reads

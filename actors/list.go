@@ -28,6 +28,9 @@ const (
 	ListLogs ListKind = "logs"
 	// ListQueues: the objects that hold a queue.
 	ListQueues ListKind = "queues"
+	// ListTypes: the app's types that have objects holding any stored data
+	// (Type is empty; the page's keys are type names).
+	ListTypes ListKind = "types"
 )
 
 // Listing limits (spec/batch.md).
@@ -71,7 +74,11 @@ func (q ListQuery) checkNames() error {
 	if q.App == "" || len(q.App) > MaxNameBytes {
 		return badRequestf("app must be 1 to %d bytes", MaxNameBytes)
 	}
-	if err := checkName("type", q.Type, ":/"); err != nil {
+	if q.Kind == ListTypes {
+		if q.Type != "" {
+			return badRequestf("a listing of types names no type")
+		}
+	} else if err := checkName("type", q.Type, ":/"); err != nil {
 		return err
 	}
 	if _, ok := listMarks[q.Kind]; !ok {
@@ -92,6 +99,7 @@ var listMarks = map[ListKind][][]byte{
 	ListObjects: {{behaviourKV, kvSlot}, {behaviourUser}, {behaviourLog}, {behaviourQueue}, {behaviourAlarm, alarmRecord}},
 	ListLogs:    {{behaviourLog}},
 	ListQueues:  {{behaviourQueue}},
+	ListTypes:   nil, // any key: types are listed for completion and browsing
 }
 
 // PageOf makes the page of a listing from keys in byte order, gathered with
@@ -162,7 +170,12 @@ func (h *Host) ListKeys(ctx context.Context, q ListQuery, parts []uint32) (keys 
 	}
 	slices.Sort(served)
 	slices.Sort(notServed)
-	keys, err = h.db.ListObjects(ctx, served, persistence.ListQuery{App: q.App, Type: q.Type, Marks: listMarks[q.Kind], Prefix: q.Prefix, After: q.After, Limit: q.Limit})
+	pq := persistence.ListQuery{App: q.App, Type: q.Type, Marks: listMarks[q.Kind], Prefix: q.Prefix, After: q.After, Limit: q.Limit}
+	if q.Kind == ListTypes {
+		keys, err = h.db.ListTypes(ctx, served, pq)
+	} else {
+		keys, err = h.db.ListObjects(ctx, served, pq)
+	}
 	if err != nil {
 		return nil, nil, unavailable("the listing could not read the node's storage", err)
 	}

@@ -324,6 +324,9 @@ func TestClient_List(t *testing.T) {
 	if p := must(c.List(ctx, client.ListQueues, "order", client.ListOptions{})); !slices.Equal(p.Keys, []string{"q-1"}) {
 		t.Fatalf("queues: %+v", p)
 	}
+	if p := must(c.Types(ctx, client.ListOptions{})); !slices.Equal(p.Types, []string{"order"}) || p.Next != "" {
+		t.Fatalf("types: %+v", p)
+	}
 	var ce *client.Error
 	if _, err := c.List(ctx, client.ListObjects, "a:b", client.ListOptions{}); !errors.As(err, &ce) || ce.Status != 400 {
 		t.Fatalf("a type with ':': %v, want a 400 *Error", err)

@@ -36,18 +36,8 @@ type KeyPage struct {
 // List returns one page of the keys of type typ's objects of the kind, from
 // every partition (and every node of a cluster).
 func (c *Client) List(ctx context.Context, kind ListKind, typ string, opts ListOptions) (*KeyPage, error) {
-	q := url.Values{}
-	if opts.Prefix != "" {
-		q.Set("prefix", opts.Prefix)
-	}
-	if opts.After != "" {
-		q.Set("after", opts.After)
-	}
-	if opts.Limit > 0 {
-		q.Set("limit", strconv.Itoa(opts.Limit))
-	}
 	var page KeyPage
-	if _, err := c.Do(ctx, http.MethodGet, "/api/v1/"+string(kind)+"/"+url.PathEscape(c.key)+"/"+url.PathEscape(typ), q, nil, nil, &page); err != nil {
+	if _, err := c.Do(ctx, http.MethodGet, "/api/v1/"+string(kind)+"/"+url.PathEscape(c.key)+"/"+url.PathEscape(typ), listQuery(opts), nil, nil, &page); err != nil {
 		return nil, err
 	}
 	return &page, nil
@@ -74,4 +64,35 @@ func (c *Client) Keys(ctx context.Context, kind ListKind, typ string, opts ListO
 			opts.After = page.Next
 		}
 	}
+}
+
+// TypePage is a page of an app's types in byte order; Next, when not empty,
+// is the After of the next page.
+type TypePage struct {
+	Types []string `json:"types"`
+	Next  string   `json:"next,omitempty"`
+}
+
+// Types returns one page of the app's types that have objects holding any
+// stored data (GET /api/v1/objects/{app}).
+func (c *Client) Types(ctx context.Context, opts ListOptions) (*TypePage, error) {
+	var page TypePage
+	if _, err := c.Do(ctx, http.MethodGet, "/api/v1/objects/"+url.PathEscape(c.key), listQuery(opts), nil, nil, &page); err != nil {
+		return nil, err
+	}
+	return &page, nil
+}
+
+func listQuery(opts ListOptions) url.Values {
+	q := url.Values{}
+	if opts.Prefix != "" {
+		q.Set("prefix", opts.Prefix)
+	}
+	if opts.After != "" {
+		q.Set("after", opts.After)
+	}
+	if opts.Limit > 0 {
+		q.Set("limit", strconv.Itoa(opts.Limit))
+	}
+	return q
 }

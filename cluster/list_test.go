@@ -91,14 +91,25 @@ func TestCluster_ListCoversEveryNode(t *testing.T) {
 
 // TestReplicated_ListCoversEveryNode: in a replicated cluster of three, a
 // listing through each node returns every partition's keys (each listed by
-// its leader, wherever it is).
+// its leader, wherever it is), and the app's types once each.
 func TestReplicated_ListCoversEveryNode(t *testing.T) {
 	tc := newReplicatedCluster(t, "a", "b", "c")
 	nodes := tc.live()
 	want := tc.writeListed(nodes)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := nodes[0].Request(ctx, actors.ObjectID{App: "app_t", Type: "cart", Key: "c1"}, &actors.KVWrite{
+		Ops: []actors.Op{{Op: "set", Key: "n", Value: []byte("1")}}, Route: actors.RoutePut}); err != nil {
+		t.Fatal(err)
+	}
 	for _, n := range nodes {
 		if got := listAll(t, n, 9); !slices.Equal(got, want) {
 			t.Fatalf("through %s: %d keys %q\nwant %d %q", n.member.id, len(got), got, len(want), want)
+		}
+		// The app's types, each once, though every partition holds kv.
+		page, err := n.List(ctx, actors.ListQuery{App: "app_t", Kind: actors.ListTypes, Limit: 10})
+		if err != nil || !slices.Equal(page.Keys, []string{"cart", "kv"}) || page.Next != "" {
+			t.Fatalf("types through %s: %+v %v", n.member.id, page, err)
 		}
 	}
 }

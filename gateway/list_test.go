@@ -126,3 +126,36 @@ func (ts *testServer) mustOK(r reply) {
 		ts.t.Fatalf("%d %s", r.status, r.body)
 	}
 }
+
+// TestList_TypesOfAnApp: GET /api/v1/objects/{app} pages through the app's
+// types that hold data, each once though its objects span partitions, not
+// another app's.
+func TestList_TypesOfAnApp(t *testing.T) {
+	ts := newTestServer(t, cluster.Config{Partitions: 8})
+	for i := range 20 {
+		ts.mustOK(ts.do("PUT", fmt.Sprintf("/api/v1/objects/app_test/order/o%d/n", i), map[string]any{"value": i}, nil))
+	}
+	ts.mustOK(ts.do("POST", "/api/v1/logs/app_test/events/e1/append", `{"records":[{"body":1}]}`, nil))
+	ts.mustOK(ts.do("PUT", "/api/v1/objects/app_other/secret/s/n", map[string]any{"value": 1}, map[string]string{"X-App-Key": otherApp.Key, "X-App-Secret": otherApp.Secret}))
+	var got []string
+	after := ""
+	for range 5 {
+		r := ts.do("GET", "/api/v1/objects/app_test?limit=1&after="+url.QueryEscape(after), nil, nil)
+		var page struct {
+			Types []string `json:"types"`
+			Next  *string  `json:"next"`
+		}
+		if r.status != 200 || json.Unmarshal(r.body, &page) != nil {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+		got = append(got, page.Types...)
+		if page.Next == nil {
+			break
+		}
+		after = *page.Next
+	}
+	if !slices.Equal(got, []string{"events", "order"}) {
+		t.Fatalf("types %q, want events and order", got)
+	}
+	wantUnauthorized(t, ts.do("GET", "/api/v1/objects/app_other", nil, nil))
+}

@@ -119,9 +119,9 @@ func TestObjects_UnknownRoute(t *testing.T) {
 		{"GET", "/api/v1/nothing", nil},
 		{"GET", "/", nil},
 		{"GET", "/api/v1/objects", nil},
-		{"GET", "/api/v1/objects/" + testApp.ID, nil},
-		// (GET /api/v1/objects/{app}/{type} is the type's listing,
-		// list_test.go; other methods there are 405, below.)
+		// (GET /api/v1/objects/{app} and /api/v1/objects/{app}/{type}
+		// list types and keys, list_test.go; other methods there are 405,
+		// below.)
 		{"GET", objPath("order", "o1", "a", "b"), nil},
 		{"PUT", objPath("order", "o1", "a", "b"), `{"value":2}`},
 		{"POST", objPath("order", "o1", "a", "incr"), `{"by":1}`},

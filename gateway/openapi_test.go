@@ -598,6 +598,8 @@ func nodeTour() []tourStep {
 		{method: "POST", path: o + "/events", body: `{"event":"ping"}`, want: 422},
 		{method: "POST", path: o + "/events", body: `{"payload":1}`, want: 400},
 		{method: "GET", path: "/api/v1/objects/app_test/order?prefix=o&limit=10", want: 200},
+		{method: "GET", path: "/api/v1/objects/app_test?limit=1", want: 200},
+		{method: "GET", path: "/api/v1/objects/app_test?limit=0", want: 400},
 		{method: "GET", path: "/api/v1/objects/pk_test/order?limit=0", want: 400},
 		{method: "DELETE", path: o, hdr: withAuth("Idempotency-Key", "purge"), want: 204},
 		{method: "DELETE", path: o + "/", want: 204},

@@ -38,11 +38,37 @@ type ListQuery struct {
 // skips deleted keys inside a seek: a type whose objects were deleted in
 // bulk costs their tombstones until compaction drops them.
 func (db *DB) ListObjects(ctx context.Context, partitions []uint32, q ListQuery) ([]string, error) {
-	if q.Limit <= 0 {
-		return nil, fmt.Errorf("persistence: ListObjects: limit %d", q.Limit)
-	}
-	if len(q.App) > 0xFFFF || len(q.Type) > 0xFFFF {
+	if len(q.Type) > 0xFFFF {
 		return nil, fmt.Errorf("persistence: ListObjects: a name of over 65535 bytes")
+	}
+	return db.listNames(ctx, partitions, q, func(p []byte) []byte {
+		return appendName(appendName(p, q.App), q.Type)
+	})
+}
+
+// ListTypes is ListObjects one level up: the first q.Limit types of app
+// q.App (q.Type and q.Marks unused) that hold any key in the given
+// partitions, by the same merge (a type is skipped in one seek).
+func (db *DB) ListTypes(ctx context.Context, partitions []uint32, q ListQuery) ([]string, error) {
+	q.Marks = nil
+	return db.listNames(ctx, partitions, q, func(p []byte) []byte { return appendName(p, q.App) })
+}
+
+func appendName(b []byte, s string) []byte {
+	return append(binary.BigEndian.AppendUint16(b, uint16(len(s))), s...)
+}
+
+// listNames lists the length-prefixed names under parent(partition prefix)
+// in each partition, merged in byte order. Past a name, every key under it
+// continues with a byte below 0xFF: a behaviour byte (actors/keys.go) after
+// an object's key, or the high byte of a key's length (at most 65535, and
+// names are far shorter) after a type.
+func (db *DB) listNames(ctx context.Context, partitions []uint32, q ListQuery, parent func([]byte) []byte) ([]string, error) {
+	if q.Limit <= 0 {
+		return nil, fmt.Errorf("persistence: list: limit %d", q.Limit)
+	}
+	if len(q.App) > 0xFFFF {
+		return nil, fmt.Errorf("persistence: list: a name of over 65535 bytes")
 	}
 	var out []string
 	err := db.bdb.View(func(txn *badger.Txn) error {
@@ -51,12 +77,7 @@ func (db *DB) ListObjects(ctx context.Context, partitions []uint32, q ListQuery)
 		l := &lister{it: it, q: q, ctx: ctx}
 		var h cursorHeap
 		for _, p := range partitions {
-			typ := PartitionPrefix(p)
-			for _, s := range [...]string{q.App, q.Type} {
-				typ = binary.BigEndian.AppendUint16(typ, uint16(len(s)))
-				typ = append(typ, s...)
-			}
-			cs, err := l.cursors(typ)
+			cs, err := l.cursors(parent(PartitionPrefix(p)))
 			if err != nil {
 				return err
 			}
@@ -65,7 +86,9 @@ func (db *DB) ListObjects(ctx context.Context, partitions []uint32, q ListQuery)
 		heap.Init(&h)
 		for len(h) > 0 && len(out) < q.Limit {
 			c := h[0]
-			out = append(out, c.key)
+			if len(out) == 0 || out[len(out)-1] != c.key { // a type is in many partitions
+				out = append(out, c.key)
+			}
 			if err := l.next(c); err != nil {
 				return err
 			}
@@ -78,7 +101,7 @@ func (db *DB) ListObjects(ctx context.Context, partitions []uint32, q ListQuery)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list objects: %w", err)
+		return nil, fmt.Errorf("list: %w", err)
 	}
 	return out, nil
 }
@@ -91,19 +114,18 @@ type lister struct {
 	seeks int
 }
 
-// listCursor is one partition's objects of one key length: key is the
-// listed object it stands on (unless done), seek where the next search
-// starts.
+// listCursor is one partition's names of one length: key is the listed
+// name it stands on (unless done), seek where the next search starts.
 type listCursor struct {
-	bucket []byte // type prefix | key length
+	bucket []byte // parent prefix | name length
 	n      int    // key length
 	key    string
 	seek   []byte
 	done   bool
 }
 
-// cursors returns the cursors of the type whose prefix is typ, one per key
-// length present (one seek each), each on its first listed object.
+// cursors returns the cursors of the names under prefix typ, one per name
+// length present (one seek each), each on its first listed name.
 func (l *lister) cursors(typ []byte) ([]*listCursor, error) {
 	var out []*listCursor
 	for n := len(l.q.Prefix); n <= 0xFFFF; n++ {
@@ -160,9 +182,7 @@ func (l *lister) next(c *listCursor) error {
 			return nil
 		}
 		obj := bytes.Clone(k[:end])
-		// Past this object: every key of it continues with a behaviour
-		// byte below 0xFF (actors/keys.go).
-		c.seek = append(obj, 0xFF)
+		c.seek = append(obj, 0xFF) // past this name (listNames)
 		if key <= l.q.After {
 			continue
 		}

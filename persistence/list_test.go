@@ -123,3 +123,50 @@ func TestListObjects_ARefusedQuery(t *testing.T) {
 		t.Fatal("a listing with limit 0 succeeded")
 	}
 }
+
+// TestListTypes_DistinctTypesInByteOrder: the types of one app that hold
+// any key, merged across partitions and type lengths, with prefix, after
+// and limit; another app's types and a type whose keys are all deleted are
+// not listed.
+func TestListTypes_DistinctTypesInByteOrder(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	t.Cleanup(func() { _ = db.Close() })
+	p := startPipeline(t, db, PipelineConfig{})
+	ctx := context.Background()
+	put := func(part uint32, app, typ, key string) string {
+		k := string(ObjectPrefix(part, ObjectID{App: app, Type: typ, Key: key})) + "ks"
+		if err := p.Submit(set(k, "v")).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	put(0, "app", "order", "o1")
+	put(1, "app", "order", "o2")
+	put(2, "app", "b", "x")
+	put(0, "app", "zz", "x")
+	put(1, "app", "cart", "c")
+	put(2, "other", "secret", "s")
+	gone := put(1, "app", "gone", "g")
+	if err := p.Submit(&Write{Deletes: [][]byte{[]byte(gone)}}).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		q    ListQuery
+		want []string
+	}{
+		{ListQuery{App: "app", Limit: 10}, []string{"b", "cart", "order", "zz"}},
+		{ListQuery{App: "app", Limit: 2}, []string{"b", "cart"}},
+		{ListQuery{App: "app", After: "cart", Limit: 10}, []string{"order", "zz"}},
+		{ListQuery{App: "app", Prefix: "c", Limit: 10}, []string{"cart"}},
+		{ListQuery{App: "other", Limit: 10}, []string{"secret"}},
+		{ListQuery{App: "none", Limit: 10}, nil},
+	} {
+		got, err := db.ListTypes(ctx, []uint32{0, 1, 2}, c.q)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Fatalf("%+v: %q %v, want %q", c.q, got, err, c.want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	hfclient "github.com/holdfast/holdfast/client"
 	"github.com/spf13/cobra"
 )
 
@@ -16,6 +17,7 @@ import (
 func alarmCommand() *cobra.Command {
 	cmd, o := clientGroup("alarm", "Schedule, read and delete an object's durable alarms (TYPE/KEY)")
 	cmd.AddCommand(alarmSet(o), alarmGet(o), alarmList(o), alarmDelete(o))
+	completeObjects(cmd, o, hfclient.ListObjects)
 	return cmd
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	hfclient "github.com/holdfast/holdfast/client"
 	"github.com/spf13/cobra"
 )
 
@@ -88,6 +89,7 @@ when stderr is a terminal or with --progress.`
 	f.StringVar(&t.file, "out", "", "write to this file (default: stdout)")
 	f.Uint64Var(&from, "from", 0, "--kind log: the first offset (default: the oldest readable)")
 	f.BoolVar(&t.progress, "progress", false, "show a progress bar for long transfers even when stderr is not a terminal")
+	completeObjects(cmd, o, hfclient.ListObjects)
 	return cmd
 }
 

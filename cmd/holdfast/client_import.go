@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 
+	hfclient "github.com/holdfast/holdfast/client"
 	"github.com/spf13/cobra"
 )
 
@@ -74,6 +75,7 @@ goes to stderr for long transfers when stderr is a terminal or with --progress.`
 	f.StringVar(&t.file, "in", "", "read this file (default: stdin)")
 	f.IntVar(&batch, "batch", 100, "--kind log: records per append (at most the type's maxBatchSize)")
 	f.BoolVar(&t.progress, "progress", false, "show a progress bar for long transfers even when stderr is not a terminal")
+	completeObjects(cmd, o, hfclient.ListObjects)
 	return cmd
 }
 

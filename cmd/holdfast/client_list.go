@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -150,4 +152,60 @@ cursor to the log's end. With --json: {"consumers":[{"name","cursor","backlog"}]
 			return w.Flush()
 		},
 	}
+}
+
+// completeObjects sets, on every subcommand of group whose first argument is
+// TYPE/KEY or TYPE, a completion of that argument from the server: the
+// app's types (GET /api/v1/objects/{app}), then, after "TYPE/", the type's
+// keys of the listing kind (the objects that hold a log for `log`, ...).
+// It is silent when the server cannot be asked (no credentials, down):
+// completion never prints errors into a shell.
+func completeObjects(group *cobra.Command, o *clientOpts, kind hfclient.ListKind) {
+	group.ValidArgsFunction = cobra.NoFileCompletions
+	for _, sub := range append([]*cobra.Command{group}, group.Commands()...) {
+		args := strings.Fields(sub.Use)
+		if len(args) < 2 || (args[1] != "TYPE/KEY" && args[1] != "TYPE") {
+			continue
+		}
+		keys := args[1] == "TYPE/KEY"
+		sub.ValidArgsFunction = func(cmd *cobra.Command, done []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+			if len(done) > 0 {
+				return nil, cobra.ShellCompDirectiveNoFileComp
+			}
+			return completeObjectArg(cmd, o, kind, keys, toComplete)
+		}
+	}
+}
+
+// completeObjectArg completes a TYPE/KEY (keys) or TYPE argument.
+func completeObjectArg(cmd *cobra.Command, o *clientOpts, kind hfclient.ListKind, keys bool, toComplete string) ([]string, cobra.ShellCompDirective) {
+	c, err := o.client()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), 3*time.Second)
+	defer cancel()
+	if typ, prefix, ok := strings.Cut(toComplete, "/"); ok && keys {
+		page, err := c.lib.List(ctx, kind, typ, hfclient.ListOptions{Prefix: prefix, Limit: 200})
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		out := make([]string, len(page.Keys))
+		for i, k := range page.Keys {
+			out[i] = typ + "/" + k
+		}
+		return out, cobra.ShellCompDirectiveNoFileComp
+	}
+	page, err := c.lib.Types(ctx, hfclient.ListOptions{Prefix: toComplete, Limit: 200})
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	if !keys {
+		return page.Types, cobra.ShellCompDirectiveNoFileComp
+	}
+	out := make([]string, len(page.Types))
+	for i, t := range page.Types {
+		out[i] = t + "/"
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveNoSpace
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -49,6 +50,32 @@ func TestClient_List(t *testing.T) {
 	cliFail(t, srv, []string{"object", "ls", "order/o1"}, "name a type")
 	cliFail(t, srv, []string{"object", "ls", "order", "--limit", "-1"}, "--limit")
 	cliFail(t, srv, []string{"object", "ls", "a:b"}, "type must not contain")
+
+	// Shell completion of TYPE/KEY and TYPE arguments, from the server:
+	// types (with a "/" and no space after it), then the type's keys of
+	// the group's listing.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"object", "get", ""}, "ev/\njobs/\norder/\n:6\n"},
+		{[]string{"object", "get", "o"}, "order/\n:6\n"},
+		{[]string{"object", "set", "order/o100"}, "order/o1000\norder/o1001\norder/o1002\norder/o1003\norder/o1004\n:4\n"},
+		{[]string{"log", "read", "ev/"}, "ev/p1\n:4\n"},
+		{[]string{"log", "read", "order/"}, ":4\n"}, // no order object holds a log
+		{[]string{"queue", "receive", "jobs/"}, "jobs/q1\n:4\n"},
+		{[]string{"object", "ls", "e"}, "ev\n:4\n"},
+		{[]string{"object", "get", "order/o1", ""}, ":4\n"}, // the slot: nothing offered
+	} {
+		r := cli(t, srv, "", append([]string{"__complete"}, c.args...)...)
+		if got, _, _ := strings.Cut(r.stdout, "Completion ended"); r.code != 0 || got != c.want {
+			t.Fatalf("completing %q: exit %d, %q; want %q", c.args, r.code, r.stdout, c.want)
+		}
+	}
+	// With no server to ask: nothing, and no error.
+	if r := cli(t, nil, "", "__complete", "object", "get", ""); r.code != 0 || !strings.HasPrefix(r.stdout, ":4\n") {
+		t.Fatalf("completing with no credentials: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
 }
 
 func itoa4(i int) string { return fmt.Sprintf("%04d", i) }

@@ -23,6 +23,7 @@ func logCommand() *cobra.Command {
 	cmd, o := clientGroup("log", "Append to, read and consume an object's retained log (TYPE/KEY)")
 	cmd.AddCommand(logAppend(o), logRead(o), logTail(o), logBoundsCmd(o), logLoad(o), logTrim(o), logCursors(o), logLease(o), logAck(o),
 		logDeadLetters(o), logConsumers(o), listCommand(o, hfclient.ListLogs, "objects that hold a log"))
+	completeObjects(cmd, o, hfclient.ListLogs)
 	return cmd
 }
 

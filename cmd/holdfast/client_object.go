@@ -23,6 +23,7 @@ func objectCommand() *cobra.Command {
 	cmd, o := clientGroup("object", "Read, write and watch an object's KV state (TYPE/KEY)")
 	cmd.AddCommand(objectGet(o), objectSet(o), objectIncrement(o), objectAppend(o), objectPatch(o), objectTransaction(o),
 		objectDelete(o), objectChanges(o), objectWatch(o), listCommand(o, hfclient.ListObjects, "objects (those that hold any state)"))
+	completeObjects(cmd, o, hfclient.ListObjects)
 	return cmd
 }
 

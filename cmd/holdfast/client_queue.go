@@ -18,6 +18,7 @@ func queueCommand() *cobra.Command {
 	cmd, o := clientGroup("queue", "Send, receive and settle messages of an object's queue (TYPE/KEY)")
 	cmd.AddCommand(queueSend(o), queueReceive(o), queueAck(o), queueNack(o), queueDeadLetters(o), queueRedrive(o),
 		queueDeadLetterDelete(o), queueStats(o), listCommand(o, hfclient.ListQueues, "objects that hold a queue"))
+	completeObjects(cmd, o, hfclient.ListQueues)
 	return cmd
 }
 
