@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -167,6 +168,58 @@ func TestListTypes_DistinctTypesInByteOrder(t *testing.T) {
 		got, err := db.ListTypes(ctx, []uint32{0, 1, 2}, c.q)
 		if err != nil || !slices.Equal(got, c.want) {
 			t.Fatalf("%+v: %q %v, want %q", c.q, got, err, c.want)
+		}
+	}
+}
+
+// BenchmarkListObjects_Page: a page of 100 keys of a type of 20,000 objects
+// spread over 256 partitions (two key lengths: 512 cursors), each object
+// holding a slot and 50 log records (skipped in one seek each).
+func BenchmarkListObjects_Page(b *testing.B) {
+	const parts = 256
+	db, err := Open(Config{Dir: b.TempDir(), Partitions: parts})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = db.Close() })
+	p := startPipeline(b, db, PipelineConfig{})
+	ctx := context.Background()
+	w := &Write{}
+	for i := range 20000 {
+		id := ObjectID{App: "app", Type: "t", Key: fmt.Sprintf("o%d", i%10000) + strings.Repeat("x", i/10000)}
+		obj := string(ObjectPrefix(Partition(id, parts), id))
+		w.Sets = append(w.Sets, KV{Key: []byte(obj + "ks"), Value: []byte("1")})
+		for r := range 50 {
+			w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("%slb%08d", obj, r)), Value: []byte("record")})
+		}
+		if len(w.Sets) > 10000 {
+			if err := p.Submit(w).Wait(ctx); err != nil {
+				b.Fatal(err)
+			}
+			w = &Write{}
+		}
+	}
+	if err := p.Submit(w).Wait(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		b.Fatal(err)
+	}
+	all := make([]uint32, parts)
+	for i := range all {
+		all[i] = uint32(i)
+	}
+	marks := [][]byte{[]byte("ks"), []byte("u"), []byte("l"), []byte("q"), []byte("ar")}
+	b.ResetTimer()
+	after := ""
+	for b.Loop() {
+		keys, err := db.ListObjects(ctx, all, ListQuery{App: "app", Type: "t", Marks: marks, After: after, Limit: 100})
+		if err != nil {
+			b.Fatal(err)
+		}
+		after = "" // past the last page: from the start again
+		if len(keys) == 100 {
+			after = keys[len(keys)-1]
 		}
 	}
 }

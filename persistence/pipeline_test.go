@@ -29,7 +29,7 @@ func closeDB(t *testing.T, db *DB) {
 	}
 }
 
-func startPipeline(t *testing.T, db *DB, cfg PipelineConfig) *Pipeline {
+func startPipeline(t testing.TB, db *DB, cfg PipelineConfig) *Pipeline {
 	t.Helper()
 	p := NewPipeline(db, cfg)
 	p.Start()
