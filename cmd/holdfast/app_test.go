@@ -49,6 +49,10 @@ func TestApp_FirstStartAndShow(t *testing.T) {
 	if !strings.HasPrefix(id, "app_") || !strings.HasPrefix(key, "pk_") || !strings.HasPrefix(secret, "sk_") {
 		t.Fatalf("the first start printed %q", out.String())
 	}
+	// The hint names the data directory, not the default one.
+	if !strings.Contains(out.String(), "holdfast app show --data-dir "+data+" prints it again") {
+		t.Fatalf("the first start's hint: %q", out.String())
+	}
 	srv, out = start()
 	srv.kill(t)
 	if out.Len() != 0 || !strings.Contains(srv.log(), "serving those of the data directory") {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -19,72 +18,94 @@ import (
 func listCommand(o *clientOpts, kind hfclient.ListKind, what string) *cobra.Command {
 	var prefix, after string
 	var limit int
+	use, minArgs, types := "ls TYPE", 1, ""
+	if kind == hfclient.ListObjects {
+		// Without a TYPE, the app's types (as nats stream ls lists streams).
+		use, minArgs, types = "ls [TYPE]", 0, `
+Without TYPE, list the app's types that hold data, the same way.`
+	}
 	cmd := &cobra.Command{
-		Use:   "ls TYPE",
+		Use:   use,
 		Short: "List the keys of a type's " + what,
 		Long: `List the keys of the type's ` + what + `, one per line, in byte order, from every
 partition (and every node of a cluster). --prefix keeps the keys that start with
 it, --after starts after a key, --limit stops after that many keys (0: all).
 With --json: {"keys":[...]} and, when --limit stopped it, "next" (the --after of
-the rest).`,
-		Args: usageArgs(1, 1),
+the rest).` + types,
+		Args: usageArgs(minArgs, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if strings.Contains(args[0], "/") {
-				return fmt.Errorf("%q: name a type, without a key (holdfast %s ls order)", args[0], cmd.Parent().Name())
-			}
 			if limit < 0 {
 				return fmt.Errorf("--limit %d: want 0 (all) or more", limit)
+			}
+			if len(args) == 1 && strings.Contains(args[0], "/") {
+				return fmt.Errorf("%q: name a type, without a key (holdfast %s ls order)", args[0], cmd.Parent().Name())
 			}
 			c, err := o.client()
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			keys := []string{}
-			more := false // --limit stopped the listing before its end
-			opts := hfclient.ListOptions{Prefix: prefix, After: after, Limit: hfPage(limit)}
-			for {
+			if len(args) == 0 { // the app's types
+				names, next, err := pageThrough(cmd, o, prefix, after, limit, func(opts hfclient.ListOptions) ([]string, string, error) {
+					page, err := c.lib.Types(cmd.Context(), opts)
+					if err != nil {
+						return nil, "", err
+					}
+					return page.Types, page.Next, nil
+				})
+				if err != nil || !o.json {
+					return err
+				}
+				return printValue(cmd.OutOrStdout(), hfclient.TypePage{Types: names, Next: next})
+			}
+			keys, next, err := pageThrough(cmd, o, prefix, after, limit, func(opts hfclient.ListOptions) ([]string, string, error) {
 				page, err := c.lib.List(cmd.Context(), kind, args[0], opts)
 				if err != nil {
-					return err
+					return nil, "", err
 				}
-				for _, k := range page.Keys {
-					if limit > 0 && len(keys) == limit {
-						more = true
-						break
-					}
-					keys = append(keys, k)
-					if !o.json {
-						fmt.Fprintln(out, k)
-					}
-				}
-				if more || page.Next == "" {
-					break
-				}
-				if limit > 0 && len(keys) == limit {
-					more = true
-					break
-				}
-				opts.After = page.Next
+				return page.Keys, page.Next, nil
+			})
+			if err != nil || !o.json {
+				return err
 			}
-			next := ""
-			if more {
-				next = keys[len(keys)-1]
-			}
-			if o.json {
-				b, err := json.Marshal(hfclient.KeyPage{Keys: keys, Next: next})
-				if err != nil {
-					return err
-				}
-				return printJSON(out, b)
-			}
-			return nil
+			return printValue(cmd.OutOrStdout(), hfclient.KeyPage{Keys: keys, Next: next})
 		},
 	}
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only keys that start with this")
 	cmd.Flags().StringVar(&after, "after", "", "only keys after this one (byte order)")
 	cmd.Flags().IntVar(&limit, "limit", 0, "stop after this many keys (0: all)")
 	return cmd
+}
+
+// pageThrough pages through a listing from after (fetch gets one page),
+// printing each name on its own line unless --json, up to limit names (0:
+// all). It returns the names, and next (the --after of the rest) when limit
+// stopped it before the end.
+func pageThrough(cmd *cobra.Command, o *clientOpts, prefix, after string, limit int,
+	fetch func(hfclient.ListOptions) ([]string, string, error)) ([]string, string, error) {
+	names := []string{}
+	opts := hfclient.ListOptions{Prefix: prefix, After: after, Limit: hfPage(limit)}
+	for {
+		page, next, err := fetch(opts)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, n := range page {
+			if limit > 0 && len(names) == limit {
+				return names, names[len(names)-1], nil
+			}
+			names = append(names, n)
+			if !o.json {
+				fmt.Fprintln(cmd.OutOrStdout(), n)
+			}
+		}
+		if next == "" {
+			return names, "", nil
+		}
+		if limit > 0 && len(names) == limit {
+			return names, names[len(names)-1], nil
+		}
+		opts.After = next
+	}
 }
 
 // hfPage is the page size to ask for: the server's largest, or less when
@@ -134,11 +155,7 @@ cursor to the log's end. With --json: {"consumers":[{"name","cursor","backlog"}]
 			}
 			out := cmd.OutOrStdout()
 			if o.json {
-				b, err := json.Marshal(map[string]any{"consumers": list, "nextOffset": bounds.NextOffset})
-				if err != nil {
-					return err
-				}
-				return printJSON(out, b)
+				return printValue(out, map[string]any{"consumers": list, "nextOffset": bounds.NextOffset})
 			}
 			if len(list) == 0 {
 				fmt.Fprintln(cmd.ErrOrStderr(), "no consumer committed a cursor on this log")
@@ -164,7 +181,7 @@ func completeObjects(group *cobra.Command, o *clientOpts, kind hfclient.ListKind
 	group.ValidArgsFunction = cobra.NoFileCompletions
 	for _, sub := range append([]*cobra.Command{group}, group.Commands()...) {
 		args := strings.Fields(sub.Use)
-		if len(args) < 2 || (args[1] != "TYPE/KEY" && args[1] != "TYPE") {
+		if len(args) < 2 || (args[1] != "TYPE/KEY" && args[1] != "TYPE" && args[1] != "[TYPE]") {
 			continue
 		}
 		keys := args[1] == "TYPE/KEY"

@@ -37,6 +37,13 @@ func TestClient_List(t *testing.T) {
 	cliWant(t, srv, "", "log", "ls", "order")
 	cliWant(t, srv, "q1\n", "queue", "ls", "jobs")
 	cliWant(t, srv, "p1\n", "object", "ls", "ev")
+	// Without a TYPE: the app's types.
+	cliWant(t, srv, "ev\njobs\norder\n", "object", "ls")
+	cliWant(t, srv, "ev\n", "object", "ls", "--limit", "1")
+	if r := cliJSON(t, srv, "object", "ls", "--prefix", "o"); len(r["types"].([]any)) != 1 || r["next"] != nil {
+		t.Fatalf("object ls --prefix o --json: %v", r)
+	}
+	cliFail(t, srv, []string{"log", "ls"}, "usage")
 
 	cliOK(t, srv, "log", "cursors", "ev/p1", "billing", "2")
 	cliOK(t, srv, "log", "cursors", "ev/p1", "audit", "0")

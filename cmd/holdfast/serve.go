@@ -187,9 +187,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			ln.Close()
 			return err
 		}
-		fmt.Printf("Created an app on first start (kept in %s, readable only by this user; holdfast app show prints it again):\n"+
+		show := "holdfast app show"
+		if filepath.Clean(cfg.DataDir) != filepath.Clean(config.Default().DataDir) {
+			show += " --data-dir " + cfg.DataDir
+		}
+		fmt.Printf("Created an app on first start (kept in %s, readable only by this user; %s prints it again):\n"+
 			"  App ID:     %s\n  App Key:    %s\n  App Secret: %s\n",
-			gateway.AppsFile(cfg.DataDir), created.ID, created.Key, created.Secret)
+			gateway.AppsFile(cfg.DataDir), show, created.ID, created.Key, created.Secret)
 	}
 	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps(apps), Logger: log,
 		Metrics: mt, MetricsHandler: mt.Handler(), MaxBodyBytesInFlight: bodiesInFlight(cfg.MemoryBudget),
