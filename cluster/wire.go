@@ -1,16 +1,12 @@
 package cluster
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
 	"sync"
 	"time"
-
-	"github.com/vmihailenco/msgpack/v5"
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/holdfast/holdfast/actors"
 )
@@ -38,8 +34,9 @@ const (
 	opList                    // list a type's keys in some partitions (list.go)
 )
 
-// wireRequest and wireReply are encoded by their EncodeMsgpack (below), not
-// by msgpack's reflection: they are on every request's path.
+// wireRequest and wireReply are encoded by hand (appendRequest and
+// appendReply, below, on wirecodec.go's byte slices), not by msgpack's
+// reflection: they are on every request's path.
 type wireRequest struct {
 	Op   int
 	ID   actors.ObjectID
@@ -146,52 +143,48 @@ var wireTypes = struct {
 // errNotWire is a value whose type is not registered to cross between nodes.
 var errNotWire = errors.New("cluster: this type cannot cross between nodes")
 
-// encodeValue writes v (a registered wire type's value, or a pointer to one)
-// as its type's registered name, whether it was a pointer, and the value.
-func encodeValue(enc *msgpack.Encoder, v any) error {
+// encodeValue appends v (a registered wire type's value, or a pointer to
+// one) as its type's registered name, whether it was a pointer, and the
+// value: by its fast codec (wirefast.go), else by msgpack's reflection.
+func (b wbuf) value(v any) (wbuf, error) {
 	v, ptr := wrap(v)
 	if v == nil {
-		return enc.EncodeNil()
+		return b.nil(), nil
 	}
 	t := reflect.TypeOf(v)
 	wireTypes.RLock()
 	name, ok := wireTypes.names[t]
 	wireTypes.RUnlock()
 	if !ok {
-		return fmt.Errorf("%w: %s (register it with cluster.RegisterWireType)", errNotWire, t)
+		return b, fmt.Errorf("%w: %s (register it with cluster.RegisterWireType)", errNotWire, t)
 	}
-	if err := enc.EncodeString(name); err != nil {
-		return err
-	}
-	if err := enc.EncodeBool(ptr); err != nil {
-		return err
-	}
+	b = b.str(name).bool(ptr)
 	if c, ok := fastCodecs[t]; ok {
-		return c.enc(enc, v)
+		return c.enc(b, v), nil
 	}
-	return enc.Encode(v)
+	return b.msgpack(v)
 }
 
-// decodeValue reads what encodeValue wrote.
-func decodeValue(dec *msgpack.Decoder) (any, error) {
-	name, err := dec.DecodeString() // nil decodes as ""
-	if err != nil || name == "" {
+// value reads what wbuf.value wrote.
+func (r *rbuf) value() (any, error) {
+	nb, err := r.strBytes() // nil reads as nil: no value
+	if err != nil || len(nb) == 0 {
 		return nil, err
 	}
-	ptr, err := dec.DecodeBool()
+	ptr, err := r.bool()
 	if err != nil {
 		return nil, err
 	}
 	wireTypes.RLock()
-	t, ok := wireTypes.byName[name]
+	t, ok := wireTypes.byName[string(nb)]
 	wireTypes.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("cluster: unknown wire type %s (not registered on this node)", name)
+		return nil, fmt.Errorf("cluster: unknown wire type %s (not registered on this node)", nb)
 	}
 	if c, ok := fastCodecs[t]; ok {
-		v, err := c.dec(dec)
+		v, err := c.dec(r)
 		if err != nil {
-			return nil, fmt.Errorf("cluster: decode %s: %w", name, err)
+			return nil, fmt.Errorf("cluster: decode %s: %w", nb, err)
 		}
 		if ptr {
 			p := reflect.New(t)
@@ -201,8 +194,8 @@ func decodeValue(dec *msgpack.Decoder) (any, error) {
 		return v, nil
 	}
 	p := reflect.New(t)
-	if err := dec.DecodeValue(p.Elem()); err != nil {
-		return nil, fmt.Errorf("cluster: decode %s: %w", name, err)
+	if err := r.msgpack(p.Interface()); err != nil {
+		return nil, fmt.Errorf("cluster: decode %s: %w", nb, err)
 	}
 	if ptr {
 		return p.Interface(), nil
@@ -216,134 +209,111 @@ const (
 	wireReplyFields   = 7
 )
 
-// EncodeMsgpack writes a request as an array of its fields, its message
-// inline (encodeValue). By hand: msgpack's reflection over the envelope and a
-// message encoded apart, then copied into it, cost about a microsecond more
-// per request and again per reply (BenchmarkWire_RoundTrip256).
-func (r *wireRequest) EncodeMsgpack(enc *msgpack.Encoder) error {
-	return firstErr(
-		enc.EncodeArrayLen(wireRequestFields),
-		enc.EncodeInt(int64(r.Op)),
-		enc.EncodeString(r.ID.App), enc.EncodeString(r.ID.Type), enc.EncodeString(r.ID.Key),
-		enc.EncodeInt(int64(r.Wait)),
-		enc.EncodeString(r.From),
-		encodeValue(enc, r.Msg),
-		encodeOptional(enc, r.Handoff),
-		encodeOptional(enc, r.Feed),
-	)
+// appendRequest appends a request as an array of its fields, its message
+// inline (wbuf.value).
+func appendRequest(b wbuf, r *wireRequest) (wbuf, error) {
+	b = b.arrayLen(wireRequestFields).int(int64(r.Op)).str(r.ID.App).str(r.ID.Type).str(r.ID.Key).int(int64(r.Wait)).str(r.From)
+	b, err := b.value(r.Msg)
+	if err != nil {
+		return b, err
+	}
+	if b, err = optional(b, r.Handoff); err != nil {
+		return b, err
+	}
+	return optional(b, r.Feed)
 }
 
-// encodeOptional encodes p, a pointer: a nil one without msgpack's
-// reflection, which looks its type up in a sync.Map even to write nil.
-func encodeOptional[T any](enc *msgpack.Encoder, p *T) error {
+// optional appends p, a pointer, by msgpack's reflection; a nil one as nil.
+func optional[T any](b wbuf, p *T) (wbuf, error) {
 	if p == nil {
-		return enc.EncodeNil()
+		return b.nil(), nil
 	}
-	return enc.Encode(p)
+	return b.msgpack(p)
 }
 
-// decodeOptional decodes what encodeOptional wrote into *p.
-func decodeOptional[T any](dec *msgpack.Decoder, p **T) error {
-	if c, err := dec.PeekCode(); err != nil {
-		return err
-	} else if c == msgpcode.Nil {
+// readOptional reads what optional wrote into *p.
+func readOptional[T any](r *rbuf, p **T) error {
+	if r.isNil() {
 		*p = nil
-		return dec.Skip()
+		return nil
 	}
-	return dec.Decode(p)
+	return r.msgpack(p)
 }
 
-// DecodeMsgpack reads what EncodeMsgpack wrote.
-func (r *wireRequest) DecodeMsgpack(dec *msgpack.Decoder) error {
-	if n, err := dec.DecodeArrayLen(); err != nil {
+// readRequest reads what appendRequest wrote.
+func readRequest(r *rbuf, w *wireRequest) error {
+	if err := r.fields(wireRequestFields, "request"); err != nil {
 		return err
-	} else if n != wireRequestFields {
-		return fmt.Errorf("a request of %d fields, want %d", n, wireRequestFields)
 	}
-	op, err1 := dec.DecodeInt()
-	app, err2 := dec.DecodeString()
-	typ, err3 := dec.DecodeString()
-	key, err4 := dec.DecodeString()
-	wait, err5 := dec.DecodeInt64()
-	from, err6 := dec.DecodeString()
+	op, err1 := r.int()
+	app, err2 := r.str()
+	typ, err3 := r.str()
+	key, err4 := r.str()
+	wait, err5 := r.int()
+	from, err6 := r.str()
 	if err := firstErr(err1, err2, err3, err4, err5, err6); err != nil {
 		return err
 	}
-	r.Op, r.ID, r.Wait, r.From = op, actors.ObjectID{App: app, Type: typ, Key: key}, time.Duration(wait), from
+	w.Op, w.ID, w.Wait, w.From = int(op), actors.ObjectID{App: app, Type: typ, Key: key}, time.Duration(wait), from
 	var err error
-	if r.Msg, err = decodeValue(dec); err != nil {
+	if w.Msg, err = r.value(); err != nil {
 		return err
 	}
-	return firstErr(decodeOptional(dec, &r.Handoff), decodeOptional(dec, &r.Feed))
+	return firstErr(readOptional(r, &w.Handoff), readOptional(r, &w.Feed))
 }
 
-// EncodeMsgpack writes a reply as an array of its fields, its value inline.
-func (r *wireReply) EncodeMsgpack(enc *msgpack.Encoder) error {
-	return firstErr(
-		enc.EncodeArrayLen(wireReplyFields),
-		encodeValue(enc, r.Val),
-		encodeOptional(enc, r.Err),
-		enc.EncodeString(r.Served.Node), enc.EncodeUint(uint64(r.Served.Partition)), enc.EncodeUint(r.Served.Epoch),
-		enc.EncodeString(r.Boot),
-		encodeUints(enc, r.Unknown),
-	)
+// appendReply appends a reply as an array of its fields, its value inline.
+func appendReply(b wbuf, r *wireReply) (wbuf, error) {
+	b = b.arrayLen(wireReplyFields)
+	b, err := b.value(r.Val)
+	if err != nil {
+		return b, err
+	}
+	if b, err = optional(b, r.Err); err != nil {
+		return b, err
+	}
+	b = b.str(r.Served.Node).uint(uint64(r.Served.Partition)).uint(r.Served.Epoch).str(r.Boot)
+	if r.Unknown == nil {
+		return b.nil(), nil
+	}
+	b = b.arrayLen(len(r.Unknown))
+	for _, id := range r.Unknown {
+		b = b.uint(id)
+	}
+	return b, nil
 }
 
-// DecodeMsgpack reads what EncodeMsgpack wrote.
-func (r *wireReply) DecodeMsgpack(dec *msgpack.Decoder) error {
-	if n, err := dec.DecodeArrayLen(); err != nil {
+// readReply reads what appendReply wrote.
+func readReply(r *rbuf, w *wireReply) error {
+	if err := r.fields(wireReplyFields, "reply"); err != nil {
 		return err
-	} else if n != wireReplyFields {
-		return fmt.Errorf("a reply of %d fields, want %d", n, wireReplyFields)
 	}
 	var err error
-	if r.Val, err = decodeValue(dec); err != nil {
+	if w.Val, err = r.value(); err != nil {
 		return err
 	}
-	if err := decodeOptional(dec, &r.Err); err != nil {
+	if err := readOptional(r, &w.Err); err != nil {
 		return err
 	}
-	node, err1 := dec.DecodeString()
-	part, err2 := dec.DecodeUint32()
-	epoch, err3 := dec.DecodeUint64()
-	boot, err4 := dec.DecodeString()
+	node, err1 := r.str()
+	part, err2 := r.uint()
+	epoch, err3 := r.uint()
+	boot, err4 := r.str()
 	if err := firstErr(err1, err2, err3, err4); err != nil {
 		return err
 	}
-	r.Served, r.Boot = Served{Node: node, Partition: part, Epoch: epoch}, boot
-	r.Unknown, err = decodeUints(dec)
-	return err
-}
-
-// encodeUints writes a slice of ids (nil as nil).
-func encodeUints(enc *msgpack.Encoder, ids []uint64) error {
-	if ids == nil {
-		return enc.EncodeNil()
-	}
-	if err := enc.EncodeArrayLen(len(ids)); err != nil {
+	w.Served, w.Boot = Served{Node: node, Partition: uint32(part), Epoch: epoch}, boot
+	n, err := r.arrayLen()
+	if err != nil || n < 0 {
 		return err
 	}
-	for _, id := range ids {
-		if err := enc.EncodeUint(id); err != nil {
+	w.Unknown = make([]uint64, n)
+	for i := range w.Unknown {
+		if w.Unknown[i], err = r.uint(); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// decodeUints reads what encodeUints wrote.
-func decodeUints(dec *msgpack.Decoder) ([]uint64, error) {
-	n, err := dec.DecodeArrayLen() // -1: nil
-	if err != nil || n < 0 {
-		return nil, err
-	}
-	ids := make([]uint64, n)
-	for i := range ids {
-		if ids[i], err = dec.DecodeUint64(); err != nil {
-			return nil, err
-		}
-	}
-	return ids, nil
 }
 
 // firstErr returns the first error of errs that is not nil. (Every encoder
@@ -357,31 +327,27 @@ func firstErr(errs ...error) error {
 	return nil
 }
 
-// wireBufs are the buffers marshal encodes into. msgpack.Marshal starts each
-// value in a new bytes.Buffer that grows by doubling: in the forward
-// benchmark (bench -cluster, other-64) that growth, its clearing and copying
-// were 8% of the CPU. A reused buffer keeps its capacity.
-var wireBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+// wireBufs are the buffers frames are encoded into. Growing a new slice by
+// doubling for each one, then clearing and copying it, was 8% of the CPU in
+// the forward benchmark (bench -cluster, other-64); a reused buffer keeps its
+// capacity, and the frame is one copy of it.
+var wireBufs = sync.Pool{New: func() any { return new(wbuf) }}
 
 // maxPooledWireBuf bounds a buffer kept for reuse (handoff chunks are larger
 // and rare).
 const maxPooledWireBuf = 256 << 10
 
-// marshal is msgpack.Marshal into a reused buffer; the result is its own copy.
-func marshal(v any) ([]byte, error) {
-	buf := wireBufs.Get().(*bytes.Buffer)
-	buf.Reset()
-	enc := msgpack.GetEncoder()
-	enc.Reset(buf)
-	enc.UseArrayEncodedStructs(true)
-	err := enc.Encode(v)
-	msgpack.PutEncoder(enc)
+// encodeWith encodes with f into a reused buffer; the result is its own copy.
+func encodeWith(f func(wbuf) (wbuf, error)) ([]byte, error) {
+	bp := wireBufs.Get().(*wbuf)
+	b, err := f((*bp)[:0])
 	var out []byte
 	if err == nil {
-		out = bytes.Clone(buf.Bytes())
+		out = append(make([]byte, 0, len(b)), b...)
 	}
-	if buf.Cap() <= maxPooledWireBuf {
-		wireBufs.Put(buf)
+	if cap(b) <= maxPooledWireBuf {
+		*bp = b
+		wireBufs.Put(bp)
 	}
 	return out, err
 }
@@ -425,22 +391,28 @@ func wrap(v any) (any, bool) {
 }
 
 // encodeRequest encodes a request, its message included.
-func encodeRequest(req *wireRequest) ([]byte, error) { return marshal(req) }
+func encodeRequest(req *wireRequest) ([]byte, error) {
+	return encodeWith(func(b wbuf) (wbuf, error) { return appendRequest(b, req) })
+}
 
 // decodeRequest decodes a request, its message included.
 func decodeRequest(data []byte, req *wireRequest) error {
-	if err := msgpack.Unmarshal(data, req); err != nil {
+	r := rbuf{p: data}
+	if err := readRequest(&r, req); err != nil {
 		return fmt.Errorf("cluster: decode a request: %w", err)
 	}
 	return nil
 }
 
 // encodeReplyData encodes a reply, its value included.
-func encodeReplyData(reply *wireReply) ([]byte, error) { return marshal(reply) }
+func encodeReplyData(reply *wireReply) ([]byte, error) {
+	return encodeWith(func(b wbuf) (wbuf, error) { return appendReply(b, reply) })
+}
 
 // decodeReply decodes a reply, its value included.
 func decodeReply(data []byte, reply *wireReply) error {
-	if err := msgpack.Unmarshal(data, reply); err != nil {
+	r := rbuf{p: data}
+	if err := readReply(&r, reply); err != nil {
 		return fmt.Errorf("cluster: decode a reply: %w", err)
 	}
 	return nil

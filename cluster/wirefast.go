@@ -2,10 +2,7 @@ package cluster
 
 import (
 	"encoding/json"
-	"fmt"
 	"reflect"
-
-	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/holdfast/holdfast/actors"
 )
@@ -15,14 +12,15 @@ import (
 // sync.Map and decodes them through reflect.Value; for a 256-byte set and its
 // reply that was about 2 µs per request, on both members, a tenth of a node's
 // CPU per forwarded write (BenchmarkWire_RoundTrip256; the profile of bench
-// -case holdfast-client/increments-256). Every other type crosses by
-// reflection. TestWire_FastCodecsCoverEveryField fails when one of these types
-// gains a field the codec does not carry.
+// -case holdfast-client/increments-256). They write wirecodec.go's byte
+// slices. Every other type crosses by msgpack's reflection.
+// TestWire_FastCodecsCoverEveryField fails when one of these types gains a
+// field the codec does not carry.
 
 // fastCodec encodes and decodes the value of one type (not a pointer to it).
 type fastCodec struct {
-	enc func(*msgpack.Encoder, any) error
-	dec func(*msgpack.Decoder) (any, error)
+	enc func(wbuf, any) wbuf
+	dec func(*rbuf) (any, error)
 }
 
 var fastCodecs = map[reflect.Type]fastCodec{
@@ -37,27 +35,22 @@ const (
 	changeFields      = 3
 )
 
-func encKVWrite(enc *msgpack.Encoder, v any) error {
+func encKVWrite(b wbuf, v any) wbuf {
 	w := v.(actors.KVWrite)
-	if err := firstErr(enc.EncodeArrayLen(kvWriteFields), enc.EncodeArrayLen(len(w.Ops))); err != nil {
-		return err
-	}
+	b = b.arrayLen(kvWriteFields).arrayLen(len(w.Ops))
 	for i := range w.Ops {
 		o := &w.Ops[i]
-		if err := firstErr(enc.EncodeArrayLen(opFields), enc.EncodeString(o.Op), enc.EncodeString(o.Key),
-			enc.EncodeBytes(o.Value), enc.EncodeBytes(o.By)); err != nil {
-			return err
-		}
+		b = b.arrayLen(opFields).str(o.Op).str(o.Key).bin(o.Value).bin(o.By)
 	}
-	return firstErr(enc.EncodeBool(w.Transaction), enc.EncodeBool(w.Purge), enc.EncodeString(w.IdempotencyKey), enc.EncodeString(w.Route))
+	return b.bool(w.Transaction).bool(w.Purge).str(w.IdempotencyKey).str(w.Route)
 }
 
-func decKVWrite(dec *msgpack.Decoder) (any, error) {
+func decKVWrite(r *rbuf) (any, error) {
 	var w actors.KVWrite
-	if err := decArrayLen(dec, kvWriteFields, "KVWrite"); err != nil {
+	if err := r.fields(kvWriteFields, "KVWrite"); err != nil {
 		return nil, err
 	}
-	n, err := dec.DecodeArrayLen()
+	n, err := r.arrayLen()
 	if err != nil {
 		return nil, err
 	}
@@ -66,58 +59,52 @@ func decKVWrite(dec *msgpack.Decoder) (any, error) {
 	}
 	for i := range w.Ops {
 		o := &w.Ops[i]
-		if err := decArrayLen(dec, opFields, "Op"); err != nil {
+		if err := r.fields(opFields, "Op"); err != nil {
 			return nil, err
 		}
 		var err1, err2, err3, err4 error
-		o.Op, err1 = dec.DecodeString()
-		o.Key, err2 = dec.DecodeString()
-		o.Value, err3 = decRaw(dec)
-		o.By, err4 = decRaw(dec)
+		o.Op, err1 = r.str()
+		o.Key, err2 = r.str()
+		o.Value, err3 = raw(r.bin())
+		o.By, err4 = raw(r.bin())
 		if err := firstErr(err1, err2, err3, err4); err != nil {
 			return nil, err
 		}
 	}
 	var err1, err2, err3, err4 error
-	w.Transaction, err1 = dec.DecodeBool()
-	w.Purge, err2 = dec.DecodeBool()
-	w.IdempotencyKey, err3 = dec.DecodeString()
-	w.Route, err4 = dec.DecodeString()
+	w.Transaction, err1 = r.bool()
+	w.Purge, err2 = r.bool()
+	w.IdempotencyKey, err3 = r.str()
+	w.Route, err4 = r.str()
 	return w, firstErr(err1, err2, err3, err4)
 }
 
-func encWriteResult(enc *msgpack.Encoder, v any) error {
+func encWriteResult(b wbuf, v any) wbuf {
 	r := v.(actors.WriteResult)
-	if err := firstErr(enc.EncodeArrayLen(writeResultFields), enc.EncodeUint(r.LogID), enc.EncodeBytes(r.Value)); err != nil {
-		return err
-	}
+	b = b.arrayLen(writeResultFields).uint(r.LogID).bin(r.Value)
 	if r.Changes == nil {
-		return enc.EncodeNil()
+		return b.nil()
 	}
-	if err := enc.EncodeArrayLen(len(r.Changes)); err != nil {
-		return err
-	}
+	b = b.arrayLen(len(r.Changes))
 	for i := range r.Changes {
 		c := &r.Changes[i]
-		if err := firstErr(enc.EncodeArrayLen(changeFields), enc.EncodeString(c.Slot), enc.EncodeBytes(c.Value), enc.EncodeBytes(c.Previous)); err != nil {
-			return err
-		}
+		b = b.arrayLen(changeFields).str(c.Slot).bin(c.Value).bin(c.Previous)
 	}
-	return nil
+	return b
 }
 
-func decWriteResult(dec *msgpack.Decoder) (any, error) {
+func decWriteResult(rd *rbuf) (any, error) {
 	var r actors.WriteResult
-	if err := decArrayLen(dec, writeResultFields, "WriteResult"); err != nil {
+	if err := rd.fields(writeResultFields, "WriteResult"); err != nil {
 		return nil, err
 	}
 	var err1, err2 error
-	r.LogID, err1 = dec.DecodeUint64()
-	r.Value, err2 = decRaw(dec)
+	r.LogID, err1 = rd.uint()
+	r.Value, err2 = raw(rd.bin())
 	if err := firstErr(err1, err2); err != nil {
 		return nil, err
 	}
-	n, err := dec.DecodeArrayLen() // -1: nil
+	n, err := rd.arrayLen() // -1: nil
 	if err != nil {
 		return nil, err
 	}
@@ -126,13 +113,13 @@ func decWriteResult(dec *msgpack.Decoder) (any, error) {
 	}
 	for i := range r.Changes {
 		c := &r.Changes[i]
-		if err := decArrayLen(dec, changeFields, "Change"); err != nil {
+		if err := rd.fields(changeFields, "Change"); err != nil {
 			return nil, err
 		}
 		var err1, err2, err3 error
-		c.Slot, err1 = dec.DecodeString()
-		c.Value, err2 = decRaw(dec)
-		c.Previous, err3 = decRaw(dec)
+		c.Slot, err1 = rd.str()
+		c.Value, err2 = raw(rd.bin())
+		c.Previous, err3 = raw(rd.bin())
 		if err := firstErr(err1, err2, err3); err != nil {
 			return nil, err
 		}
@@ -140,23 +127,10 @@ func decWriteResult(dec *msgpack.Decoder) (any, error) {
 	return r, nil
 }
 
-// decArrayLen reads an array header of want elements (a struct of want
-// fields).
-func decArrayLen(dec *msgpack.Decoder, want int, what string) error {
-	n, err := dec.DecodeArrayLen()
-	if err != nil {
-		return err
-	}
-	if n != want {
-		return fmt.Errorf("cluster: a %s of %d fields, want %d", what, n, want)
-	}
-	return nil
-}
-
-// decRaw reads bytes written by EncodeBytes: nil stays nil, empty stays
-// empty (a JSON value is never empty, but the codec does not decide that).
-func decRaw(dec *msgpack.Decoder) (json.RawMessage, error) {
-	b, err := dec.DecodeBytes()
+// raw types bytes read by rbuf.bin as a JSON value: nil stays nil, empty
+// stays empty (a JSON value is never empty, but the codec does not decide
+// that).
+func raw(b []byte, err error) (json.RawMessage, error) {
 	if b == nil || err != nil {
 		return nil, err
 	}
