@@ -73,7 +73,7 @@ func TestWireCodec_IsMsgpack(t *testing.T) {
 func TestWireCodec_ShortInputIsAnError(t *testing.T) {
 	after := uint64(3)
 	req := &wireRequest{Op: opObject, ID: actors.ObjectID{App: "a", Type: "t", Key: strings.Repeat("k", 40)},
-		Msg: &actors.KVWrite{Ops: []actors.Op{{Op: "set", Key: "v", Value: []byte(`"` + strings.Repeat("x", 300) + `"`)}}, Route: actors.RoutePut},
+		Msg:  &actors.KVWrite{Ops: []actors.Op{{Op: "set", Key: "v", Value: []byte(`"` + strings.Repeat("x", 300) + `"`)}}, Route: actors.RoutePut},
 		Feed: &feedMsg{SubID: 1, After: &after}, From: "n1"}
 	data, err := encodeRequest(req)
 	if err != nil {
