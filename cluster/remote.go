@@ -396,27 +396,39 @@ func (t *transport) markDown(addr string) {
 	t.downMu.Unlock()
 }
 
-// serveRequest runs a request that arrived on c on one of the servers and
-// queues its reply. It is called on c's reader, which registered the call as
-// running.
+// serveRequest decodes a request that arrived on c, on c's reader (which
+// registered the call as running), and starts it: one async takes (an
+// object's message) here, any other on one of the servers; its reply is
+// queued when it comes.
+//
+// Why on the reader: async does not block (Host.RequestAsync never runs a
+// commit itself), and handing each request to a server first cost a
+// goroutine wake, and a core, per forwarded write.
 func (t *transport) serveRequest(c *conn, id uint64, payload []byte) {
+	var w wireRequest
+	if err := decodeRequest(payload, &w); err != nil {
+		t.log.Error("cannot decode a request from another node", "err", err)
+		c.reply(id, encodeReply(t.log, &wireReply{Err: &wireError{Kind: actors.KindInternal, Msg: "cannot decode a request from another node"}}))
+		return
+	}
+	send := func(reply *wireReply) {
+		if drop := t.dropReply.Load(); drop != nil && (*drop)(w.Op) {
+			c.reply(id, nil)
+			return
+		}
+		c.reply(id, encodeReply(t.log, reply))
+	}
+	stopping := func() {
+		c.reply(id, encodeReply(t.log, &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindUnavailable, Msg: "the node is shutting down", RetryAfter: time.Second})}))
+	}
+	if t.serving.Context().Err() != nil {
+		stopping()
+		return
+	}
+	if t.async != nil && t.async(&w, send) {
+		return
+	}
 	if !t.servers.Go(func() {
-		var w wireRequest
-		if err := decodeRequest(payload, &w); err != nil {
-			t.log.Error("cannot decode a request from another node", "err", err)
-			c.reply(id, encodeReply(t.log, &wireReply{Err: &wireError{Kind: actors.KindInternal, Msg: "cannot decode a request from another node"}}))
-			return
-		}
-		send := func(reply *wireReply) {
-			if drop := t.dropReply.Load(); drop != nil && (*drop)(w.Op) {
-				c.reply(id, nil)
-				return
-			}
-			c.reply(id, encodeReply(t.log, reply))
-		}
-		if t.async != nil && t.async(&w, send) {
-			return
-		}
 		wait := w.Wait
 		if wait <= 0 || wait > time.Minute {
 			wait = time.Minute
@@ -425,8 +437,8 @@ func (t *transport) serveRequest(c *conn, id uint64, payload []byte) {
 		reply := t.serve(ctx, &w)
 		cancel()
 		send(reply)
-	}) { // stopping
-		c.reply(id, encodeReply(t.log, &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindUnavailable, Msg: "the node is shutting down", RetryAfter: time.Second})}))
+	}) {
+		stopping()
 	}
 }
 
