@@ -45,7 +45,10 @@
 //     recover.go: recover-partition (a partition that lost its majority restarts
 //     from its best survivor).
 //   - remote.go, wire.go: the transport between members (requests, replies and
-//     one-way messages in frames over TCP, batched per connection); feed.go:
+//     one-way messages in frames over TCP, batched per connection; a request
+//     for an object starts on the connection's reader); wirecodec.go,
+//     wirefast.go: MessagePack by hand on byte slices for the envelopes and the
+//     hot-path messages; feed.go:
 //     live feeds of objects served by another node; client.go: client members;
 //     admin.go: the operator commands (status, leave, forget-node); list.go:
 //     listing a type's keys across every partition and node.
