@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,11 +112,12 @@ func TestList_KeysOfATypeAcrossPartitions(t *testing.T) {
 	if r.status != 200 || len(r.json(t)["keys"].([]any)) != len(want) {
 		t.Fatalf("limit 5000: %d %s", r.status, r.body)
 	}
-	for _, bad := range []string{"limit=0", "limit=-1", "limit=x"} {
-		if r := ts.do("GET", "/api/v1/objects/app_test/order?"+bad, nil, nil); r.status != 400 {
-			t.Fatalf("%s: %d %s, want 400", bad, r.status, r.body)
-		}
+	for _, bad := range []string{"limit=0", "limit=-1", "limit=x", "prefix=" + strings.Repeat("p", 257), "after=" + strings.Repeat("a", 257)} {
+		wantError(t, ts.do("GET", "/api/v1/objects/app_test/order?"+bad, nil, nil), 400, "bad_request", nil)
 	}
+	// A type that is not a name is refused as every route refuses it.
+	wantError(t, ts.do("GET", "/api/v1/objects/app_test/a:b", nil, nil), 400, "bad_request", nil)
+	wantError(t, ts.do("GET", "/api/v1/logs/app_test/a:b?limit=0", nil, nil), 400, "bad_request", nil)
 	wantUnauthorized(t, ts.do("GET", "/api/v1/objects/app_test/order", nil, map[string]string{}))
 	wantUnauthorized(t, ts.do("GET", "/api/v1/objects/app_other/order", nil, nil))
 }

@@ -90,18 +90,7 @@ func (db *DB) listNames(ctx context.Context, partitions []uint32, q ListQuery, p
 			// never reaches the top costs no mark seeks (up to one per mark
 			// for each of hundreds of cursors, in a listing of logs over
 			// objects that mostly have none).
-			if !c.checked && !l.marked(c.obj) {
-				if err := l.next(c); err != nil {
-					return err
-				}
-				if c.done {
-					heap.Pop(&h)
-				} else {
-					heap.Fix(&h, 0)
-				}
-				continue
-			}
-			if len(out) == 0 || out[len(out)-1] != c.key { // a type is in many partitions
+			if (c.checked || l.marked(c.obj)) && (len(out) == 0 || out[len(out)-1] != c.key) { // a type is in many partitions
 				out = append(out, c.key)
 			}
 			if err := l.next(c); err != nil {

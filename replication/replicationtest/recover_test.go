@@ -60,27 +60,15 @@ func TestWALStorage_ReseedRecoversAGroupFromOneSurvivor(t *testing.T) {
 	c.crash(1)
 
 	// Node 1 alone: its database, a pipeline, and the new replica.
-	dir := c.nodes[1].dir
-	db, err := persistence.Open(persistence.Config{Dir: dir, Partitions: 1, SegmentSize: 64 << 10, MemTableSize: 8 << 20, BlockCacheSize: 1 << 20, ValueLogFileSize: 1 << 20, Logger: c.quiet, Replicated: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pp := persistence.NewPipeline(db, persistence.PipelineConfig{Logger: c.quiet, ValueLogGCEvery: -1})
-	pp.Start()
 	var mu sync.Mutex
 	var seen [][]byte
-	wp := replication.NewWALPipeline(db, pp, replication.WALConfig{Logger: c.quiet, Observe: func(_ replication.GroupID, ent *raftpb.Entry) {
+	db, wp := c.reopenAlone(t, 1, func(_ replication.GroupID, ent *raftpb.Entry) {
 		if _, p, ok, _ := replication.DecodeEntry(ent.GetData()); ok && len(p) > 0 {
 			mu.Lock()
 			seen = append(seen, bytes.Clone(p))
 			mu.Unlock()
 		}
-	}})
-	defer func() {
-		wp.Close()
-		pp.Close()
-		_ = db.Close()
-	}()
+	})
 	oldLast, _ := db.RaftStorage(uint64(g), 1, nil).LastIndex()
 	last, err := wp.Reseed(ctx, g, 1, 9, 1<<40)
 	if err != nil {
@@ -174,19 +162,7 @@ func TestWALStorage_AFailedReplicaCanBeRemovedAndItsGroupStartedAgain(t *testing
 	c.crash(3)
 	c.crash(1)
 
-	dir := c.nodes[1].dir
-	db, err := persistence.Open(persistence.Config{Dir: dir, Partitions: 1, SegmentSize: 64 << 10, MemTableSize: 8 << 20, BlockCacheSize: 1 << 20, ValueLogFileSize: 1 << 20, Logger: c.quiet, Replicated: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pp := persistence.NewPipeline(db, persistence.PipelineConfig{Logger: c.quiet, ValueLogGCEvery: -1})
-	pp.Start()
-	wp := replication.NewWALPipeline(db, pp, replication.WALConfig{Logger: c.quiet})
-	defer func() {
-		wp.Close()
-		pp.Close()
-		_ = db.Close()
-	}()
+	_, wp := c.reopenAlone(t, 1, nil)
 	st, applied, err := wp.Storage(g, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -242,4 +218,24 @@ func TestWALStorage_AFailedReplicaCanBeRemovedAndItsGroupStartedAgain(t *testing
 	if err := e.AddGroup(replication.GroupConfig{ID: g, Replica: 9, Peers: peers, Storage: st9, Applied: applied9}); err != nil {
 		t.Fatalf("a new replica of the group after the failed one's removal: %v", err)
 	}
+}
+
+// reopenAlone opens crashed node n's data directory on its own: its
+// database, a pipeline and a WAL pipeline (observe sees each applied
+// entry; nil: none), closed when the test ends.
+func (c *walCluster) reopenAlone(t *testing.T, n replication.NodeID, observe func(replication.GroupID, *raftpb.Entry)) (*persistence.DB, *replication.WALPipeline) {
+	t.Helper()
+	db, err := persistence.Open(persistence.Config{Dir: c.nodes[n].dir, Partitions: 1, SegmentSize: 64 << 10, MemTableSize: 8 << 20, BlockCacheSize: 1 << 20, ValueLogFileSize: 1 << 20, Logger: c.quiet, Replicated: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := persistence.NewPipeline(db, persistence.PipelineConfig{Logger: c.quiet, ValueLogGCEvery: -1})
+	pp.Start()
+	wp := replication.NewWALPipeline(db, pp, replication.WALConfig{Logger: c.quiet, Observe: observe})
+	t.Cleanup(func() {
+		wp.Close()
+		pp.Close()
+		_ = db.Close()
+	})
+	return db, wp
 }
