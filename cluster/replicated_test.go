@@ -594,29 +594,40 @@ func TestReplicated_GracefulStopHandsLeadershipsOver(t *testing.T) {
 // and the partition is served again.
 func TestReplicated_ALeaderStuckWithoutItsLeaseHandsOver(t *testing.T) {
 	tc := newReplicatedCluster(t, "a", "b", "c")
-	a := tc.node("a")
-	var g replication.GroupID
-	found := false
-	for _, id := range a.member.r.e.Groups() {
-		if st, _ := a.member.r.e.Status(id); st.IsLeader {
-			g, found = id, true
-			break
+	// Any node leading a group will do: which nodes win the first
+	// elections is up to raft (CI once saw a lead none of 16).
+	var (
+		leader *Node
+		g      replication.GroupID
+	)
+	for _, n := range tc.live() {
+		for _, id := range n.member.r.e.Groups() {
+			if st, _ := n.member.r.e.Status(id); st.IsLeader && leader == nil {
+				leader, g = n, id
+			}
 		}
 	}
-	if !found {
-		t.Fatal("a leads nothing")
+	if leader == nil {
+		t.Fatalf("no node leads a group: %v", tc.ledBy())
 	}
-	cRep, _ := a.member.view.group(uint32(g)).replicaOn("c", tc.node("c").storageID)
-	tc.crash("c")
+	victim := "c"
+	if leader.member.id == "c" {
+		victim = "b"
+	}
+	rep, ok := leader.member.view.group(uint32(g)).replicaOn(victim, tc.node(victim).storageID)
+	if !ok {
+		t.Fatalf("group %d has no replica on %s", g, victim)
+	}
+	tc.crash(victim)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	err := a.member.r.e.TransferLeader(ctx, g, replication.ReplicaID(cRep.ID))
+	err := leader.member.r.e.TransferLeader(ctx, g, replication.ReplicaID(rep.ID))
 	cancel()
 	if err == nil {
 		t.Fatal("a transfer to a crashed replica succeeded")
 	}
 	start := time.Now()
 	tc.waitServed(30 * time.Second)
-	t.Logf("transfer to the crashed c: %v; partition %d served again %v later", err, g, time.Since(start).Round(time.Millisecond))
+	t.Logf("transfer from %s to the crashed %s: %v; partition %d served again %v later", leader.member.id, victim, err, g, time.Since(start).Round(time.Millisecond))
 }
 
 // TestReplicated_ColdSegmentsSurviveAFailover: a log's trimmed records go to
