@@ -75,6 +75,7 @@ func main() {
 		filter   = flag.String("cases", "", "comma-separated workload names to run (default: all)")
 		sysFlag  = flag.String("systems", strings.Join(systems, ","), "comma-separated systems to run: holdfast, holdfast-http, holdfast-client, redis, jetstream; and, only when named, the replicated systems holdfast-r3, etcd3, etcd1, jetstream-r3 (one-writer and 1000-objects)")
 		fanout   = flag.Bool("fanout", false, "run the websocket fan-out benchmark instead of the write cases")
+		floor    = flag.Bool("http-floor", false, "run the HTTP floor (net/http and fasthttp servers answering a fixed reply) beside Holdfast's REST increments and Redis's INCR, instead of the write cases")
 		fSockets = flag.Int("fanout-sockets", 1000, "fan-out: websockets")
 		fObjects = flag.Int("fanout-objects", 100, "fan-out: objects the sockets subscribe to")
 		fRate    = flag.Int("fanout-rate", 500, "fan-out: writes per second over all objects")
@@ -113,6 +114,18 @@ func main() {
 	}
 	if *only == "http-server" {
 		os.Exit(httpServer(*dirFlag, *leasePar))
+	}
+	if kind, ok := strings.CutPrefix(*only, "server-floor-"); ok {
+		os.Exit(floorServer("floor-" + kind))
+	}
+	if *only == floorNetHTTP || *only == floorFastHTTP {
+		r, err := floorCase(*only, *duration, *warmup)
+		if err != nil {
+			fatal(err)
+		}
+		r.Case = *only
+		_ = json.NewEncoder(os.Stdout).Encode(r)
+		os.Exit(0)
 	}
 	if *only == "client-server" {
 		os.Exit(clientServer(*dirFlag))
@@ -187,6 +200,9 @@ func main() {
 			scfg.warmup = 3 * time.Second
 		}
 		os.Exit(runStall(base, scfg, *mdOut, *jsonOut))
+	}
+	if *floor {
+		os.Exit(runHTTPFloor(base, *rounds, *duration, *warmup, *mdOut))
 	}
 	if *alarmsOn {
 		os.Exit(runAlarms(base, acfg, *jsonOut))

@@ -269,16 +269,22 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 // badSegment describes the first empty, "." or ".." segment of an escaped path
 // (a trailing slash is fine), or returns "".
 func badSegment(p string) string {
-	segs := strings.Split(strings.TrimPrefix(p, "/"), "/")
-	for i, seg := range segs {
+	// Segment by segment without splitting: this runs on every request (its
+	// strings.Split was 2% of a REST increment's server CPU).
+	p = strings.TrimPrefix(p, "/")
+	for {
+		seg, rest, more := strings.Cut(p, "/")
 		switch {
-		case seg == "" && i < len(segs)-1:
+		case seg == "" && more:
 			return "an empty"
 		case seg == "." || seg == "..":
 			return "a dot"
 		}
+		if !more {
+			return ""
+		}
+		p = rest
 	}
-	return ""
 }
 
 // unmatched turns the mux's plain-text 404 and 405 into spec/errors.md bodies,
