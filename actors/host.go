@@ -191,6 +191,10 @@ type activation struct {
 	// bytes estimates the state the activation holds (object.noteBytes), for
 	// the memory governor.
 	bytes atomic.Int64
+	// ready is set once the object's first turn saw its partition's
+	// acknowledged writes in Badger (object.handle): its later turns do not
+	// wait for the pipeline (StartsAtOnce).
+	ready atomic.Bool
 }
 
 // NewHost returns a host over db and pipe; register types, then Start it.
@@ -455,6 +459,28 @@ func (h *Host) RequestAsync(id ObjectID, msg any, done func(val any, err error))
 		return
 	}
 	h.send(act, &envelope{msg: msg, done: done, act: act}, false)
+}
+
+// StartsAtOnce reports whether a request for id may be started with
+// RequestAsync on a goroutine that must not block for long (the cluster
+// transport's connection reader, which also answers the liveness probes of the
+// calls on its connection): under the synchronized dispatcher the sender runs
+// the object's turns when its mailbox is idle. True when the object is active
+// and past its first turn (which waits for its partition's acknowledged writes
+// to reach Badger: under a replicated partition's backlog that took over a
+// second, and the probe failed the connection with every call on it), and of a
+// built-in type (a user type's handler may block). An object passivated after
+// the check activates on the sender after all; it was idle for IdleTimeout, so
+// its partition's backlog is the only wait.
+func (h *Host) StartsAtOnce(id ObjectID) bool {
+	if h.types[id.Type] != nil {
+		return false
+	}
+	s := h.shard(id)
+	s.mu.RLock()
+	a := s.m[id]
+	s.mu.RUnlock()
+	return a != nil && a.ready.Load()
 }
 
 // Active returns the number of active objects.

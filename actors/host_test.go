@@ -572,3 +572,28 @@ func TestHost_RequestAsyncRepliesOnceAfterTheSync(t *testing.T) {
 		t.Fatal("a refused request's done was not called before RequestAsync returned")
 	}
 }
+
+// TestHost_StartsAtOnce: only an active object of a built-in type past its
+// first turn (which waits for its partition's writes to reach Badger) may be
+// started on a goroutine that must not block; a user type's handler may block.
+func TestHost_StartsAtOnce(t *testing.T) {
+	n := startNode(t, t.TempDir(), nodeOpts{types: []TypeSpec{counterType()}})
+	ctx := context.Background()
+	kv := ObjectID{App: "app_t", Type: "c", Key: "x"}
+	if n.host.StartsAtOnce(kv) {
+		t.Fatal("an object not active starts at once")
+	}
+	if _, err := n.kv("c", "x").Set(ctx, "a", 1); err != nil {
+		t.Fatal(err)
+	}
+	if !n.host.StartsAtOnce(kv) {
+		t.Fatal("an active KV object does not start at once")
+	}
+	user := ObjectID{App: "app_t", Type: "counter", Key: "c1"}
+	if _, err := n.host.Request(ctx, user, inc{By: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n.host.StartsAtOnce(user) {
+		t.Fatal("an object of a user type starts at once")
+	}
+}

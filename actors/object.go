@@ -157,6 +157,7 @@ func (o *object) handle(c actor.Context, env *envelope) {
 			o.h.forget(o.act)
 		} else {
 			o.ready = true
+			o.act.ready.Store(true)
 		}
 	}
 	if err := o.health(); err != nil {

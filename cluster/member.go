@@ -611,22 +611,31 @@ func (m *member) notServing(p uint32) error {
 	return &notOwnerError{msg: fmt.Sprintf("node %s does not serve partition %d now", m.id, p)}
 }
 
-// serveObject answers another node's request for an object
-// (opObject) without holding a goroutine until the reply
-// (actors.Host.RequestAsync); it takes no other op.
+// serveObject answers another node's request for an object (opObject) on
+// the connection's reader, without holding a goroutine until the reply
+// (actors.Host.RequestAsync), when the object's turns do not block
+// (actors.Host.StartsAtOnce); it takes no other op, and leaves any other
+// request for an object to a server (serveRemote).
 func (m *member) serveObject(req *wireRequest, reply func(*wireReply)) bool {
-	if req.Op != opObject {
+	if req.Op != opObject || !m.n.host.StartsAtOnce(req.ID) {
 		return false
 	}
+	m.startObject(req, reply)
+	return true
+}
+
+// startObject starts another node's request for an object; reply (which
+// must not block) gets its answer.
+func (m *member) startObject(req *wireRequest, reply func(*wireReply)) {
 	if err := actors.ValidateID(req.ID); err != nil {
 		reply(&wireReply{Err: toWireError(err)})
-		return true
+		return
 	}
 	p := persistence.Partition(req.ID, len(m.state))
 	e := m.servingEpoch(p)
 	if e == 0 {
 		reply(&wireReply{Err: toWireError(m.notServing(p))})
-		return true
+		return
 	}
 	m.n.host.RequestAsync(req.ID, req.Msg, func(v any, err error) {
 		if actors.NotServed(err) {
@@ -635,12 +644,21 @@ func (m *member) serveObject(req *wireRequest, reply func(*wireReply)) bool {
 		}
 		reply(&wireReply{Val: v, Err: toWireError(err), Served: Served{Node: m.id, Partition: p, Epoch: e}})
 	})
-	return true
 }
 
-// serveRemote answers a request from another node (but opObject: serveObject).
+// serveRemote answers a request from another node on a server goroutine
+// (opObject only when serveObject left it).
 func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 	switch req.Op {
+	case opObject: // one whose turn may block, on this server (serveObject)
+		done := make(chan *wireReply, 1)
+		m.startObject(req, func(r *wireReply) { done <- r })
+		select {
+		case r := <-done:
+			return r
+		case <-ctx.Done():
+			return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindUnavailable, Msg: "the request timed out; a write's outcome is unknown"})}
+		}
 	case opHandoffBegin, opHandoffChunk, opHandoffEnd:
 		return m.serveHandoff(ctx, req)
 	case opPing:

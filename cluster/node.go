@@ -287,6 +287,29 @@ func (n *Node) Request(ctx context.Context, id actors.ObjectID, msg any) (any, e
 	return v, err
 }
 
+// RequestAsync starts Request without a goroutine waiting for its reply:
+// done (which must not block) gets the reply once every write before it is
+// durable, as Request's caller would. It reports false, and never calls done,
+// when this node cannot start the request that way: a cluster member, whose
+// objects may be served elsewhere (the caller then uses Request). There is no
+// timeout: the caller keeps its own; ctx only carries the served record
+// (actors.WithServedRecord).
+//
+// Why: a batch of 100 writes held 100 goroutines, each with its own timeout
+// context, each woken by its reply (gateway.Server.batch).
+func (n *Node) RequestAsync(ctx context.Context, id actors.ObjectID, msg any, done func(any, error)) bool {
+	if n.member != nil {
+		return false
+	}
+	n.host.RequestAsync(id, msg, func(v any, err error) {
+		if err == nil || !actors.NotServed(err) {
+			actors.RecordServed(ctx, Served{Partition: persistence.Partition(id, len(n.table.epochs)), Epoch: 1})
+		}
+		done(v, err)
+	})
+	return true
+}
+
 // RequestServed is Request that also says which node served the request, for
 // which partition, under which epoch (zero when none did).
 func (n *Node) RequestServed(ctx context.Context, id actors.ObjectID, msg any) (v any, s Served, err error) {

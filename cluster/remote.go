@@ -300,7 +300,9 @@ func (t *transport) call(ctx context.Context, n NodeInfo, req *wireRequest) (*wi
 		wait = time.Until(dl)
 	}
 	if wait <= 0 {
-		return nil, ctx.Err()
+		// The deadline passed before ctx's own timer marked it done: ctx.Err()
+		// may still be nil, and a nil error with no reply crashed the caller.
+		return nil, fmt.Errorf("%w to %s: %w", errNotSent, addr, context.DeadlineExceeded)
 	}
 	req.Wait = wait
 	data, err := encodeRequest(req)

@@ -2,12 +2,14 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/holdfast/holdfast/actors"
 )
@@ -28,9 +30,13 @@ import (
 // instead of the connection; the batch's reply lists them in order.
 //
 // Ordering: the operations of one object run one after the other, in the order
-// they appear (one goroutine per object, from the server's pool of reused
-// workers, owner.Pool, waited for by the batch's handler); different objects
-// run concurrently. A reply is only written once
+// they appear; different objects run concurrently. An object's leading
+// one-slot writes are sent to its mailbox one after the other by the batch's
+// handler itself, with no goroutine waiting for each (Node.RequestAsync, on a
+// single node: startBatchWrites); the rest of its operations, or all of them
+// on a node that cannot start requests that way, run one after the other on
+// one goroutine per object, from the server's pool of reused workers
+// (owner.Pool), waited for by the batch's handler. A reply is only written once
 // every operation has replied, and every write's reply comes after it is
 // durable (the route's own gate), so the batch's reply does too.
 
@@ -158,8 +164,16 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 		byObject[op.id] = append(byObject[op.id], i)
 	}
 	var wg sync.WaitGroup
+	async, _ := s.cfg.Node.(asyncNode)
+	waits := &batchWaits{left: 1, all: make(chan struct{})}
 	for _, id := range order {
 		idx := byObject[id]
+		if async != nil {
+			idx = s.startBatchWrites(async, r, ops, results, idx, waits)
+			if len(idx) == 0 {
+				continue
+			}
+		}
 		wg.Add(1)
 		run := func() {
 			defer wg.Done()
@@ -172,8 +186,132 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	wg.Wait()
+	waits.wait(s, r, results)
 	writeBatchReply(w, results)
 }
+
+// asyncNode is a Node that can start a request without a goroutine waiting
+// for it (cluster.Node.RequestAsync); it reports false when it cannot.
+type asyncNode interface {
+	RequestAsync(ctx context.Context, id actors.ObjectID, msg any, done func(any, error)) bool
+}
+
+// startBatchWrites starts the leading one-slot writes of an object's
+// operations idx (in order, each sent to the object's mailbox before the next,
+// so they run in their order) without a goroutine each, and returns the
+// operations left to run on a worker: from the first that is not such a
+// write, or that the node could not start that way. Measured: a batch of 100
+// increments on 100 objects held 100 workers, each with its own timeout
+// context and woken by its reply.
+func (s *Server) startBatchWrites(node asyncNode, r *http.Request, ops []plannedOp, results []batchResult, idx []int, waits *batchWaits) []int {
+	for k, i := range idx {
+		op, res := &ops[i], &results[i]
+		if op.write == nil {
+			return idx[k:]
+		}
+		m, e := op.write.build(op.slot, op.fields)
+		if e == nil {
+			e = withIdempotencyKey(m, op.idemKey)
+		}
+		if e != nil {
+			e.write(res)
+			continue
+		}
+		waits.add(i)
+		started := node.RequestAsync(r.Context(), op.id, m, func(v any, err error) {
+			waits.done(i, func() {
+				if err != nil {
+					s.fail(res, r, err)
+					return
+				}
+				writeResult(res, v.(*actors.WriteResult))
+			})
+		})
+		if !started {
+			waits.forget(i)
+			return idx[k:]
+		}
+	}
+	return nil
+}
+
+// batchWaits collects the replies of a batch's writes started with
+// RequestAsync. Its counter starts at one, held by the batch's handler until
+// it has started them all (wait).
+type batchWaits struct {
+	mu       sync.Mutex
+	left     int
+	all      chan struct{} // closed when left reaches zero
+	pending  map[int]bool  // results not written yet, by index
+	timedOut bool          // set by wait: replies after it are dropped
+}
+
+func (b *batchWaits) add(i int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pending == nil {
+		b.pending = map[int]bool{}
+	}
+	b.pending[i] = true
+	b.left++
+}
+
+// forget undoes add(i) for a request that was not started.
+func (b *batchWaits) forget(i int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.pending, i)
+	b.left--
+}
+
+// done writes result i with write, unless the batch stopped waiting for it.
+func (b *batchWaits) done(i int, write func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.timedOut {
+		return
+	}
+	write()
+	delete(b.pending, i)
+	b.release()
+}
+
+func (b *batchWaits) release() {
+	if b.left--; b.left == 0 {
+		close(b.all)
+	}
+}
+
+// wait waits for every reply, at most the request timeout (as each
+// operation's own request would) or until the client is gone; an operation
+// still without a reply then gets the timeout's error, and its reply, when it
+// comes, is dropped.
+func (b *batchWaits) wait(s *Server, r *http.Request, results []batchResult) {
+	b.mu.Lock()
+	b.release()
+	left := b.left
+	b.mu.Unlock()
+	if left == 0 {
+		return
+	}
+	t := time.NewTimer(s.cfg.RequestTimeout)
+	defer t.Stop()
+	select {
+	case <-b.all:
+		return
+	case <-t.C:
+	case <-r.Context().Done():
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.timedOut = true
+	for i := range b.pending {
+		s.fail(&results[i], r, errBatchTimedOut)
+	}
+}
+
+// errBatchTimedOut is what Host.Request answers when its context ends first.
+var errBatchTimedOut = &actors.Error{Kind: actors.KindUnavailable, Msg: "the request timed out; a write's outcome is unknown"}
 
 // runBatchOp runs one operation through its route's handler, or its route's
 // write.

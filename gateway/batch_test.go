@@ -1,12 +1,16 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cluster"
 )
 
@@ -259,5 +263,102 @@ func TestBatch_Auth(t *testing.T) {
 	wantSnap(t, ts, "c", "x", 1, map[string]string{"n": "1"})
 	if other := stateOf(t, ts, otherApp.ID, "c", "x"); other.logID != 0 {
 		t.Fatalf("the other app's object: %v", other)
+	}
+}
+
+// asyncSpy is a node whose RequestAsync is watched: it counts the requests
+// started that way and, when hold is set, keeps their done functions instead
+// of starting them (a write that never replies).
+type asyncSpy struct {
+	*cluster.Node
+	mu      sync.Mutex
+	started []actors.ObjectID
+	hold    bool
+	held    []func(any, error)
+}
+
+func (a *asyncSpy) RequestAsync(ctx context.Context, id actors.ObjectID, msg any, done func(any, error)) bool {
+	a.mu.Lock()
+	a.started = append(a.started, id)
+	if a.hold {
+		a.held = append(a.held, done)
+		a.mu.Unlock()
+		return true
+	}
+	a.mu.Unlock()
+	return a.Node.RequestAsync(ctx, id, msg, done)
+}
+
+// TestBatch_AnObjectsLeadingWritesStartWithoutAWorker: an object's one-slot
+// writes up to its first other operation are started by the batch's handler
+// (RequestAsync); the rest run on a worker after them, in order, and see them.
+func TestBatch_AnObjectsLeadingWritesStartWithoutAWorker(t *testing.T) {
+	spy := &asyncSpy{}
+	ts := newTestServerWith(t, cluster.Config{}, func(c *Config) {
+		spy.Node = c.Node.(*cluster.Node)
+		c.Node = spy
+	})
+	ops := []string{
+		`{"object":"c/a","op":"increment","slot":"n"}`,
+		`{"object":"c/a","op":"increment","slot":"n","by":2}`,
+		`{"object":"c/b","op":"set","slot":"v","value":"x"}`,
+		`{"object":"c/a","op":"get","slot":"n"}`,
+		`{"object":"c/a","op":"increment","slot":"n"}`,
+		`{"object":"c/a","op":"patch","m":1}`,
+	}
+	res := batchResults(t, ts.do("POST", batchPath, `{"ops":[`+strings.Join(ops, ",")+`]}`, nil))
+	var bodies []string
+	for i, r := range res {
+		if r.Status != http.StatusOK {
+			t.Fatalf("result %d: %d %s", i, r.Status, r.Body)
+		}
+		bodies = append(bodies, string(r.Body))
+	}
+	want := []string{`{"log_id":1,"value":1}`, `{"log_id":2,"value":3}`, `{"log_id":1}`, `3`, `{"log_id":3,"value":4}`, `{"log_id":4}`}
+	for i := range want {
+		if !strings.Contains(bodies[i], want[i]) {
+			t.Fatalf("result %d = %s, want %s (all: %v)", i, bodies[i], want[i], bodies)
+		}
+	}
+	spy.mu.Lock()
+	started := fmt.Sprint(spy.started)
+	spy.mu.Unlock()
+	if want := "[app_test/c/a app_test/c/a app_test/c/b]"; started != want {
+		t.Fatalf("started without a worker: %s, want %s", started, want)
+	}
+	wantSnap(t, ts, "c", "a", 4, map[string]string{"n": "4", "m": "1"})
+}
+
+// TestBatch_AWriteWithoutAReplyTimesOut: a write started without a worker
+// whose reply does not come within the request timeout gets the timeout's
+// 503, as its own request would; the other operations keep their results,
+// and the reply that comes after the batch's is dropped.
+func TestBatch_AWriteWithoutAReplyTimesOut(t *testing.T) {
+	spy := &asyncSpy{hold: true}
+	ts := newTestServerWith(t, cluster.Config{}, func(c *Config) {
+		spy.Node = c.Node.(*cluster.Node)
+		c.Node = spy
+		c.RequestTimeout = 200 * time.Millisecond
+	})
+	ops := `{"ops":[{"object":"c/a","op":"increment","slot":"n"},{"object":"c/b","op":"get"},{"object":"c/a","op":"set","slot":"v","value":1}]}`
+	start := time.Now()
+	res := batchResults(t, ts.do("POST", batchPath, ops, nil))
+	if took := time.Since(start); took < 200*time.Millisecond {
+		t.Fatalf("the batch replied after %v, before its timeout", took)
+	}
+	if len(res) != 3 || res[0].Status != http.StatusServiceUnavailable || res[1].Status != http.StatusOK || res[2].Status != http.StatusServiceUnavailable {
+		t.Fatalf("results %+v, want 503, 200, 503", res)
+	}
+	if !strings.Contains(string(res[0].Body), "timed out") {
+		t.Fatalf("the timed-out write's body: %s", res[0].Body)
+	}
+	spy.mu.Lock()
+	held := spy.held
+	spy.mu.Unlock()
+	if len(held) != 2 {
+		t.Fatalf("%d writes held, want 2", len(held))
+	}
+	for _, done := range held { // late: dropped
+		done(&actors.WriteResult{LogID: 9}, nil)
 	}
 }

@@ -124,13 +124,9 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, id actors.ObjectI
 // writeKV runs m with the idempotency key (nil: none) and writes its reply;
 // r is the request it serves (its context, its id in errors).
 func (s *Server) writeKV(w http.ResponseWriter, r *http.Request, id actors.ObjectID, m *actors.KVWrite, key *string, noContent bool) {
-	if key != nil {
-		k := *key
-		if k == "" || len(k) > actors.MaxIdempotencyKey {
-			badRequest(fmt.Sprintf("Idempotency-Key must be 1 to %d bytes", actors.MaxIdempotencyKey)).write(w)
-			return
-		}
-		m.IdempotencyKey = k
+	if e := withIdempotencyKey(m, key); e != nil {
+		e.write(w)
+		return
 	}
 	reply, ok := s.call(w, r, id, m)
 	if !ok {
@@ -141,6 +137,18 @@ func (s *Server) writeKV(w http.ResponseWriter, r *http.Request, id actors.Objec
 		return
 	}
 	writeResult(w, reply.(*actors.WriteResult))
+}
+
+// withIdempotencyKey sets key (nil: none) on m, or refuses it.
+func withIdempotencyKey(m *actors.KVWrite, key *string) *apiError {
+	if key != nil {
+		k := *key
+		if k == "" || len(k) > actors.MaxIdempotencyKey {
+			return badRequest(fmt.Sprintf("Idempotency-Key must be 1 to %d bytes", actors.MaxIdempotencyKey))
+		}
+		m.IdempotencyKey = k
+	}
+	return nil
 }
 
 // writeResult writes a write's reply, {"log_id": N} and the incremented
