@@ -109,7 +109,8 @@ type plannedOp struct {
 
 // batchResult is one operation's reply: the status and body its route gave.
 type batchResult struct {
-	header http.Header
+	reqID  string
+	header http.Header // made on first use (most results never need one)
 	status int
 	body   bytes.Buffer
 	wrote  bool
@@ -117,7 +118,28 @@ type batchResult struct {
 
 var _ http.ResponseWriter = (*batchResult)(nil)
 
-func (b *batchResult) Header() http.Header { return b.header }
+func (b *batchResult) Header() http.Header {
+	if b.header == nil {
+		// An error's body repeats the request's id from here (apiError.write).
+		b.header = http.Header{"X-Request-Id": {b.reqID}}
+	}
+	return b.header
+}
+
+// writeResult is writeResult (objects.go) for a batch: the body only, since
+// the batch's reply carries no operation's headers.
+func (b *batchResult) writeResult(res *actors.WriteResult) {
+	b.WriteHeader(http.StatusOK)
+	b.body.Grow(32 + len(res.Value))
+	out := b.body.AvailableBuffer()
+	out = append(out, `{"log_id":`...)
+	out = strconv.AppendUint(out, res.LogID, 10)
+	if len(res.Value) > 0 {
+		out = append(out, `,"value":`...)
+		out = append(out, res.Value...)
+	}
+	b.body.Write(append(out, '}'))
+}
 
 func (b *batchResult) WriteHeader(code int) {
 	if !b.wrote {
@@ -148,7 +170,7 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 	results := make([]batchResult, len(ops))
 	reqID := requestID(r)
 	for i := range results {
-		results[i].header = http.Header{"X-Request-Id": {reqID}}
+		results[i].reqID = reqID
 	}
 	// One goroutine per object, running its operations in their order.
 	byObject := map[actors.ObjectID][]int{}
@@ -224,7 +246,7 @@ func (s *Server) startBatchWrites(node asyncNode, r *http.Request, ops []planned
 					s.fail(res, r, err)
 					return
 				}
-				writeResult(res, v.(*actors.WriteResult))
+				res.writeResult(v.(*actors.WriteResult))
 			})
 		})
 		if !started {
