@@ -351,3 +351,21 @@ func BenchmarkTransport_Call(b *testing.B) {
 		}
 	})
 }
+
+// lateContext's deadline has passed, but its own timer has not marked it done
+// yet (Err is still nil): the moment between the two.
+type lateContext struct{ context.Context }
+
+func (lateContext) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+func (lateContext) Err() error                  { return nil }
+
+// A call whose deadline passed before its context said so fails as not sent;
+// it never returns no reply and no error (its caller dereferenced the reply).
+func TestTransport_ACallPastItsDeadlineIsNotSent(t *testing.T) {
+	a := startTestTransport(t, echo, nil)
+	b := startTestTransport(t, echo, nil)
+	reply, err := a.call(lateContext{context.Background()}, NodeInfo{Addr: b.addr}, &wireRequest{Op: opObject})
+	if err == nil || reply != nil || !errors.Is(err, errNotSent) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a call past its deadline: reply %v, err %v; want no reply and errNotSent with the deadline", reply, err)
+	}
+}
