@@ -76,4 +76,11 @@
 //
 // HOLDFAST_BENCH_ALLOCPROFILE writes a heap profile (go tool pprof
 // -sample_index=alloc_space) and HOLDFAST_BENCH_TRACE an execution trace.
+// HOLDFAST_BENCH_HTTP_CLUSTER=1 makes a holdfast-http case's server a
+// cluster's one member (replicationFactor 1, an embedded etcd) instead of a
+// single node, for the cluster member's request path.
+//
+// The HTTP floor (-http-floor, httpfloor.go) runs bare net/http and fasthttp
+// servers answering a fixed reply beside holdfast-http and Redis on
+// increments-256: what the HTTP server costs before Holdfast does anything.
 package main

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -23,6 +24,7 @@ import (
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/gateway"
+	"github.com/holdfast/holdfast/internal/devetcd"
 )
 
 // The fan-out benchmark: S websockets subscribed across O objects of a server in
@@ -68,11 +70,34 @@ func fanoutServer(dir string) int {
 // serveChild is a child process's server: a node with typeOptions (nil: the
 // defaults) and its gateway for the app app_bench, plus what extra adds, on
 // 127.0.0.1. It prints a serverInfo line and serves until stdin closes.
+//
+// With HOLDFAST_BENCH_HTTP_CLUSTER set, the node is a cluster's one member
+// (replicationFactor 1, an embedded etcd in the child), as clientServer's:
+// the gateway then serves through a cluster member's request path.
 func serveChild(dir string, typeOptions func(string) actors.TypeOptions, extra func(*http.ServeMux)) int {
-	node, err := cluster.Start(cluster.Config{DataDir: dir, Logger: quietLogger(), TypeOptions: typeOptions})
+	cfg := cluster.Config{DataDir: dir, Logger: quietLogger(), TypeOptions: typeOptions}
+	var etcdEndpoint string
+	if os.Getenv("HOLDFAST_BENCH_HTTP_CLUSTER") != "" {
+		e, err := devetcd.Start(devetcd.Config{Dir: filepath.Join(dir, "etcd")})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: start etcd:", err)
+			return 1
+		}
+		defer e.Close()
+		etcdEndpoint = e.Endpoint()
+		cfg.DataDir = filepath.Join(dir, "a")
+		cfg.Cluster = &cluster.ClusterConfig{Name: clientClusterName, NodeID: "a", Advertise: "127.0.0.1:0", Endpoints: []string{etcdEndpoint}, ReplicationFactor: 1}
+	}
+	node, err := cluster.Start(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 1
+	}
+	if etcdEndpoint != "" {
+		if err := waitOwnsAll(etcdEndpoint, "a", time.Minute); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
 	}
 	app := gateway.App{ID: "app_bench", Key: "pk_bench", Secret: "sk_bench"}
 	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps([]gateway.App{app}), Logger: quietLogger()})

@@ -602,6 +602,29 @@ func (m *member) forward(ctx context.Context, n NodeInfo, id actors.ObjectID, ms
 	return reply.Val, reply.Served, reply.Err.err(), false
 }
 
+// requestAsync is request without a goroutine waiting for the reply, for an
+// object whose partition this node serves now (the leader, in a replicated
+// cluster); it reports false, and never calls done, for any other
+// (Node.RequestAsync).
+func (m *member) requestAsync(id actors.ObjectID, msg any, done func(any, Served, error)) bool {
+	if _, ok := msg.(actors.KVUnsubscribe); ok || actors.ValidateID(id) != nil {
+		return false // request looks further, or says what is wrong
+	}
+	p := persistence.Partition(id, len(m.state))
+	e := m.servingEpoch(p)
+	if e == 0 {
+		return false
+	}
+	m.n.host.RequestAsync(id, msg, func(v any, err error) {
+		if actors.NotServed(err) {
+			done(nil, Served{}, retryLater(err))
+			return
+		}
+		done(v, Served{Node: m.id, Partition: p, Epoch: e}, err)
+	})
+	return true
+}
+
 // notServing is this node's refusal of a request for partition p, which it
 // does not serve now; in a replicated cluster it names the leader it knows.
 func (m *member) notServing(p uint32) error {

@@ -290,16 +290,23 @@ func (n *Node) Request(ctx context.Context, id actors.ObjectID, msg any) (any, e
 // RequestAsync starts Request without a goroutine waiting for its reply:
 // done (which must not block) gets the reply once every write before it is
 // durable, as Request's caller would. It reports false, and never calls done,
-// when this node cannot start the request that way: a cluster member, whose
-// objects may be served elsewhere (the caller then uses Request). There is no
-// timeout: the caller keeps its own; ctx only carries the served record
-// (actors.WithServedRecord).
+// when this node cannot start the request that way: in a cluster, when this
+// node does not serve the object's partition now (the caller then uses
+// Request, which forwards it). A partition that leaves this node between the
+// check and the object's turn answers a 503 with a retry hint (Request would
+// have looked for its new server). There is no timeout: the caller keeps its
+// own; ctx only carries the served record (actors.WithServedRecord).
 //
 // Why: a batch of 100 writes held 100 goroutines, each with its own timeout
 // context, each woken by its reply (gateway.Server.batch).
 func (n *Node) RequestAsync(ctx context.Context, id actors.ObjectID, msg any, done func(any, error)) bool {
 	if n.member != nil {
-		return false
+		return n.member.requestAsync(id, msg, func(v any, s Served, err error) {
+			if s.Epoch != 0 {
+				actors.RecordServed(ctx, s)
+			}
+			done(v, err)
+		})
 	}
 	n.host.RequestAsync(id, msg, func(v any, err error) {
 		if err == nil || !actors.NotServed(err) {

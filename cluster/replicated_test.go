@@ -1131,3 +1131,49 @@ func TestReplicated_ARestartedNodeLeadsAgainSoon(t *testing.T) {
 	}
 	t.Logf("c leads %d partitions %v after its restart", tc.ledBy()["c"], time.Since(start).Round(time.Millisecond))
 }
+
+// TestReplicated_RequestAsyncStartsOnlyWhereThePartitionIsServed: a node
+// starts a request without a waiting goroutine only for an object whose
+// partition it leads; done then gets the write's reply, after its commit on a
+// majority, and the served record names the leader. Elsewhere it reports
+// false and never calls done (the gateway's batch then uses Request).
+func TestReplicated_RequestAsyncStartsOnlyWhereThePartitionIsServed(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	id := actors.ObjectID{App: "app_t", Type: "kv", Key: "async"}
+	p := persistence.Partition(id, testPartitions)
+	leaders := tc.servers(p)
+	if len(leaders) != 1 {
+		t.Fatalf("partition %d served by %v", p, leaders)
+	}
+	msg := func() *actors.KVWrite {
+		return &actors.KVWrite{Ops: []actors.Op{{Op: "increment", Key: "n"}}, Route: actors.RouteIncrement}
+	}
+	for _, n := range tc.live() {
+		if n.member.id == leaders[0] {
+			continue
+		}
+		if n.RequestAsync(context.Background(), id, msg(), func(any, error) { t.Error("done called on a node that does not serve the partition") }) {
+			t.Fatalf("node %s, which does not lead partition %d, started a request", n.member.id, p)
+		}
+	}
+	ctx, served := actors.WithServedRecord(context.Background())
+	got := make(chan error, 1)
+	var v any
+	if !tc.node(leaders[0]).RequestAsync(ctx, id, msg(), func(val any, err error) { v = val; got <- err }) {
+		t.Fatalf("the leader %s did not start the request", leaders[0])
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no reply")
+	}
+	if r, ok := v.(*actors.WriteResult); !ok || string(r.Value) != "1" {
+		t.Fatalf("reply %#v, want the increment's value 1", v)
+	}
+	if s := served(); s.Node != leaders[0] || s.Partition != p || s.Epoch == 0 {
+		t.Fatalf("served %+v, want %s for partition %d", s, leaders[0], p)
+	}
+}

@@ -32,9 +32,10 @@ import (
 // Ordering: the operations of one object run one after the other, in the order
 // they appear; different objects run concurrently. An object's leading
 // one-slot writes are sent to its mailbox one after the other by the batch's
-// handler itself, with no goroutine waiting for each (Node.RequestAsync, on a
-// single node: startBatchWrites); the rest of its operations, or all of them
-// on a node that cannot start requests that way, run one after the other on
+// handler itself, with no goroutine waiting for each (Node.RequestAsync, on the
+// node that serves the object's partition: startBatchWrites); the rest of its
+// operations, or all of them when this node does not serve the object
+// (they are forwarded), run one after the other on
 // one goroutine per object, from the server's pool of reused workers
 // (owner.Pool), waited for by the batch's handler. A reply is only written once
 // every operation has replied, and every write's reply comes after it is
