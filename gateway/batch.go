@@ -328,8 +328,11 @@ func (b *batchWaits) wait(s *Server, r *http.Request, results []batchResult) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.timedOut = true
+	// One log line for the batch, not one per operation (s.fail's): a batch
+	// carries up to MaxBatchOps of them.
+	s.log.Error("batch operations got no reply in time", "request_id", results[0].reqID, "operations", len(b.pending), "timeout", s.cfg.RequestTimeout, "client_gone", r.Context().Err() != nil)
 	for i := range b.pending {
-		s.fail(&results[i], r, errBatchTimedOut)
+		toAPIError(errBatchTimedOut, results[i].reqID).write(&results[i])
 	}
 }
 

@@ -349,8 +349,8 @@ func TestBatch_AWriteWithoutAReplyTimesOut(t *testing.T) {
 	if len(res) != 3 || res[0].Status != http.StatusServiceUnavailable || res[1].Status != http.StatusOK || res[2].Status != http.StatusServiceUnavailable {
 		t.Fatalf("results %+v, want 503, 200, 503", res)
 	}
-	if !strings.Contains(string(res[0].Body), "timed out") {
-		t.Fatalf("the timed-out write's body: %s", res[0].Body)
+	if !strings.Contains(string(res[0].Body), "timed out") || !strings.Contains(string(res[0].Body), `"request_id"`) {
+		t.Fatalf("the timed-out write's body: %s, want the timeout and the batch's request_id", res[0].Body)
 	}
 	spy.mu.Lock()
 	held := spy.held
