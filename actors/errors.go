@@ -92,6 +92,13 @@ func unavailable(msg string, cause error) *Error {
 	return &Error{Kind: KindUnavailable, Msg: msg, cause: cause}
 }
 
+// TimedOut is a request's error when its caller stopped waiting for the
+// object's reply (cause: why, such as the context's error): a write's outcome
+// is then unknown.
+func TimedOut(cause error) *Error {
+	return unavailable("the request timed out; a write's outcome is unknown", cause)
+}
+
 // LogTruncatedError says that entries after After were compacted away: the oldest
 // entry still held is Oldest.
 type LogTruncatedError struct {

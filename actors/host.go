@@ -523,7 +523,7 @@ func (h *Host) Request(ctx context.Context, id ObjectID, msg any) (any, error) {
 	case r := <-env.reply:
 		return r.val, r.err
 	case <-ctx.Done():
-		return nil, &Error{Kind: KindUnavailable, Msg: "the request timed out; a write's outcome is unknown", cause: ctx.Err()}
+		return nil, TimedOut(ctx.Err())
 	}
 }
 

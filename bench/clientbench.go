@@ -51,22 +51,11 @@ func clientServer(dir string) int {
 func serveClusterNode(dir string) error {
 	// As holdfast serve does, once for the node's process.
 	cluster.TuneGOMAXPROCS(nil)
-	e, err := devetcd.Start(devetcd.Config{Dir: filepath.Join(dir, "etcd")})
+	_, e, stop, err := startClusterMember(dir, func(string) actors.TypeOptions { return defaultTypeOptions() })
 	if err != nil {
-		return fmt.Errorf("start etcd: %w", err)
-	}
-	defer e.Close()
-	node, err := cluster.Start(cluster.Config{
-		DataDir: filepath.Join(dir, "a"), Logger: quietLogger(), TypeOptions: func(string) actors.TypeOptions { return defaultTypeOptions() },
-		Cluster: &cluster.ClusterConfig{Name: clientClusterName, NodeID: "a", Advertise: "127.0.0.1:0", Endpoints: []string{e.Endpoint()}, ReplicationFactor: 1},
-	})
-	if err != nil {
-		return fmt.Errorf("start node a: %w", err)
-	}
-	defer node.Close(context.Background())
-	if err := waitOwnsAll(e.Endpoint(), "a", time.Minute); err != nil {
 		return err
 	}
+	defer stop()
 	// HOLDFAST_BENCH_CPUPROFILE profiles this server child (its warm-up and
 	// set-up included), as in a holdfast-http case.
 	stopProfile := profileCPU()
@@ -76,6 +65,32 @@ func serveClusterNode(dir string) error {
 	}
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // until the case closes stdin
 	return nil
+}
+
+// startClusterMember starts a cluster's one member "a" (replicationFactor 1)
+// and an embedded etcd under dir, and waits until it owns every partition;
+// stop closes both.
+func startClusterMember(dir string, typeOptions func(string) actors.TypeOptions) (node *cluster.Node, e *devetcd.Server, stop func(), err error) {
+	if e, err = devetcd.Start(devetcd.Config{Dir: filepath.Join(dir, "etcd")}); err != nil {
+		return nil, nil, nil, fmt.Errorf("start etcd: %w", err)
+	}
+	node, err = cluster.Start(cluster.Config{
+		DataDir: filepath.Join(dir, "a"), Logger: quietLogger(), TypeOptions: typeOptions,
+		Cluster: &cluster.ClusterConfig{Name: clientClusterName, NodeID: "a", Advertise: "127.0.0.1:0", Endpoints: []string{e.Endpoint()}, ReplicationFactor: 1},
+	})
+	if err != nil {
+		e.Close()
+		return nil, nil, nil, fmt.Errorf("start node a: %w", err)
+	}
+	stop = func() {
+		_ = node.Close(context.Background())
+		e.Close()
+	}
+	if err := waitOwnsAll(e.Endpoint(), "a", time.Minute); err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	return node, e, stop, nil
 }
 
 // waitOwnsAll polls the cluster's status every 20 ms, at most timeout, until

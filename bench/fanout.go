@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -24,7 +23,6 @@ import (
 	"github.com/holdfast/holdfast/actors"
 	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/gateway"
-	"github.com/holdfast/holdfast/internal/devetcd"
 )
 
 // The fan-out benchmark: S websockets subscribed across O objects of a server in
@@ -75,29 +73,19 @@ func fanoutServer(dir string) int {
 // (replicationFactor 1, an embedded etcd in the child), as clientServer's:
 // the gateway then serves through a cluster member's request path.
 func serveChild(dir string, typeOptions func(string) actors.TypeOptions, extra func(*http.ServeMux)) int {
-	cfg := cluster.Config{DataDir: dir, Logger: quietLogger(), TypeOptions: typeOptions}
-	var etcdEndpoint string
+	var node *cluster.Node
+	var err error
 	if os.Getenv("HOLDFAST_BENCH_HTTP_CLUSTER") != "" {
-		e, err := devetcd.Start(devetcd.Config{Dir: filepath.Join(dir, "etcd")})
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench: start etcd:", err)
-			return 1
+		var stop func()
+		if node, _, stop, err = startClusterMember(dir, typeOptions); err == nil {
+			defer stop()
 		}
-		defer e.Close()
-		etcdEndpoint = e.Endpoint()
-		cfg.DataDir = filepath.Join(dir, "a")
-		cfg.Cluster = &cluster.ClusterConfig{Name: clientClusterName, NodeID: "a", Advertise: "127.0.0.1:0", Endpoints: []string{etcdEndpoint}, ReplicationFactor: 1}
+	} else if node, err = cluster.Start(cluster.Config{DataDir: dir, Logger: quietLogger(), TypeOptions: typeOptions}); err == nil {
+		defer func() { _ = node.Close(context.Background()) }()
 	}
-	node, err := cluster.Start(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 1
-	}
-	if etcdEndpoint != "" {
-		if err := waitOwnsAll(etcdEndpoint, "a", time.Minute); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			return 1
-		}
 	}
 	app := gateway.App{ID: "app_bench", Key: "pk_bench", Secret: "sk_bench"}
 	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps([]gateway.App{app}), Logger: quietLogger()})
@@ -121,8 +109,7 @@ func serveChild(dir string, typeOptions func(string) actors.TypeOptions, extra f
 	stopProfile()
 	_ = srv.Close()
 	gw.Close()
-	_ = node.Close(context.Background())
-	return 0
+	return 0 // the node (and its etcd) close in the defers above
 }
 
 type fanoutRound struct {

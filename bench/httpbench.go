@@ -97,8 +97,14 @@ func startHTTPServer(dir string, callers, leaseParallelism int) (*httpClient, er
 	if h.serverChild, err = startServerChild(&h.info, "-case", "http-server", "-dir", dir, fmt.Sprintf("-lease-parallelism=%d", leaseParallelism)); err != nil {
 		return nil, err
 	}
-	h.c = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: callers + 8, MaxConnsPerHost: callers + 8}}
+	h.c = keepAliveClient(callers)
 	return h, nil
+}
+
+// keepAliveClient is the HTTP client of callers callers, a keep-alive
+// connection each.
+func keepAliveClient(callers int) *http.Client {
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: callers + 8, MaxConnsPerHost: callers + 8}}
 }
 
 // do sends a request and decodes a 2xx reply into out (if not nil).

@@ -92,7 +92,7 @@ func floorCase(kind string, d, warmup time.Duration) (result, error) {
 	}
 	defer h.close()
 	const objects, callers = 1000, 256
-	h.c = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: callers + 8, MaxConnsPerHost: callers + 8}}
+	h.c = keepAliveClient(callers)
 	op, err := httpIncrements(objects, callers).setup(h)
 	if err != nil {
 		return result{}, err

@@ -610,19 +610,31 @@ func (m *member) requestAsync(id actors.ObjectID, msg any, done func(any, Served
 	if _, ok := msg.(actors.KVUnsubscribe); ok || actors.ValidateID(id) != nil {
 		return false // request looks further, or says what is wrong
 	}
-	p := persistence.Partition(id, len(m.state))
-	e := m.servingEpoch(p)
-	if e == 0 {
-		return false
-	}
-	m.n.host.RequestAsync(id, msg, func(v any, err error) {
+	_, started := m.startServed(id, msg, func(v any, s Served, err error) {
 		if actors.NotServed(err) {
 			done(nil, Served{}, retryLater(err))
 			return
 		}
+		done(v, s, err)
+	})
+	return started
+}
+
+// startServed starts a request for id on this node's host, without a
+// goroutine waiting for it, when this node serves id's partition p now (else
+// it reports false and never calls done). done gets the reply and what served
+// it; actors.NotServed(err) says the partition left this node before the
+// object's turn.
+func (m *member) startServed(id actors.ObjectID, msg any, done func(any, Served, error)) (p uint32, started bool) {
+	p = persistence.Partition(id, len(m.state))
+	e := m.servingEpoch(p)
+	if e == 0 {
+		return p, false
+	}
+	m.n.host.RequestAsync(id, msg, func(v any, err error) {
 		done(v, Served{Node: m.id, Partition: p, Epoch: e}, err)
 	})
-	return true
+	return p, true
 }
 
 // notServing is this node's refusal of a request for partition p, which it
@@ -654,19 +666,16 @@ func (m *member) startObject(req *wireRequest, reply func(*wireReply)) {
 		reply(&wireReply{Err: toWireError(err)})
 		return
 	}
-	p := persistence.Partition(req.ID, len(m.state))
-	e := m.servingEpoch(p)
-	if e == 0 {
-		reply(&wireReply{Err: toWireError(m.notServing(p))})
-		return
-	}
-	m.n.host.RequestAsync(req.ID, req.Msg, func(v any, err error) {
+	p, started := m.startServed(req.ID, req.Msg, func(v any, s Served, err error) {
 		if actors.NotServed(err) {
-			reply(&wireReply{Err: toWireError(m.notServing(p))})
+			reply(&wireReply{Err: toWireError(m.notServing(s.Partition))})
 			return
 		}
-		reply(&wireReply{Val: v, Err: toWireError(err), Served: Served{Node: m.id, Partition: p, Epoch: e}})
+		reply(&wireReply{Val: v, Err: toWireError(err), Served: s})
 	})
+	if !started {
+		reply(&wireReply{Err: toWireError(m.notServing(p))})
+	}
 }
 
 // serveRemote answers a request from another node on a server goroutine
@@ -680,7 +689,7 @@ func (m *member) serveRemote(ctx context.Context, req *wireRequest) *wireReply {
 		case r := <-done:
 			return r
 		case <-ctx.Done():
-			return &wireReply{Err: toWireError(&actors.Error{Kind: actors.KindUnavailable, Msg: "the request timed out; a write's outcome is unknown"})}
+			return &wireReply{Err: toWireError(actors.TimedOut(ctx.Err()))}
 		}
 	case opHandoffBegin, opHandoffChunk, opHandoffEnd:
 		return m.serveHandoff(ctx, req)

@@ -310,11 +310,16 @@ func (n *Node) RequestAsync(ctx context.Context, id actors.ObjectID, msg any, do
 	}
 	n.host.RequestAsync(id, msg, func(v any, err error) {
 		if err == nil || !actors.NotServed(err) {
-			actors.RecordServed(ctx, Served{Partition: persistence.Partition(id, len(n.table.epochs)), Epoch: 1})
+			actors.RecordServed(ctx, n.servedAlone(id))
 		}
 		done(v, err)
 	})
 	return true
+}
+
+// servedAlone is what served a request for id on a node outside a cluster.
+func (n *Node) servedAlone(id actors.ObjectID) Served {
+	return Served{Partition: persistence.Partition(id, len(n.table.epochs)), Epoch: 1}
 }
 
 // RequestServed is Request that also says which node served the request, for
@@ -325,7 +330,7 @@ func (n *Node) RequestServed(ctx context.Context, id actors.ObjectID, msg any) (
 	} else {
 		v, err = n.host.Request(ctx, id, msg)
 		if err == nil || !actors.NotServed(err) {
-			s = Served{Partition: persistence.Partition(id, len(n.table.epochs)), Epoch: 1}
+			s = n.servedAlone(id)
 		}
 	}
 	if s.Epoch != 0 {

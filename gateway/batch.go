@@ -115,6 +115,9 @@ type batchResult struct {
 	status int
 	body   bytes.Buffer
 	wrote  bool
+	// waiting: started with RequestAsync and not answered yet (batchWaits,
+	// under its lock).
+	waiting bool
 }
 
 var _ http.ResponseWriter = (*batchResult)(nil)
@@ -132,14 +135,7 @@ func (b *batchResult) Header() http.Header {
 func (b *batchResult) writeResult(res *actors.WriteResult) {
 	b.WriteHeader(http.StatusOK)
 	b.body.Grow(32 + len(res.Value))
-	out := b.body.AvailableBuffer()
-	out = append(out, `{"log_id":`...)
-	out = strconv.AppendUint(out, res.LogID, 10)
-	if len(res.Value) > 0 {
-		out = append(out, `,"value":`...)
-		out = append(out, res.Value...)
-	}
-	b.body.Write(append(out, '}'))
+	b.body.Write(appendWriteResult(b.body.AvailableBuffer(), res))
 }
 
 func (b *batchResult) WriteHeader(code int) {
@@ -240,9 +236,9 @@ func (s *Server) startBatchWrites(node asyncNode, r *http.Request, ops []planned
 			e.write(res)
 			continue
 		}
-		waits.add(i)
+		waits.add(res)
 		started := node.RequestAsync(r.Context(), op.id, m, func(v any, err error) {
-			waits.done(i, func() {
+			waits.done(res, func() {
 				if err != nil {
 					s.fail(res, r, err)
 					return
@@ -251,7 +247,7 @@ func (s *Server) startBatchWrites(node asyncNode, r *http.Request, ops []planned
 			})
 		})
 		if !started {
-			waits.forget(i)
+			waits.forget(res)
 			return idx[k:]
 		}
 	}
@@ -263,39 +259,35 @@ func (s *Server) startBatchWrites(node asyncNode, r *http.Request, ops []planned
 // it has started them all (wait).
 type batchWaits struct {
 	mu       sync.Mutex
-	left     int
+	left     int           // results waiting, and one while the handler starts them
 	all      chan struct{} // closed when left reaches zero
-	pending  map[int]bool  // results not written yet, by index
 	timedOut bool          // set by wait: replies after it are dropped
 }
 
-func (b *batchWaits) add(i int) {
+func (b *batchWaits) add(res *batchResult) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.pending == nil {
-		b.pending = map[int]bool{}
-	}
-	b.pending[i] = true
+	res.waiting = true
 	b.left++
 }
 
-// forget undoes add(i) for a request that was not started.
-func (b *batchWaits) forget(i int) {
+// forget undoes add for a request that was not started.
+func (b *batchWaits) forget(res *batchResult) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.pending, i)
+	res.waiting = false
 	b.left--
 }
 
-// done writes result i with write, unless the batch stopped waiting for it.
-func (b *batchWaits) done(i int, write func()) {
+// done writes res with write, unless the batch stopped waiting for it.
+func (b *batchWaits) done(res *batchResult, write func()) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.timedOut {
 		return
 	}
 	write()
-	delete(b.pending, i)
+	res.waiting = false
 	b.release()
 }
 
@@ -328,16 +320,19 @@ func (b *batchWaits) wait(s *Server, r *http.Request, results []batchResult) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.timedOut = true
+	why := context.DeadlineExceeded
+	if r.Context().Err() != nil {
+		why = r.Context().Err()
+	}
+	for i := range results {
+		if results[i].waiting {
+			toAPIError(actors.TimedOut(why), results[i].reqID).write(&results[i])
+		}
+	}
 	// One log line for the batch, not one per operation (s.fail's): a batch
 	// carries up to MaxBatchOps of them.
-	s.log.Error("batch operations got no reply in time", "request_id", results[0].reqID, "operations", len(b.pending), "timeout", s.cfg.RequestTimeout, "client_gone", r.Context().Err() != nil)
-	for i := range b.pending {
-		toAPIError(errBatchTimedOut, results[i].reqID).write(&results[i])
-	}
+	s.log.Error("batch operations got no reply in time", "request_id", results[0].reqID, "operations", b.left, "timeout", s.cfg.RequestTimeout, "client_gone", r.Context().Err() != nil)
 }
-
-// errBatchTimedOut is what Host.Request answers when its context ends first.
-var errBatchTimedOut = &actors.Error{Kind: actors.KindUnavailable, Msg: "the request timed out; a write's outcome is unknown"}
 
 // runBatchOp runs one operation through its route's handler, or its route's
 // write.
