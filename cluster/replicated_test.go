@@ -1177,3 +1177,44 @@ func TestReplicated_RequestAsyncStartsOnlyWhereThePartitionIsServed(t *testing.T
 		t.Fatalf("served %+v, want %s for partition %d", s, leaders[0], p)
 	}
 }
+
+// TestReplicated_TheReaderStartsOnlyReadyObjects: the transport's reader
+// (serveObject) takes a request from another node only for an object whose
+// turns cannot block (actors.Host.StartsAtOnce): not before the object's first
+// turn, which waits for its partition's writes to reach Badger; after it, yes.
+func TestReplicated_TheReaderStartsOnlyReadyObjects(t *testing.T) {
+	tc := newReplicatedCluster(t, "a", "b", "c")
+	id := actors.ObjectID{App: "app_t", Type: "kv", Key: "reader"}
+	p := persistence.Partition(id, testPartitions)
+	leaders := tc.servers(p)
+	if len(leaders) != 1 {
+		t.Fatalf("partition %d served by %v", p, leaders)
+	}
+	leader := tc.node(leaders[0])
+	req := func() *wireRequest {
+		return &wireRequest{Op: opObject, ID: id, Msg: &actors.KVWrite{Ops: []actors.Op{{Op: "increment", Key: "n"}}, Route: actors.RouteIncrement}}
+	}
+	if leader.member.serveObject(req(), func(*wireReply) { t.Error("a reply from the reader for an object not active") }) {
+		t.Fatal("the reader took a request for an object not active yet")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := leader.Request(ctx, id, req().Msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *wireReply, 1)
+	if !leader.member.serveObject(req(), func(r *wireReply) { got <- r }) {
+		t.Fatal("the reader did not take a request for an active, ready object")
+	}
+	select {
+	case r := <-got:
+		if err := r.Err.err(); err != nil {
+			t.Fatal(err)
+		}
+		if w, ok := r.Val.(*actors.WriteResult); !ok || string(w.Value) != "2" || r.Served.Node != leaders[0] {
+			t.Fatalf("reply %+v, want the second increment served by %s", r, leaders[0])
+		}
+	case <-ctx.Done():
+		t.Fatal("no reply")
+	}
+}
