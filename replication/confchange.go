@@ -61,7 +61,21 @@ type memberState struct {
 	// removed that may not know it yet.
 	storage  raft.Storage
 	goodbyes []goodbye
+	// gone: replicas an applied configuration of this group removed (the
+	// newest maxGone, worker-owned). A message from one of them is not
+	// stepped: it is answered with a removal notice (tellGone).
+	gone []goneReplica
 }
+
+// goneReplica is a replica the group removed, and the node it lived on.
+type goneReplica struct {
+	r    ReplicaID
+	node NodeID
+}
+
+// maxGone bounds a group's gone list: moves are rare, and a replica removed
+// long ago has been told, or stopped by its owner, since.
+const maxGone = 16
 
 // goodbye is a replica this leader removed: once its removal is applied the
 // leader stops replicating to it, so it might never learn that the entry
@@ -294,6 +308,7 @@ func confHas(cs *raftpb.ConfState, r ReplicaID) bool {
 // address book to the config's members (and this replica), merges learned
 // addresses, and notes this replica's removal.
 func (g *group) setConf(cs *raftpb.ConfState, learned map[ReplicaID]NodeID) {
+	g.noteGone(g.member.conf, cs)
 	g.member.conf = cs
 	g.member.stConf.Store(cs)
 	if len(confMembers(cs)) == 0 {
@@ -319,6 +334,57 @@ func (g *group) setConf(cs *raftpb.ConfState, learned map[ReplicaID]NodeID) {
 	if len(confMembers(cs)) > 0 && !confHas(cs, g.replica) {
 		g.member.removed = true
 	}
+}
+
+// noteGone records in the gone list the replicas of old (an applied
+// configuration) that cs (a later one) no longer has, with the node the
+// address book had for them, and takes off it those cs has (raft allows an
+// id to be added again; placement never does it). Both configurations were
+// committed, so a replica on the list is out of the group for good.
+func (g *group) noteGone(old, cs *raftpb.ConfState) {
+	g.member.gone = slices.DeleteFunc(g.member.gone, func(x goneReplica) bool { return confHas(cs, x.r) })
+	if old == nil || len(confMembers(cs)) == 0 {
+		return
+	}
+	peers := *g.member.peers.Load()
+	for _, id := range confMembers(old) {
+		r := ReplicaID(id)
+		node, known := peers[r]
+		if r == g.replica || confHas(cs, r) || !known {
+			continue
+		}
+		if len(g.member.gone) == maxGone {
+			g.member.gone = slices.Delete(g.member.gone, 0, 1)
+		}
+		g.member.gone = append(g.member.gone, goneReplica{r: r, node: node})
+	}
+}
+
+// tellGone answers a message from a replica this group removed with a
+// removal notice (Envelope.Removed) instead of stepping it, and reports
+// whether it did (worker only).
+//
+// The leader's goodbyes (sayGoodbyes) tell a removed replica only while
+// that leader leads, for a few ticks, and only while its log still holds the
+// entries the replica lacks. A removed replica that missed them (cut off
+// meanwhile, leadership moved, the log compacted under load) hears from no
+// one again: its owner had to stop it (CI once waited 60 s for one in
+// TestMembership_ReplaceUnderLoad). Such a replica campaigns once its
+// election timeout passes, and the voters it asks have applied its removal:
+// they tell it, as etcd's members answer a removed member (ErrMemberRemoved).
+// The notice is safe from any replica of the group: the configuration that
+// removed it was committed, and replica ids are never reused.
+func (g *group) tellGone(w *worker, m *raftpb.Message) bool {
+	from := ReplicaID(m.GetFrom())
+	for _, x := range g.member.gone {
+		if x.r == from {
+			w.out[x.node] = append(w.out[x.node], Envelope{Group: g.id, Removed: true, Msg: &raftpb.Message{
+				From: new(uint64(g.replica)), To: new(uint64(from)), Term: new(g.term),
+			}})
+			return true
+		}
+	}
+	return false
 }
 
 // applyConfChanges hands the conf change entries of an applied job to raft,
@@ -455,12 +521,17 @@ func (e *Engine) RemoveGroup(id GroupID) error {
 	if g == nil {
 		return fmt.Errorf("%w: %d", ErrUnknownGroup, id)
 	}
+	e.askRemove(g)
+	return nil
+}
+
+// askRemove makes g's replica retire on its worker's next pass.
+func (e *Engine) askRemove(g *group) {
 	g.member.removeAsked.Store(true)
 	g.mu.Lock()
 	g.member.calls = append(g.member.calls, func(*raft.RawNode) { g.member.removed = true })
 	g.mu.Unlock()
 	e.sched.enqueue(g, flagMessage)
-	return nil
 }
 
 // Membership returns the local replica's view of group id's configuration:

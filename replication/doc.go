@@ -149,8 +149,12 @@
 // replica once its removal is applied, it sends a removed replica the entries
 // up to its removal, with their commit, a few more times (a MsgApp raft could
 // have sent: refused if the log does not match). A removed replica that still
-// misses it stays until its owner asks the leader (design section 5, step 4;
-// not built).
+// misses them (cut off meanwhile, leadership moved, the entries compacted)
+// campaigns once its election timeout passes; every replica that applied its
+// removal answers a message from it with a removal notice (Envelope.Removed,
+// the frame's optional last list) instead of stepping it, and the notice
+// retires it as RemoveGroup does. A removed learner never campaigns: its
+// owner stops it (RemoveGroup, from the placement table).
 //
 // Snapshots travel inline unless the transport streams them: raft's MsgSnap
 // carries Storage.Snapshot()

@@ -276,6 +276,9 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 				g.plantedAckAppended(m)
 			}
 		}
+		if len(g.member.gone) > 0 && g.tellGone(w, m) {
+			continue // from a replica the group removed: told so, not stepped
+		}
 		if g.holdVote(m, e.cfg.ElectionTick) {
 			continue // lease.go: a replica that just started grants no vote yet
 		}
@@ -485,6 +488,13 @@ func (e *Engine) Receive(batch []Envelope) {
 	for _, env := range batch {
 		g := e.group(env.Group)
 		if g == nil || env.Msg.GetTo() != uint64(g.replica) {
+			continue
+		}
+		if env.Removed {
+			if !g.member.removeAsked.Swap(true) {
+				e.log.Info("replication: told by the group that it removed this replica", "group", uint64(g.id), "replica", uint64(g.replica), "by", env.Msg.GetFrom())
+			}
+			e.askRemove(g)
 			continue
 		}
 		if raft.IsLocalMsg(env.Msg.GetType()) {

@@ -21,11 +21,16 @@ import (
 //	count, then count messages: group, length, raftpb.Message bytes
 //	beats:     count, then {group, from, to, term, commit, ctx length, ctx}
 //	beatResps: count, then the same
+//	removed:   only when there are any: count, then the same (commit 0, no
+//	           ctx): removal notices (Envelope.Removed)
 //
 // A message's From and To are replica ids of its group; raftpb.Message has no
 // group field, so the group goes before it. Heartbeats (MsgHeartbeat,
 // MsgHeartbeatResp) of every group between a node pair travel as beats, not
-// as messages (heartbeat.go). Nothing may follow the last beat response.
+// as messages (heartbeat.go). Nothing may follow the last beat response but
+// removal notices, and nothing them. The notices came after version 1 was
+// first written: a frame without them is what it was, so only the rare frame
+// that carries one is refused by a node that does not know them.
 const frameVersion = 1
 
 // Decoding limits: a frame is untrusted input.
@@ -102,6 +107,7 @@ type frame struct {
 	Msgs      []Envelope
 	Beats     []beat
 	BeatResps []beat
+	Removed   []beat // removal notices
 }
 
 // decoder reads uvarints and byte strings off a frame, remembering the first
@@ -220,6 +226,9 @@ func decodeFrame(b []byte) (frame, error) {
 	}
 	f.Beats = d.beats("beat count")
 	f.BeatResps = d.beats("beat response count")
+	if d.err == nil && d.off < len(b) {
+		f.Removed = d.beats("removal notice count")
+	}
 	if d.err != nil {
 		return frame{}, d.err
 	}

@@ -360,6 +360,39 @@ func TestMembership_RemovedLearnsOnLossyNetwork(t *testing.T) {
 	}
 }
 
+// TestMembership_RemovedLearnsFromTheOthers: a replica removed while its
+// leader cannot reach it (so the leader's goodbyes are lost, as when
+// leadership moves or the log is compacted before they go) learns its
+// removal from another replica of its group once it campaigns, and stops.
+// Before removal notices it waited for its owner for ever (CI, in
+// TestMembership_ReplaceUnderLoad).
+func TestMembership_RemovedLearnsFromTheOthers(t *testing.T) {
+	c := newCluster(t, replicationtest.Config{Nodes: 4, Replicas: 3, Groups: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitLeaders(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const g = replication.GroupID(1)
+	l := c.Leader(g)
+	remove := replication.NodeID(l%3 + 1)
+	c.Net.Cut(l, remove)
+	if _, err := c.Replace(ctx, g, 4, replication.ReplicaID(remove)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "the removed replica to stop", func() bool {
+		_, err := c.Engine(remove).Status(g)
+		return errors.Is(err, replication.ErrUnknownGroup)
+	})
+	if l2 := c.Leader(g); l2 != l {
+		t.Fatalf("the removed replica disturbed the group: leader %d, was %d", l2, l)
+	}
+	if _, err := c.Propose(ctx, g, []byte("after the removal")); err != nil {
+		t.Fatal(err)
+	}
+	checkClean(t, c)
+}
+
 // TestMembership_AddVoter: a group grows by one voter (learner, catch-up by
 // snapshot, promotion); with one of the old voters then down, the new one
 // makes the majority.

@@ -15,9 +15,15 @@ type (
 
 // Envelope is one raft message on the wire: raftpb.Message has no group field,
 // so the group travels beside it. Msg.To and Msg.From are replica ids.
+//
+// Removed marks a removal notice, not a raft message: replica Msg.From of
+// Group applied a committed configuration without replica Msg.To (Msg.Term is
+// its term; Msg.Type is unset). The receiver retires that replica, as
+// RemoveGroup would (confchange.go, tellGone).
 type Envelope struct {
-	Group GroupID
-	Msg   *raftpb.Message
+	Group   GroupID
+	Msg     *raftpb.Message
+	Removed bool
 }
 
 // Transport carries raft messages between engines (design section 4).

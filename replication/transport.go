@@ -262,6 +262,7 @@ type peer struct {
 	targets   []target
 	beats     []beat // MsgHeartbeat, coalesced
 	beatResps []beat // MsgHeartbeatResp, coalesced
+	removed   []beat // removal notices (Envelope.Removed), sent with the beats
 	msgBytes  int    // bytes of the queued messages
 	beatBytes int    // bytes of the queued beats (bounded with the messages)
 	beatsDue  bool   // the beat loop asked for the beats to go
@@ -292,9 +293,13 @@ func (t *NetTransport) Send(to NodeID, batch []Envelope) {
 	// each other's marshalling.
 	var enc []byte
 	var targets, snaps []target
-	var beats, resps []beat
+	var beats, resps, removed []beat
 	for _, env := range batch {
 		m := env.Msg
+		if env.Removed {
+			removed = append(removed, beatOf(env.Group, m))
+			continue
+		}
 		if isBeat(m.GetType()) {
 			if m.GetType() == raftpb.MsgHeartbeat {
 				beats = append(beats, beatOf(env.Group, m))
@@ -324,6 +329,9 @@ func (t *NetTransport) Send(to NodeID, batch []Envelope) {
 	for i := range resps {
 		size += resps[i].size()
 	}
+	for i := range removed {
+		size += removed[i].size()
+	}
 	p.mu.Lock()
 	if p.msgBytes+p.beatBytes+size > t.cfg.MaxQueueBytes {
 		// Full: drop it all. raft retransmits; telling the groups makes
@@ -344,6 +352,7 @@ func (t *NetTransport) Send(to NodeID, batch []Envelope) {
 	p.snaps = append(p.snaps, snaps...)
 	p.beats = append(p.beats, beats...)
 	p.beatResps = append(p.beatResps, resps...)
+	p.removed = append(p.removed, removed...)
 	p.msgBytes += len(enc)
 	p.beatBytes += size - len(enc)
 	p.mu.Unlock()
@@ -393,7 +402,7 @@ func (t *NetTransport) beatLoop(ctx context.Context) {
 		t.mu.Unlock()
 		for _, p := range peers {
 			p.mu.Lock()
-			due := len(p.beats)+len(p.beatResps) > 0
+			due := len(p.beats)+len(p.beatResps)+len(p.removed) > 0
 			p.beatsDue = p.beatsDue || due
 			unreach = append(unreach[:0], p.unreach...)
 			p.unreach = p.unreach[:0]
@@ -412,6 +421,7 @@ func (t *NetTransport) sendLoop(ctx context.Context, p *peer) {
 	var (
 		targets           []target
 		beats, beatResps  []beat
+		removed           []beat
 		unreach, reported []target
 		snaps, snapsLost  []target
 	)
@@ -429,13 +439,15 @@ func (t *NetTransport) sendLoop(ctx context.Context, p *peer) {
 			p.buf = p.buf[:frameReserve]
 		}
 		p.spare = nil
-		beats, beatResps = beats[:0], beatResps[:0]
+		beats, beatResps, removed = beats[:0], beatResps[:0], removed[:0]
 		if p.beatsDue {
 			beats = append(beats, p.beats...)
 			beatResps = append(beatResps, p.beatResps...)
+			removed = append(removed, p.removed...)
 			clear(p.beats)
 			clear(p.beatResps)
-			p.beats, p.beatResps, p.beatsDue = p.beats[:0], p.beatResps[:0], false
+			clear(p.removed)
+			p.beats, p.beatResps, p.removed, p.beatsDue = p.beats[:0], p.beatResps[:0], p.removed[:0], false
 			p.beatBytes = 0
 		}
 		p.msgBytes = 0
@@ -448,8 +460,8 @@ func (t *NetTransport) sendLoop(ctx context.Context, p *peer) {
 		reported = t.report(unreach, reported[:0])
 		t.reportSnaps(snapsLost, raft.SnapshotFailure)
 		snapStatus := raft.SnapshotFinish
-		if count > 0 || len(beats)+len(beatResps) > 0 {
-			frame := t.buildFrame(p.node, buf, count, beats, beatResps)
+		if count > 0 || len(beats)+len(beatResps)+len(removed) > 0 {
+			frame := t.buildFrame(p.node, buf, count, beats, beatResps, removed)
 			if err := t.carrier.Send(ctx, p.node, frame); err != nil {
 				t.stats.sendErrors.Add(1)
 				if ctx.Err() == nil {
@@ -518,11 +530,11 @@ func (t *NetTransport) reportSnaps(ts []target, status raft.SnapshotStatus) {
 }
 
 // buildFrame writes the header into buf's reserved front and appends the
-// beats; buf (nil when no message is queued) holds count encoded messages
-// after frameReserve bytes.
-func (t *NetTransport) buildFrame(to NodeID, buf []byte, count int, beats, beatResps []beat) []byte {
+// beats and the removal notices; buf (nil when no message is queued) holds
+// count encoded messages after frameReserve bytes.
+func (t *NetTransport) buildFrame(to NodeID, buf []byte, count int, beats, beatResps, removed []beat) []byte {
 	if buf == nil {
-		buf = make([]byte, frameReserve, frameReserve+64*(len(beats)+len(beatResps))+16)
+		buf = make([]byte, frameReserve, frameReserve+64*(len(beats)+len(beatResps)+len(removed))+16)
 	}
 	t.mu.Lock()
 	toStorage := t.storage[to]
@@ -536,6 +548,9 @@ func (t *NetTransport) buildFrame(to NodeID, buf []byte, count int, beats, beatR
 	copy(buf[start:], hdr)
 	f := appendBeats(buf, beats)
 	f = appendBeats(f, beatResps)
+	if len(removed) > 0 {
+		f = appendBeats(f, removed) // optional: a frame without notices ends at its beat responses
+	}
 	return f[start:]
 }
 
@@ -585,6 +600,12 @@ func (t *NetTransport) HandleFrame(b []byte) {
 			t.cfg.OnBeatAck(env.Group, ReplicaID(env.Msg.GetFrom()), monoSince(t.epoch, sent))
 		}
 		batch = append(batch, env)
+	}
+	for i := range f.Removed {
+		bt := &f.Removed[i]
+		batch = append(batch, Envelope{Group: bt.Group, Removed: true, Msg: &raftpb.Message{
+			From: new(uint64(bt.From)), To: new(uint64(bt.To)), Term: new(bt.Term),
+		}})
 	}
 	t.stats.received.Add(1)
 	t.stats.messagesIn.Add(uint64(len(f.Msgs)))

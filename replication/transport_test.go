@@ -30,7 +30,7 @@ func sampleBeats() ([]beat, []beat) {
 }
 
 // encodeTestFrame builds a frame the way the sender does.
-func encodeTestFrame(t testing.TB, h frameHeader, msgs []Envelope, beats, resps []beat) []byte {
+func encodeTestFrame(t testing.TB, h frameHeader, msgs []Envelope, beats, resps []beat, removed ...beat) []byte {
 	t.Helper()
 	var body []byte
 	for _, env := range msgs {
@@ -43,11 +43,16 @@ func encodeTestFrame(t testing.TB, h frameHeader, msgs []Envelope, beats, resps 
 	b := appendHeader(nil, h)
 	b = append(b, body...)
 	b = appendBeats(b, beats)
-	return appendBeats(b, resps)
+	b = appendBeats(b, resps)
+	if len(removed) > 0 {
+		b = appendBeats(b, removed)
+	}
+	return b
 }
 
 func framesEqual(a, b frame) bool {
-	if a.frameHeader != b.frameHeader || len(a.Msgs) != len(b.Msgs) || len(a.Beats) != len(b.Beats) || len(a.BeatResps) != len(b.BeatResps) {
+	if a.frameHeader != b.frameHeader || len(a.Msgs) != len(b.Msgs) || len(a.Beats) != len(b.Beats) || len(a.BeatResps) != len(b.BeatResps) ||
+		len(a.Removed) != len(b.Removed) {
 		return false
 	}
 	for i := range a.Msgs {
@@ -64,7 +69,7 @@ func framesEqual(a, b frame) bool {
 		}
 		return true
 	}
-	return eq(a.Beats, b.Beats) && eq(a.BeatResps, b.BeatResps)
+	return eq(a.Beats, b.Beats) && eq(a.BeatResps, b.BeatResps) && eq(a.Removed, b.Removed)
 }
 
 // TestFrame_RoundTrip: a frame decodes to what was encoded, and every
@@ -105,8 +110,40 @@ func TestFrame_RoundTrip(t *testing.T) {
 			t.Fatalf("a frame cut to %d of %d bytes: err %v, want errFrame", n, len(b), err)
 		}
 	}
-	if _, err := decodeFrame(append(b, 0)); !errors.Is(err, errFrame) {
+	if _, err := decodeFrame(append(b, 0)); err != nil {
+		t.Fatalf("a frame with an empty list of removal notices: %v", err)
+	}
+	if _, err := decodeFrame(append(b, 0, 0)); !errors.Is(err, errFrame) {
 		t.Fatalf("trailing byte: err %v, want errFrame", err)
+	}
+	// Removal notices follow the beat responses, only when there are any:
+	// the frame without them is unchanged (a node that does not know them
+	// reads it), so a cut at that boundary is the frame without them.
+	removed := []beat{{Group: 300, From: 4, To: 9, Term: 1 << 33}, {Group: 1, From: 1, To: 2, Term: 5}}
+	b = encodeTestFrame(t, h, msgs, beats, resps, removed...)
+	f, err = decodeFrame(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.Removed = removed
+	if !framesEqual(f, want) {
+		t.Fatalf("decoded %+v, want %+v", f, want)
+	}
+	boundary := len(encodeTestFrame(t, h, msgs, beats, resps))
+	for n := range len(b) {
+		_, err := decodeFrame(b[:n])
+		if n == boundary {
+			if err != nil {
+				t.Fatalf("the frame without its notices: %v", err)
+			}
+			continue
+		}
+		if !errors.Is(err, errFrame) {
+			t.Fatalf("a frame with notices cut to %d of %d bytes: err %v, want errFrame", n, len(b), err)
+		}
+	}
+	if _, err := decodeFrame(append(b, 0)); !errors.Is(err, errFrame) {
+		t.Fatalf("a byte after the notices: err %v, want errFrame", err)
 	}
 	bad := append([]byte{2}, b[1:]...)
 	if _, err := decodeFrame(bad); !errors.Is(err, errFrame) {
@@ -120,6 +157,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	beats, resps := sampleBeats()
 	f.Add(encodeTestFrame(f, frameHeader{From: 1, FromStorage: "s1", ToStorage: "s2", Sent: 5}, sampleMessages(), beats, resps))
 	f.Add(encodeTestFrame(f, frameHeader{From: 2, FromStorage: "s", ToStorage: "t"}, nil, nil, nil))
+	f.Add(encodeTestFrame(f, frameHeader{From: 2, FromStorage: "s", ToStorage: "t"}, nil, nil, nil, beat{Group: 3, From: 1, To: 2, Term: 7}))
 	f.Add([]byte{1, 1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fr, err := decodeFrame(b)
@@ -129,7 +167,7 @@ func FuzzDecodeFrame(f *testing.F) {
 			}
 			return
 		}
-		again, err := decodeFrame(encodeTestFrame(t, fr.frameHeader, fr.Msgs, fr.Beats, fr.BeatResps))
+		again, err := decodeFrame(encodeTestFrame(t, fr.frameHeader, fr.Msgs, fr.Beats, fr.BeatResps, fr.Removed...))
 		if err != nil {
 			t.Fatalf("re-encoded frame: %v", err)
 		}
@@ -258,6 +296,36 @@ func newMemPair(t *testing.T, maxQueue int) *memPair {
 		t.Cleanup(func() { _ = p.tr[i].Close() })
 	}
 	return p
+}
+
+// TestNetTransport_RemovalNotices: a removal notice reaches the other node as
+// one (Removed, with its group, from, to and term), beside an ordinary
+// message of the same group, which stays a message.
+func TestNetTransport_RemovalNotices(t *testing.T) {
+	p := newMemPair(t, 0)
+	p.tr[1].Send(2, []Envelope{
+		{Group: 5, Removed: true, Msg: &raftpb.Message{From: new(uint64(3)), To: new(uint64(8)), Term: new(uint64(6))}},
+		{Group: 5, Msg: &raftpb.Message{Type: raftpb.MsgVote.Enum(), From: new(uint64(3)), To: new(uint64(2)), Term: new(uint64(6))}},
+	})
+	r := p.rec[2]
+	r.waitFor(t, "the notice and the message", func() bool { return len(r.got) == 2 })
+	var notices, votes int
+	for _, env := range r.got {
+		switch {
+		case env.Removed:
+			notices++
+			if env.Group != 5 || env.Msg.GetFrom() != 3 || env.Msg.GetTo() != 8 || env.Msg.GetTerm() != 6 {
+				t.Fatalf("notice %d %v", env.Group, env.Msg)
+			}
+		case env.Msg.GetType() == raftpb.MsgVote && env.Group == 5 && env.Msg.GetTo() == 2:
+			votes++
+		default:
+			t.Fatalf("unexpected %+v", env)
+		}
+	}
+	if notices != 1 || votes != 1 {
+		t.Fatalf("%d notices and %d votes, want one of each", notices, votes)
+	}
 }
 
 // TestNetTransport_DeliversInOrder: messages reach the other node's engine

@@ -289,7 +289,7 @@ func (n *Network) send(from, to replication.NodeID, batch []replication.Envelope
 		if m.GetType() == raftpb.MsgHeartbeat {
 			m.Context = stampBeat(m.GetContext(), clock().Sub(n.epoch))
 		}
-		copies[i] = replication.Envelope{Group: env.Group, Msg: m}
+		copies[i] = replication.Envelope{Group: env.Group, Msg: m, Removed: env.Removed}
 	}
 	n.mu.Lock()
 	n.sent += uint64(len(batch))
