@@ -413,10 +413,14 @@ func (p *Pipeline) WaitPartition(ctx context.Context, _ uint32) error { return p
 // other, through memory the previous search just touched, where a
 // transaction's keys come out of a map in random order (measured against
 // transactions: 1,000 objects 1.16x the writes per second, single records over
-// 1,000 logs 1.06x–1.07x). A small batch goes in one transaction: a KVLoader
-// allocates two buffers of Badger's largest request count (1.6 MiB each at
-// 128 MiB memtables), which only a large batch repays (a serial writer was
-// 0.94x through a KVLoader).
+// 1,000 logs 1.06x–1.07x). A small batch goes in one transaction: below a few
+// hundred keys the two ways cost the same, and a transaction is cheaper for a
+// handful (BenchmarkApply, after HOLDFAST PATCH 4: 3 keys 19-21 µs through a
+// transaction, 22-29 µs through a loader; 60 and 300 keys equal within the
+// noise; 600 keys 2.7 against 3.0 µs per key, median of 3; 1,200 keys 2.6-3.2
+// against 4.1-4.2). Before that patch a loader allocated two buffers of
+// Badger's largest request count (1.6 MiB each at 128 MiB memtables, zeroed)
+// and only batches over 1,024 keys went through one.
 //
 // Badger may split a large batch into several of its write requests, and so
 // across two memtables: DB.releasable accounts for that. Atomicity across a
@@ -487,8 +491,8 @@ func (p *Pipeline) apply(jobs []applyJob, version, last uint64) error {
 }
 
 // applyLoaderEntries is the smallest batch, in keys, that the applier sends
-// through a KVLoader rather than a transaction.
-const applyLoaderEntries = 1024
+// through a KVLoader rather than a transaction (see apply).
+const applyLoaderEntries = 512
 
 // applyTxn writes entries as one Badger transaction at version, or nothing and
 // badger.ErrTxnTooBig when they do not fit in one.

@@ -1,10 +1,12 @@
 package persistence
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 )
@@ -80,6 +82,48 @@ func BenchmarkWAL_Commit(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if err := w.commit(uint64(i+1), rec); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkApply writes batches of sorted keys (writes of three keys each,
+// 256-byte values, over 1,000 objects) as the applier does, through Badger's
+// KVLoader and through one transaction: 1,200 keys is the batch a replicated
+// node's applier saw under holdfast-r3's load, 60 its typical one (docs/
+// benchmarks.md). Before HOLDFAST PATCH 4 a loader allocated 3.4 MB per
+// batch (two buffers of Badger's largest request count).
+func BenchmarkApply(b *testing.B) {
+	for _, keys := range []int{3, 60, 600, 1200} {
+		for _, way := range []string{"loader", "txn"} {
+			b.Run(fmt.Sprintf("%s-%d", way, keys), func(b *testing.B) {
+				db := openTestDB(&testing.T{}, b.TempDir())
+				defer db.Close()
+				p := NewPipeline(db, PipelineConfig{})
+				val := make([]byte, 256)
+				entries := make([]applyEntry, 0, keys)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := range b.N {
+					entries = entries[:0]
+					for k := range keys / 3 {
+						o := (i*keys/3 + k) % 1000
+						for _, s := range []string{"c", "m", "v"} {
+							entries = append(entries, applyEntry{key: fmt.Appendf(nil, "o%04d/%s", o, s), value: val})
+						}
+					}
+					slices.SortFunc(entries, func(x, y applyEntry) int { return bytes.Compare(x.key, y.key) })
+					var err error
+					if way == "loader" {
+						err = p.applyLoader(entries, uint64(i+1))
+					} else {
+						err = p.applyTxn(entries, uint64(i+1))
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*keys), "ns/key")
+			})
 		}
 	}
 }
