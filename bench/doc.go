@@ -75,7 +75,8 @@
 // objects).
 //
 // HOLDFAST_BENCH_ALLOCPROFILE writes a heap profile (go tool pprof
-// -sample_index=alloc_space) and HOLDFAST_BENCH_TRACE an execution trace.
+// -sample_index=alloc_space; a holdfast-http case's is the server child's)
+// and HOLDFAST_BENCH_TRACE an execution trace.
 // HOLDFAST_BENCH_HTTP_CLUSTER=1 makes a holdfast-http case's server a
 // cluster's one member (replicationFactor 1, an embedded etcd) instead of a
 // single node, for the cluster member's request path.

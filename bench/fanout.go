@@ -101,12 +101,14 @@ func serveChild(dir string, typeOptions func(string) actors.TypeOptions, extra f
 	}
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
-	// HOLDFAST_BENCH_CPUPROFILE profiles this server child (its warm-up and
-	// set-up included): in an HTTP case the case's process is the client.
-	stopProfile := profileCPU()
+	// HOLDFAST_BENCH_CPUPROFILE and HOLDFAST_BENCH_ALLOCPROFILE profile this
+	// server child (its warm-up and set-up included): in an HTTP case the
+	// case's process is the client.
+	stopProfile, stopAllocs := profileCPU(), profileAllocs()
 	_ = json.NewEncoder(os.Stdout).Encode(serverInfo{URL: "http://" + ln.Addr().String(), AppID: app.ID, Key: app.Key, Secret: app.Secret})
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // until the driver closes stdin
 	stopProfile()
+	stopAllocs()
 	_ = srv.Close()
 	gw.Close()
 	return 0 // the node (and its etcd) close in the defers above

@@ -267,7 +267,8 @@ func (c *r3Cluster) writes(s r3Spec, d time.Duration, route string) (peers.Resul
 }
 
 // holdfastR3Case runs workload w on a fresh holdfast-r3 cluster in dir. The
-// CPU profile ($HOLDFAST_BENCH_CPUPROFILE) and the execution trace
+// CPU profile ($HOLDFAST_BENCH_CPUPROFILE), the heap profile
+// ($HOLDFAST_BENCH_ALLOCPROFILE) and the execution trace
 // ($HOLDFAST_BENCH_TRACE) cover the writes: set-up, warm-up and the measured
 // interval, not the cluster's start.
 func holdfastR3Case(w workload, dir string, d time.Duration) (result, error) {
@@ -282,10 +283,11 @@ func holdfastR3Case(w workload, dir string, d time.Duration) (result, error) {
 		return result{}, err
 	}
 	defer c.close()
-	stopProfile, stopTrace := profileCPU(), traceRun()
+	stopProfile, stopTrace, stopAllocs := profileCPU(), traceRun(), profileAllocs()
 	r, err := c.writes(*w.r3, d, r3Route)
 	stopTrace()
 	stopProfile()
+	stopAllocs()
 	if err != nil {
 		return result{}, err
 	}

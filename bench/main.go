@@ -306,6 +306,7 @@ func profileAllocs() func() {
 		out = w
 		return nil
 	}, func() {
+		runtime.GC() // the profile is as of the last GC: count up to now (as go test -memprofile does)
 		if err := pprof.Lookup("allocs").WriteTo(out, 0); err != nil {
 			fatal(err)
 		}
