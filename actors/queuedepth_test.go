@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/holdfast/holdfast/persistence"
 )
@@ -64,14 +63,7 @@ func TestQueueDepth_AddsUpEveryQueue(t *testing.T) {
 
 	n = startQueueNode(t, dir, QueueOptions{})
 	// The delivery in flight before the restart is replayed to pending.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, done := n.host.ReplaySummary("app_t"); done {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the replay at start did not finish")
-		}
-	}
+	waitReplay(t, n.testNode, "app_t")
 	// The replay wakes q (it had a delivery in flight), so q may be active;
 	// q2 had none and is not, yet it must be counted.
 	if isActive(n.host, q2.id) {
@@ -95,6 +87,9 @@ func TestQueueDepth_ServedPartitionsOnly(t *testing.T) {
 		t.Fatalf("depth %+v", d)
 	}
 	part := persistence.Partition(n.q.id, n.db.Partitions())
+	// The replay at start reads the served partitions on its own goroutine
+	// (CI's race run caught this write racing with it).
+	waitReplay(t, n.testNode, "app_t")
 	n.host.cfg.Partitions = func() []uint32 { return []uint32{part + 1} }
 	if d := n.depth(t); d != (QueueDepth{}) {
 		t.Fatalf("with its partition not served: depth %+v", d)
