@@ -82,14 +82,62 @@ func startEtcd(t *testing.T) string {
 	return ""
 }
 
+// freeAddr returns an address on 127.0.0.1 that nothing listens on now.
+//
+// The port is below the kernel's ephemeral range: a node killed and started
+// again listens on the same address, and meanwhile a port of that range can be
+// given to any outgoing connection on the machine (CI: "bind: address already
+// in use" at a restart in TestCluster_ProcessesLogCrash, with other packages'
+// tests running beside it). A port below it is only ever bound on purpose;
+// this test binary never hands out one twice.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	low := ephemeralLow()
+	freePorts.Lock()
+	defer freePorts.Unlock()
+	for range 1000 {
+		port := freePortFloor + rand.Intn(low-freePortFloor)
+		if freePorts.given[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // bound by someone else
+		}
+		_ = l.Close()
+		freePorts.given[port] = true
+		return l.Addr().String()
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatalf("no free port in [%d, %d) after 1,000 tries", freePortFloor, low)
+	return ""
+}
+
+// freePortFloor is the lowest port freeAddr picks (above the well-known and
+// the usual servers' ports).
+const freePortFloor = 20000
+
+// freePorts are the ports freeAddr gave out in this process.
+var freePorts = struct {
+	sync.Mutex
+	given map[int]bool
+}{given: map[int]bool{}}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768, the
+// Linux default, when it cannot be read or leaves no room below it).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil || low <= freePortFloor+1000 {
+		return 32768
+	}
+	return low
 }
 
 // procCluster is a cluster of holdfast processes.
