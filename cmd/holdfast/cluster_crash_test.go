@@ -89,27 +89,33 @@ func startEtcd(t *testing.T) string {
 // given to any outgoing connection on the machine (CI: "bind: address already
 // in use" at a restart in TestCluster_ProcessesLogCrash, with other packages'
 // tests running beside it). A port below it is only ever bound on purpose;
-// this test binary never hands out one twice.
+// this test binary never hands out one twice. The port after it is free and
+// kept too: a replicated node's raft transport listens there (cluster.bind).
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	low := ephemeralLow()
 	freePorts.Lock()
 	defer freePorts.Unlock()
 	for range 1000 {
-		port := freePortFloor + rand.Intn(low-freePortFloor)
-		if freePorts.given[port] {
-			continue
+		port := freePortFloor + rand.Intn(low-1-freePortFloor)
+		if freePorts.given[port] || freePorts.given[port+1] || !canListen(port) || !canListen(port+1) {
+			continue // given already, or bound by someone else
 		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue // bound by someone else
-		}
-		_ = l.Close()
-		freePorts.given[port] = true
-		return l.Addr().String()
+		freePorts.given[port], freePorts.given[port+1] = true, true
+		return fmt.Sprintf("127.0.0.1:%d", port)
 	}
 	t.Fatalf("no free port in [%d, %d) after 1,000 tries", freePortFloor, low)
 	return ""
+}
+
+// canListen reports whether a listener can bind 127.0.0.1:port now.
+func canListen(port int) bool {
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }
 
 // freePortFloor is the lowest port freeAddr picks (above the well-known and
