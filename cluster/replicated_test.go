@@ -748,6 +748,21 @@ func (tc *testCluster) leaderOf(t *testing.T, id actors.ObjectID) string {
 	}
 }
 
+// groupViews describes, for a failure's message, what every live node knows
+// of partition p's group: its replica, the leader it believes in, term,
+// applied index, whether the group failed, and whether the node serves p.
+func (tc *testCluster) groupViews(p uint32) string {
+	var out []string
+	for _, n := range tc.live() {
+		if n.member.r == nil || n.member.r.e == nil {
+			continue
+		}
+		st, err := n.member.r.e.Status(replication.GroupID(p))
+		out = append(out, fmt.Sprintf("node %s: %+v (err %v, serving epoch %d)", n.member.id, st, err, n.member.servingEpoch(p)))
+	}
+	return fmt.Sprintf("partition %d: %s", p, strings.Join(out, "; "))
+}
+
 // TestReplicated_AlarmsAndQueuesFailOver: an alarm set on the leader fires
 // on the replica that leads after the leader's node crashes, at its time; a
 // queue message out for delivery when the leader crashed is delivered again
@@ -791,9 +806,11 @@ func TestReplicated_AlarmsAndQueuesFailOver(t *testing.T) {
 	}
 	tc.crash(victim)
 	var got *actors.QueueReceived
+	var last error
 	for start := time.Now(); time.Since(start) < 30*time.Second; time.Sleep(100 * time.Millisecond) {
 		v, err := via.Request(ctx, queued, actors.QueueReceive{})
 		if err != nil {
+			last = err
 			continue // the election
 		}
 		if got = v.(*actors.QueueReceived); len(got.Messages) == 1 {
@@ -801,7 +818,7 @@ func TestReplicated_AlarmsAndQueuesFailOver(t *testing.T) {
 		}
 	}
 	if got == nil || len(got.Messages) != 1 || got.Messages[0].ID != "m1" || got.Messages[0].Attempt != 2 {
-		t.Fatalf("after the crash of %s: %+v", victim, got)
+		t.Fatalf("after the crash of %s, through %s: %+v (last error: %v); %s", victim, via.member.id, got, last, tc.groupViews(persistence.Partition(queued, testPartitions)))
 	}
 	for {
 		v, err := via.Request(ctx, alarmed, actors.QueueReceive{Topic: "fired"})
