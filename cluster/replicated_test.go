@@ -1158,10 +1158,7 @@ func TestReplicated_RequestAsyncStartsOnlyWhereThePartitionIsServed(t *testing.T
 	tc := newReplicatedCluster(t, "a", "b", "c")
 	id := actors.ObjectID{App: "app_t", Type: "kv", Key: "async"}
 	p := persistence.Partition(id, testPartitions)
-	leaders := tc.servers(p)
-	if len(leaders) != 1 {
-		t.Fatalf("partition %d served by %v", p, leaders)
-	}
+	leaders := []string{tc.leaderOf(t, id)}
 	msg := func() *actors.KVWrite {
 		return &actors.KVWrite{Ops: []actors.Op{{Op: "increment", Key: "n"}}, Route: actors.RouteIncrement}
 	}
@@ -1202,12 +1199,7 @@ func TestReplicated_RequestAsyncStartsOnlyWhereThePartitionIsServed(t *testing.T
 func TestReplicated_TheReaderStartsOnlyReadyObjects(t *testing.T) {
 	tc := newReplicatedCluster(t, "a", "b", "c")
 	id := actors.ObjectID{App: "app_t", Type: "kv", Key: "reader"}
-	p := persistence.Partition(id, testPartitions)
-	leaders := tc.servers(p)
-	if len(leaders) != 1 {
-		t.Fatalf("partition %d served by %v", p, leaders)
-	}
-	leader := tc.node(leaders[0])
+	leader := tc.node(tc.leaderOf(t, id))
 	req := func() *wireRequest {
 		return &wireRequest{Op: opObject, ID: id, Msg: &actors.KVWrite{Ops: []actors.Op{{Op: "increment", Key: "n"}}, Route: actors.RouteIncrement}}
 	}
@@ -1228,8 +1220,8 @@ func TestReplicated_TheReaderStartsOnlyReadyObjects(t *testing.T) {
 		if err := r.Err.err(); err != nil {
 			t.Fatal(err)
 		}
-		if w, ok := r.Val.(*actors.WriteResult); !ok || string(w.Value) != "2" || r.Served.Node != leaders[0] {
-			t.Fatalf("reply %+v, want the second increment served by %s", r, leaders[0])
+		if w, ok := r.Val.(*actors.WriteResult); !ok || string(w.Value) != "2" || r.Served.Node != leader.member.id {
+			t.Fatalf("reply %+v, want the second increment served by %s", r, leader.member.id)
 		}
 	case <-ctx.Done():
 		t.Fatal("no reply")
