@@ -99,8 +99,19 @@ func serveChild(dir string, typeOptions func(string) actors.TypeOptions, extra f
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 1
 	}
-	srv := &http.Server{Handler: mux}
-	go srv.Serve(ln)
+	// Served as holdfast serve does: the gateway's Front (fasthttp, and
+	// net/http for the routes it hands off). HOLDFAST_BENCH_NETHTTP=1 serves
+	// everything on net/http, as before the Front, for a comparison.
+	var srv interface{ Close() error }
+	if os.Getenv("HOLDFAST_BENCH_NETHTTP") == "1" {
+		hs := &http.Server{Handler: mux}
+		go hs.Serve(ln)
+		srv = hs
+	} else {
+		f := gateway.NewFront(gw, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+		go f.Serve(ln)
+		srv = f
+	}
 	// HOLDFAST_BENCH_CPUPROFILE and HOLDFAST_BENCH_ALLOCPROFILE profile this
 	// server child (its warm-up and set-up included): in an HTTP case the
 	// case's process is the client.

@@ -43,7 +43,7 @@ func TestAdminReplay_IsScopedToTheCallersApp(t *testing.T) {
 func (ts *testServer) closeNow(t *testing.T) {
 	t.Helper()
 	ts.gw.Close()
-	ts.srv.Close()
+	ts.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := ts.node.Close(ctx); err != nil {

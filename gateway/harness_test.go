@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ type testServer struct {
 	t    *testing.T
 	node *cluster.Node
 	gw   *Server
-	srv  *httptest.Server
+	stop func() // stops the HTTP server
 	url  string
 	// closed is set by closeNow: the cleanup has nothing left to stop.
 	closed bool
@@ -51,14 +52,14 @@ func newTestServerWith(t *testing.T, cfg cluster.Config, gwcfg func(*Config)) *t
 		gwcfg(&gc)
 	}
 	s := New(gc)
-	srv := httptest.NewServer(s.Handler())
-	ts := &testServer{t: t, node: node, gw: s, srv: srv, url: srv.URL}
+	url, stop := startFront(t, s)
+	ts := &testServer{t: t, node: node, gw: s, stop: stop, url: url}
 	t.Cleanup(func() {
 		if ts.closed {
 			return
 		}
 		s.Close()
-		srv.Close()
+		stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := node.Close(ctx); err != nil {
@@ -66,6 +67,26 @@ func newTestServerWith(t *testing.T, cfg cluster.Config, gwcfg func(*Config)) *t
 		}
 	})
 	return ts
+}
+
+// startFront serves s as holdfast serve does, through its Front (fasthttp,
+// and net/http for what it hands off), on 127.0.0.1, and returns its URL and
+// what stops it.
+func startFront(t testing.TB, s *Server) (string, func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := NewFront(s, &http.Server{ReadHeaderTimeout: 10 * time.Second})
+	served := make(chan error, 1)
+	go func() { served <- f.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() {
+		_ = f.Close()
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("front: %v", err)
+		}
+	}
 }
 
 type reply struct {

@@ -179,6 +179,12 @@ func decodeFields(w http.ResponseWriter, r *http.Request, emptyOK bool) (map[str
 	if e != nil {
 		return nil, e
 	}
+	return parseFields(body, emptyOK)
+}
+
+// parseFields reads a JSON object body (checked as text already) into its
+// top-level members. An empty body is an empty object when emptyOK.
+func parseFields(body []byte, emptyOK bool) (map[string]json.RawMessage, *apiError) {
 	if emptyOK && len(bytes.TrimSpace(body)) == 0 {
 		return map[string]json.RawMessage{}, nil
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"sort"
 	"strconv"
@@ -265,12 +264,12 @@ func startStoppable(t *testing.T, cfg cluster.Config) (*testServer, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(Config{Node: node, Apps: NewApps([]App{testApp, otherApp})}).Handler())
-	ts := &testServer{t: t, node: node, srv: srv, url: srv.URL}
+	url, stopFront := startFront(t, New(Config{Node: node, Apps: NewApps([]App{testApp, otherApp})}))
+	ts := &testServer{t: t, node: node, stop: stopFront, url: url}
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
-			srv.Close()
+			stopFront()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if err := node.Close(ctx); err != nil {

@@ -947,9 +947,9 @@ func TestOpenAPI_RepliesMatchTheDocument(t *testing.T) {
 	}
 
 	stub := New(Config{Node: &stubNode{}, Apps: NewApps([]App{testApp})})
-	srv := httptest.NewServer(stub.Handler())
-	defer func() { stub.Close(); srv.Close() }()
-	sts := &testServer{t: t, gw: stub, srv: srv, url: srv.URL}
+	url, stop := startFront(t, stub)
+	defer func() { stub.Close(); stop() }()
+	sts := &testServer{t: t, gw: stub, stop: stop, url: url}
 	for _, st := range stubTour() {
 		tr.run(sts, st)
 	}

@@ -105,6 +105,9 @@ type Server struct {
 	// the routes served, which openapi_test.go holds docs/openapi.yaml to.
 	// Written by New only.
 	patterns []string
+	// slotLits are the patterns' fixed names where a fast route has its
+	// slot (fastroutes.go). Written by New only.
+	slotLits map[string]bool
 }
 
 // New returns a server; serve it with Handler.
@@ -130,6 +133,7 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), hub: newHub(), owned: owner.New(nil)}
 	s.workers = owner.NewPool(s.owned, maxIdleBatchWorkers)
 	s.routes()
+	s.slotLits = slotLiterals(s.patterns)
 	return s
 }
 
@@ -397,9 +401,7 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 
 // call sends msg to the object and writes an error reply if it fails.
 func (s *Server) call(w http.ResponseWriter, r *http.Request, id actors.ObjectID, msg any) (any, bool) {
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
-	defer cancel()
-	reply, err := s.cfg.Node.Request(ctx, id, msg)
+	reply, err := s.request(r.Context(), id, msg)
 	if err != nil {
 		s.fail(w, r, err)
 		return nil, false
@@ -407,17 +409,30 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, id actors.ObjectID
 	return reply, true
 }
 
+// request sends msg to the object and waits at most RequestTimeout.
+func (s *Server) request(ctx context.Context, id actors.ObjectID, msg any) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	return s.cfg.Node.Request(ctx, id, msg)
+}
+
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	e := toAPIError(err, requestID(r))
+	s.failAt(w, requestID(r), r.Method, r.URL.Path, err)
+}
+
+// failAt writes err's reply to the request (its id, method and path) and
+// logs what an operator needs to see.
+func (s *Server) failAt(w http.ResponseWriter, requestID, method, path string, err error) {
+	e := toAPIError(err, requestID)
 	switch {
 	case e.status >= 500 && e.body["retryAfterMs"] != nil:
 		// A refusal the client is told to retry (overload, a resource short
 		// for now): the node logs the cause itself, once, when its state
 		// changes; one line per refused request would flood the log (9,217
 		// lines in 60 s of the overload run).
-		s.log.Debug("request refused", "request_id", requestID(r), "method", r.Method, "path", r.URL.Path, "status", e.status, "err", err)
+		s.log.Debug("request refused", "request_id", requestID, "method", method, "path", path, "status", e.status, "err", err)
 	case e.status >= 500:
-		s.log.Error("request failed", "request_id", requestID(r), "method", r.Method, "path", r.URL.Path, "status", e.status, "err", err)
+		s.log.Error("request failed", "request_id", requestID, "method", method, "path", path, "status", e.status, "err", err)
 	}
 	e.write(w)
 }

@@ -200,7 +200,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		ServedHeader: os.Getenv("HOLDFAST_TEST_SERVED_HEADER") == "1"})
 	mt.GaugeFunc("holdfast_websocket_sockets", "Open websockets.", func() float64 { return float64(gw.Sockets()) })
 	mt.GaugeFunc("holdfast_websocket_subscriptions", "Channels joined on the open websockets.", func() float64 { return float64(gw.Subscriptions()) })
-	srv := newHTTPServer(gw.Handler(), log)
+	// The Front: fasthttp reads every request and serves the hot KV routes;
+	// the rest goes to net/http (gateway/front.go).
+	srv := gateway.NewFront(gw, newHTTPServer(log))
 	log.Info("holdfast listening", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "partitions", node.Partitions(),
 		"max_connections", maxConns)
 
@@ -236,16 +238,16 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	return nil
 }
 
-// newHTTPServer returns the node's HTTP server. Every connection holds a
+// newHTTPServer returns the node's net/http server (the Front hands it the
+// requests it does not serve itself). Every connection holds a
 // descriptor and a slot under the connection cap, so none may stay idle
 // forever: headers must arrive within ReadHeaderTimeout and a kept-alive
 // connection closes after IdleTimeout. There is deliberately no ReadTimeout
 // (net/http would cancel a long poll's context when it passed); the gateway
 // bounds the body itself (gateway.Config.BodyTimeout). Websockets are hijacked
 // and keep their own heartbeat timeout.
-func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+func newHTTPServer(log *slog.Logger) *http.Server {
 	return &http.Server{
-		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       90 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
