@@ -462,3 +462,50 @@ func TestFront_Shutdown(t *testing.T) {
 		t.Fatal("the listener accepts after Shutdown")
 	}
 }
+
+// waitingNode answers no request before its context ends.
+type waitingNode struct{ fakeNode }
+
+func (n *waitingNode) Request(ctx context.Context, _ actors.ObjectID, _ any) (any, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		return nil, fmt.Errorf("a request without a deadline")
+	}
+	<-ctx.Done()
+	return nil, actors.TimedOut(ctx.Err())
+}
+
+// TestFront_RequestTimeout: a fast route's request ends RequestTimeout after
+// it started, give or take the shared deadline's second, with the mux's 503.
+func TestFront_RequestTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	s := New(Config{Node: &waitingNode{}, Apps: NewApps([]App{testApp}), RequestTimeout: timeout})
+	defer s.Close()
+	url, stop := startFront(t, s)
+	defer stop()
+	plain := httptest.NewServer(s.Handler())
+	defer plain.Close()
+	for _, base := range []string{url, plain.URL} {
+		for _, method := range []string{"GET", "POST"} {
+			path := "/api/v1/objects/app_test/t/k/n"
+			if method == "POST" {
+				path += "/increment"
+			}
+			req, _ := http.NewRequest(method, base+path, nil)
+			req.Header.Set("X-App-Key", testApp.Key)
+			req.Header.Set("X-App-Secret", testApp.Secret)
+			start := time.Now()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			took := time.Since(start)
+			// At most a second more than the timeout, and the machine's slack.
+			if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "timed out") ||
+				took < timeout || took > timeout+time.Second+3*time.Second {
+				t.Fatalf("%s %s: %d %s after %v", method, base, resp.StatusCode, body, took)
+			}
+		}
+	}
+}

@@ -93,6 +93,8 @@ type Server struct {
 	hub   *hub                             // the open websockets
 	// bodies is the bytes of write bodies being served (MaxBodyBytesInFlight).
 	bodies atomic.Int64
+	// deadlines are the fast routes' request contexts (fastroutes.go).
+	deadlines sharedDeadline
 	// owned owns the websockets' goroutines (socket.go): readers, writers,
 	// closes and unsubscribes. Close stops and waits for them.
 	owned *owner.Group
@@ -131,6 +133,7 @@ func New(cfg Config) *Server {
 		cfg.BodyTimeout = 60 * time.Second
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), hub: newHub(), owned: owner.New(nil)}
+	s.deadlines.timeout = cfg.RequestTimeout
 	s.workers = owner.NewPool(s.owned, maxIdleBatchWorkers)
 	s.routes()
 	s.slotLits = slotLiterals(s.patterns)
