@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strings"
@@ -29,9 +29,18 @@ func start(t *testing.T) (*client.Client, string) {
 		t.Fatal(err)
 	}
 	gw := gateway.New(gateway.Config{Node: node, Apps: gateway.NewApps([]gateway.App{app})})
-	srv := httptest.NewServer(gw.Handler())
+	// Served as holdfast serve serves it: through the gateway's Front.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := gateway.NewFront(gw, &http.Server{ReadHeaderTimeout: 10 * time.Second})
+	served := make(chan error, 1)
+	go func() { served <- front.Serve(ln) }()
+	url := "http://" + ln.Addr().String()
 	t.Cleanup(func() {
-		srv.Close()
+		_ = front.Close()
+		<-served
 		gw.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -39,11 +48,11 @@ func start(t *testing.T) (*client.Client, string) {
 			t.Errorf("close the node: %v", err)
 		}
 	})
-	c, err := client.New(srv.URL, app.Key, app.Secret)
+	c, err := client.New(url, app.Key, app.Secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, srv.URL
+	return c, url
 }
 
 // must returns v, or fails the test (a panic, with err) when err is not nil.
