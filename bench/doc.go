@@ -80,6 +80,10 @@
 // HOLDFAST_BENCH_HTTP_CLUSTER=1 makes a holdfast-http case's server a
 // cluster's one member (replicationFactor 1, an embedded etcd) instead of a
 // single node, for the cluster member's request path.
+// A holdfast-http case's server is served as holdfast serve serves it,
+// through the gateway's Front (fasthttp for the hot KV routes, net/http for
+// the rest); HOLDFAST_BENCH_NETHTTP=1 serves it on net/http alone, as before
+// the Front, for a comparison.
 //
 // The HTTP floor (-http-floor, httpfloor.go) runs bare net/http and fasthttp
 // servers answering a fixed reply beside holdfast-http and Redis on
