@@ -509,3 +509,69 @@ func TestFront_RequestTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestFront_PipelinesAsTheMux writes random runs of requests, fast routes
+// and others, with bodies of every framing (none, small, over 8 KiB,
+// chunked), all at once on one connection to the Front and on another to
+// net/http alone, and compares the replies one by one: a hand-off in the
+// middle of a run must lose or repeat no byte of the requests after it.
+func TestFront_PipelinesAsTheMux(t *testing.T) {
+	fs := newFrontServer(t, nil)
+	rng := rand.New(rand.NewPCG(7, 11))
+	body := func(n int) string { return `{"value":"` + strings.Repeat("z", n) + `"}` }
+	request := func(side string, i int) string {
+		obj := "/api/v1/objects/app_test/pipe/" + side
+		switch rng.IntN(7) {
+		case 0:
+			return "POST " + obj + "/n/increment HTTP/1.1\r\nHost: x\r\n" + authHeader + "Content-Length: 0\r\n\r\n"
+		case 1:
+			b := `{"by":` + fmt.Sprint(i) + `}`
+			return "POST " + obj + "/n/increment HTTP/1.1\r\nHost: x\r\n" + authHeader + fmt.Sprintf("Content-Length: %d\r\n\r\n", len(b)) + b
+		case 2:
+			b := body(rng.IntN(3) * 6000) // 0, 6 KB (fast) or 12 KB (handed off)
+			return "PUT " + obj + "/v HTTP/1.1\r\nHost: x\r\n" + authHeader + fmt.Sprintf("Content-Length: %d\r\n\r\n", len(b)) + b
+		case 3:
+			b := body(100 + rng.IntN(100))
+			return "PUT " + obj + "/c HTTP/1.1\r\nHost: x\r\n" + authHeader + "Transfer-Encoding: chunked\r\n\r\n" +
+				fmt.Sprintf("%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n", 5, b[:5], len(b)-5, b[5:])
+		case 4:
+			return "GET " + obj + "/v HTTP/1.1\r\nHost: x\r\n" + authHeader + "\r\n"
+		case 5:
+			return "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+		default:
+			return "GET " + obj + "/log?after=0&limit=2 HTTP/1.1\r\nHost: x\r\n" + authHeader + "\r\n"
+		}
+	}
+	for run := 0; run < 20; run++ {
+		n := 1 + rng.IntN(12)
+		seed := rng.Uint64()
+		var replies [2][]string
+		for s, side := range []string{"front", "plain"} {
+			rng = rand.New(rand.NewPCG(seed, uint64(run))) // the same requests on both sides
+			var all strings.Builder
+			for i := range n {
+				all.WriteString(request(fmt.Sprintf("%s-%d", side, run), i))
+			}
+			url := fs.url
+			if side == "plain" {
+				url = fs.plain
+			}
+			rc := dialRaw(t, url)
+			rc.send(all.String())
+			for range n {
+				resp, b := rc.read()
+				var m map[string]any
+				if json.Unmarshal([]byte(b), &m) == nil {
+					delete(m, "request_id")
+				}
+				replies[s] = append(replies[s], fmt.Sprintf("%d %v", resp.StatusCode, m))
+			}
+		}
+		if !slices.Equal(replies[0], replies[1]) {
+			t.Fatalf("run %d: the Front replied\n%q\nnet/http alone\n%q", run, replies[0], replies[1])
+		}
+	}
+	if fs.front.served.Load() == 0 || fs.front.handedOff.Load() == 0 {
+		t.Fatalf("served %d, handed off %d: the runs should take both ways", fs.front.served.Load(), fs.front.handedOff.Load())
+	}
+}
