@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"sync"
@@ -119,6 +120,10 @@ func NewFront(s *Server, slow *http.Server) *Front {
 		},
 		IdleTimeout:    idle,
 		ReadBufferSize: MaxHeaderBytes,
+		// The bound on connections is the node's (maxConnections, a
+		// LimitListener under the Front), not fasthttp's default of 262,144
+		// served at once, past which it would answer a plain-text 503.
+		Concurrency: math.MaxInt32,
 		// Bodies stream: fasthttp reads at most 8 KiB of one before the
 		// handler runs, so a large body is refused (memory budget, bodies in
 		// flight) by net/http before it is read, as before the Front.
