@@ -78,6 +78,9 @@ type r3Cluster struct {
 	// direct those the node they were sent through served itself.
 	sent   []atomic.Int64
 	direct atomic.Int64
+	// retried counts the writes sent again after an unavailable reply (a
+	// leadership move; see writes).
+	retried atomic.Int64
 }
 
 // r3Name is the cluster's name in etcd.
@@ -244,9 +247,29 @@ func (c *r3Cluster) writes(s r3Spec, d time.Duration, route string) (peers.Resul
 		ctx, cancel := context.WithTimeout(ctx, peers.OpTimeout)
 		defer cancel()
 		ctx, served := actors.WithServedRecord(ctx)
-		if _, err := objs[i][w%s.objects].Set(ctx, "v", value); err != nil {
-			via[w].Store(-1) // a failover: ask a node at random next time
-			return 0, fmt.Errorf("set obj-%d through node %d: %w", w%s.objects, i, err)
+		for {
+			_, err := objs[i][w%s.objects].Set(ctx, "v", value)
+			if err == nil {
+				break
+			}
+			// Unavailable (503 over REST: retry after retryAfterMs) is what
+			// a write gets while its partition's leadership moves, refused
+			// or of unknown outcome: a client told to retry sends it again,
+			// and a set of the same value may be sent twice. Anything else,
+			// or no reply within the operation's time, fails the case.
+			var ae *actors.Error
+			if !errors.As(err, &ae) || ae.Kind != actors.KindUnavailable || ctx.Err() != nil {
+				via[w].Store(-1) // a failover: ask a node at random next time
+				return 0, fmt.Errorf("set obj-%d through node %d: %w", w%s.objects, i, err)
+			}
+			c.retried.Add(1)
+			select {
+			case <-time.After(min(max(ae.RetryAfter, 10*time.Millisecond), 100*time.Millisecond)):
+			case <-ctx.Done():
+				return 0, fmt.Errorf("set obj-%d through node %d: %w", w%s.objects, i, err)
+			}
+			i = rand.IntN(len(c.nodes)) // the leader may have moved
+			c.sent[i].Add(1)
 		}
 		if j, ok := byName[served().Node]; ok {
 			via[w].Store(j)
@@ -262,6 +285,9 @@ func (c *r3Cluster) writes(s r3Spec, d time.Duration, route string) (peers.Resul
 	r.Note = r3Note
 	if leaderAware {
 		r.Note = strings.Replace(r3Note, r3RandomNote, r3LeaderNote, 1)
+	}
+	if n := c.retried.Swap(0); n > 0 {
+		r.Note += fmt.Sprintf("; %d writes were sent again after an unavailable reply (a leadership move)", n)
 	}
 	return r, nil
 }
