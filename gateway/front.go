@@ -139,7 +139,11 @@ func NewFront(s *Server, slow *http.Server) *Front {
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
 		CloseOnShutdown:       true,
-		Logger:                slog.NewLogLogger(f.log.Handler(), slog.LevelWarn),
+		// What fasthttp logs is a client's doing (a malformed request, a
+		// connection dropped mid-request; each already answered or closed):
+		// debug, as net/http logs none of it, so that a client cannot fill
+		// the node's log.
+		Logger: slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
 	}
 	return f
 }
