@@ -75,10 +75,14 @@ func (rc *rawConn) send(s string) {
 	}
 }
 
-// read reads one reply (after any 1xx) and its body.
+// read reads one reply and its body, past any interim (1xx) reply, as a
+// client must (RFC 9110, 15.2).
 func (rc *rawConn) read() (*http.Response, string) {
 	rc.t.Helper()
 	resp, err := http.ReadResponse(rc.r, nil)
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 {
+		resp, err = http.ReadResponse(rc.r, nil)
+	}
 	if err != nil {
 		rc.t.Fatal(err)
 	}
@@ -573,5 +577,44 @@ func TestFront_PipelinesAsTheMux(t *testing.T) {
 	}
 	if fs.front.served.Load() == 0 || fs.front.handedOff.Load() == 0 {
 		t.Fatalf("served %d, handed off %d: the runs should take both ways", fs.front.served.Load(), fs.front.handedOff.Load())
+	}
+}
+
+// TestFront_OddHeadersAsTheMux: requests with unusual but valid header
+// fields (any case, repeated, empty, tabs, a folded line) get the replies
+// net/http alone gives, whether the Front serves them or hands them off.
+func TestFront_OddHeadersAsTheMux(t *testing.T) {
+	fs := newFrontServer(t, nil)
+	odd := []string{
+		"x-app-key: " + testApp.Key + "\r\nx-app-secret: " + testApp.Secret + "\r\n",
+		"X-APP-KEY: " + testApp.Key + "\r\nX-App-Secret:\t" + testApp.Secret + "\t\r\n",
+		authHeader + "X-Empty:\r\nX-Twice: 1\r\nX-Twice: 2\r\n",
+		authHeader + "Idempotency-Key: a\r\nIdempotency-Key: b\r\n",
+		authHeader + "X-Folded: one\r\n two\r\n",
+		"X-App-Key: " + testApp.Key + "\r\n", // no secret
+		authHeader + "Expect: 100-continue\r\n",
+		authHeader + "Connection: keep-alive\r\n",
+	}
+	for i, h := range odd {
+		var replies [2][]string
+		for s, base := range []string{fs.url, fs.plain} {
+			obj := fmt.Sprintf("/api/v1/objects/app_test/odd/k%d-%d", i, s)
+			reqs := "POST " + obj + "/n/increment HTTP/1.1\r\nHost: x\r\n" + h + "Content-Length: 0\r\n\r\n" +
+				"GET " + obj + "/log HTTP/1.1\r\nHost: x\r\n" + h + "\r\n" +
+				"GET " + obj + "/n HTTP/1.1\r\nHost: x\r\n" + h + "\r\n"
+			rc := dialRaw(t, base)
+			rc.send(reqs)
+			for range 3 {
+				resp, b := rc.read()
+				var m map[string]any
+				if json.Unmarshal([]byte(strings.ReplaceAll(b, fmt.Sprintf("k%d-%d", i, s), "K")), &m) == nil {
+					delete(m, "request_id")
+				}
+				replies[s] = append(replies[s], fmt.Sprintf("%d %v", resp.StatusCode, m))
+			}
+		}
+		if !slices.Equal(replies[0], replies[1]) {
+			t.Errorf("headers %q: the Front replied\n%q\nnet/http alone\n%q", h, replies[0], replies[1])
+		}
 	}
 }
