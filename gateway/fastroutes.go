@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -204,7 +203,7 @@ func (s *Server) serveFast(ctx *fasthttp.RequestCtx, r *fastRoute, segs [4]strin
 		start = time.Now()
 	}
 	h := &ctx.Request.Header
-	w := &fastWriter{ctx: ctx, id: randomHex(8)}
+	w := newFastWriter(ctx, randomHex(8))
 	c := &fastCall{ctx: s.deadlines.context(), req: ctx, slot: segs[3]}
 	var served func() actors.Served
 	if s.cfg.ServedHeader {
@@ -213,7 +212,7 @@ func (s *Server) serveFast(ctx *fasthttp.RequestCtx, r *fastRoute, segs [4]strin
 	s.serveFastCall(w, h, r, c, segs)
 	if served != nil {
 		if sv := served(); sv.Epoch != 0 {
-			ctx.Response.Header.Set("X-Holdfast-Served-By", fmt.Sprintf("%s/%d/%d", sv.Node, sv.Partition, sv.Epoch))
+			ctx.Response.Header.Set("X-Holdfast-Served-By", servedBy(sv))
 		}
 	}
 	if !w.wrote {
@@ -229,8 +228,7 @@ func (s *Server) serveFastCall(w *fastWriter, h *fasthttp.RequestHeader, r *fast
 	// fast route's body is at most 8 KiB, below refuseBodyFrom: a write the
 	// node refuses is refused by the node).
 	if n := int64(h.ContentLength()); r.body && n > 0 {
-		if in := s.bodies.Add(n); in > s.cfg.MaxBodyBytesInFlight && in != n {
-			s.bodies.Add(-n)
+		if !s.admitBody(n) {
 			s.failFast(w, c, errBodiesInFlight)
 			return
 		}
@@ -242,10 +240,10 @@ func (s *Server) serveFastCall(w *fastWriter, h *fasthttp.RequestHeader, r *fast
 		return
 	}
 	c.id = actors.ObjectID{App: app.ID, Type: segs[1], Key: segs[2]}
-	if r.body {
-		b, e := readFastBody(w.ctx)
-		if e != nil {
-			e.write(w)
+	if n := h.ContentLength(); r.body && n > 0 {
+		b, err := prefetched(w.ctx, n)
+		if err != nil {
+			badRequest("cannot read the request body").write(w)
 			return
 		}
 		c.body = b
@@ -257,21 +255,14 @@ func (s *Server) serveFastCall(w *fastWriter, h *fasthttp.RequestHeader, r *fast
 	r.serve(s, w, c)
 }
 
-// readFastBody reads a fast route's body: all of it came with the header.
-func readFastBody(ctx *fasthttp.RequestCtx) ([]byte, *apiError) {
-	n := ctx.Request.Header.ContentLength()
-	if n <= 0 {
-		return nil, nil
-	}
+// prefetched returns the first n bytes of the request's body, which fasthttp
+// read with its header (at most fastBodyMax: its streaming prefetch). They
+// come from the body stream, which gives them before it reads the
+// connection (the Front always streams bodies).
+func prefetched(ctx *fasthttp.RequestCtx, n int) ([]byte, error) {
 	b := make([]byte, n)
-	body := ctx.RequestBodyStream()
-	if body == nil {
-		body = bytes.NewReader(ctx.Request.Body())
-	}
-	if _, err := io.ReadFull(body, b); err != nil {
-		return nil, badRequest("cannot read the request body")
-	}
-	return b, nil
+	_, err := io.ReadFull(ctx.RequestBodyStream(), b)
+	return b, err
 }
 
 // fastRequest sends msg to the call's object and writes an error reply if it

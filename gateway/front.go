@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -300,22 +299,14 @@ func (f *Front) handOff(ctx *fasthttp.RequestCtx) {
 	head = append(head, "\r\n"...)
 	head = appendWithoutExpect(head, h.RawHeaders(), ctx.Request.MayContinue())
 	if n := h.ContentLength(); n > 0 {
-		// fasthttp read min(length, 8 KiB, MaxRequestBodySize) bytes; read
-		// exactly those from its stream, which gives them before touching
-		// the connection.
-		pre := min(n, fastBodyMax, MaxBodyBytes)
-		body := ctx.RequestBodyStream()
-		if body == nil { // not streamed: all of it is here
-			b := ctx.Request.Body()
-			body, pre = bytes.NewReader(b), len(b)
-		}
-		start := len(head)
-		head = append(head, make([]byte, pre)...)
-		if _, err := io.ReadFull(body, head[start:]); err != nil {
+		// fasthttp read min(length, 8 KiB, MaxRequestBodySize) bytes.
+		body, err := prefetched(ctx, min(n, fastBodyMax, MaxBodyBytes))
+		if err != nil {
 			ctx.SetConnectionClose()
 			badRequest("cannot read the request body").write(newFastWriter(ctx, randomHex(8)))
 			return
 		}
+		head = append(head, body...)
 	}
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) { f.slowConns.push(&prefixConn{Conn: c, pending: head}) })

@@ -235,8 +235,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if n := bodySize(r); n > 0 {
-		if in := s.bodies.Add(n); in > s.cfg.MaxBodyBytesInFlight && in != n {
-			s.bodies.Add(-n)
+		if !s.admitBody(n) {
 			s.fail(w, r, errBodiesInFlight)
 			return
 		}
@@ -363,6 +362,17 @@ func bodySize(r *http.Request) int64 {
 	return min(r.ContentLength, MaxBodyBytes)
 }
 
+// admitBody counts a write body of n bytes against MaxBodyBytesInFlight, or
+// reports false (counting nothing) when it would pass it; one body is always
+// taken. The caller takes n off s.bodies once the request is served.
+func (s *Server) admitBody(n int64) bool {
+	if in := s.bodies.Add(n); in > s.cfg.MaxBodyBytesInFlight && in != n {
+		s.bodies.Add(-n)
+		return false
+	}
+	return true
+}
+
 // refusesBody reports whether r is a write with a large body that the node
 // refuses now, so that it is answered before its body is read.
 func (s *Server) refusesBody(r *http.Request) bool {
@@ -404,19 +414,14 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 
 // call sends msg to the object and writes an error reply if it fails.
 func (s *Server) call(w http.ResponseWriter, r *http.Request, id actors.ObjectID, msg any) (any, bool) {
-	reply, err := s.request(r.Context(), id, msg)
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	defer cancel()
+	reply, err := s.cfg.Node.Request(ctx, id, msg)
 	if err != nil {
 		s.fail(w, r, err)
 		return nil, false
 	}
 	return reply, true
-}
-
-// request sends msg to the object and waits at most RequestTimeout.
-func (s *Server) request(ctx context.Context, id actors.ObjectID, msg any) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
-	defer cancel()
-	return s.cfg.Node.Request(ctx, id, msg)
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -464,7 +469,7 @@ func (w *servedWriter) WriteHeader(code int) {
 	if !w.written {
 		w.written = true
 		if s := w.served(); s.Epoch != 0 {
-			w.Header().Set("X-Holdfast-Served-By", fmt.Sprintf("%s/%d/%d", s.Node, s.Partition, s.Epoch))
+			w.Header().Set("X-Holdfast-Served-By", servedBy(s))
 		}
 	}
 	w.ResponseWriter.WriteHeader(code)
@@ -479,6 +484,11 @@ func (w *servedWriter) Write(b []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the connection (websockets).
 func (w *servedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// servedBy is the X-Holdfast-Served-By header's value: node/partition/epoch.
+func servedBy(s actors.Served) string {
+	return fmt.Sprintf("%s/%d/%d", s.Node, s.Partition, s.Epoch)
+}
 
 // statusWriter remembers the status of a reply, for the metrics.
 type statusWriter struct {
