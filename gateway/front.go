@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/holdfast/holdfast/internal/owner"
 	"github.com/valyala/fasthttp"
 )
 
@@ -39,8 +40,10 @@ import (
 //   - A connection moves from fasthttp to net/http at most once, at a request
 //     boundary, with nothing of it answered twice: fasthttp wrote nothing for
 //     the handed-off request and read nothing after its first body bytes.
-//   - Every goroutine here is owned: the accept loop and the sniffers by the
-//     Front's wait group, the two servers' by their Shutdown.
+//   - Every goroutine here is owned: the sniffers and the two servers' Serve
+//     by the Front's group (owned), which Shutdown and Close stop and wait
+//     for; the accept loop is Serve's caller's, and ends when they close the
+//     listener. The servers' own goroutines end with their Shutdown.
 type Front struct {
 	s    *Server
 	log  *slog.Logger
@@ -56,13 +59,13 @@ type Front struct {
 	// handed to net/http (tests read them).
 	served, handedOff atomic.Int64
 
-	mu     sync.Mutex
-	ln     net.Listener
-	closed bool
+	owned *owner.Group // the sniffers and the two servers' Serve
+
+	mu sync.Mutex
+	ln net.Listener
 	// conns are the open connections accepted, whichever server has them:
 	// Close closes them (fasthttp's Shutdown closes only the idle ones).
 	conns map[*frontConn]struct{}
-	wg    sync.WaitGroup // the accept loop and the sniffers
 }
 
 // MaxHeaderBytes bounds a request's line and header fields on the Front: it
@@ -89,7 +92,7 @@ func NewFront(s *Server, slow *http.Server) *Front {
 		slow.Handler = s.Handler()
 	}
 	f := &Front{s: s, log: s.log, slow: slow, fastConns: newConnQueue(), slowConns: newConnQueue(),
-		headerTimeout: slow.ReadHeaderTimeout, conns: map[*frontConn]struct{}{}}
+		headerTimeout: slow.ReadHeaderTimeout, conns: map[*frontConn]struct{}{}, owned: owner.New(nil)}
 	if f.headerTimeout <= 0 {
 		f.headerTimeout = 10 * time.Second
 	}
@@ -150,32 +153,21 @@ func NewFront(s *Server, slow *http.Server) *Front {
 // Serve accepts connections on ln until Shutdown or Close; it returns
 // http.ErrServerClosed then, or the listener's error.
 func (f *Front) Serve(ln net.Listener) error {
+	// ln is set before the servers start, and stopAccepting stops the group
+	// before it reads ln: either the group refuses them here, or ln is closed.
 	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
-		return http.ErrServerClosed
-	}
 	f.ln = ln
 	f.fastConns.addr, f.slowConns.addr = ln.Addr(), ln.Addr()
-	f.wg.Add(3) // the accept loop (this goroutine) and the two servers
 	f.mu.Unlock()
-	defer f.wg.Done()
-	go func() {
-		defer f.wg.Done()
-		_ = f.fast.Serve(f.fastConns) // returns once its queue is closed
-	}()
-	go func() {
-		defer f.wg.Done()
-		_ = f.slow.Serve(f.slowConns)
-	}()
+	if !f.owned.Go(func(context.Context) { _ = f.fast.Serve(f.fastConns) }) || // returns once its queue closes
+		!f.owned.Go(func(context.Context) { _ = f.slow.Serve(f.slowConns) }) {
+		return http.ErrServerClosed
+	}
 	var delay time.Duration
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			f.mu.Lock()
-			closed := f.closed
-			f.mu.Unlock()
-			if closed {
+			if f.owned.Context().Err() != nil {
 				return http.ErrServerClosed
 			}
 			var ne net.Error
@@ -191,19 +183,14 @@ func (f *Front) Serve(ln net.Listener) error {
 		}
 		delay = 0
 		fc := &frontConn{Conn: c, f: f}
+		// In conns before its sniffer starts: Close stops the group, then
+		// closes every connection in conns.
 		f.mu.Lock()
-		if f.closed {
-			f.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
 		f.conns[fc] = struct{}{}
-		f.wg.Add(1)
 		f.mu.Unlock()
-		go func() {
-			defer f.wg.Done()
-			f.sniff(fc)
-		}()
+		if !f.owned.Go(func(context.Context) { f.sniff(fc) }) {
+			_ = fc.Close()
+		}
 	}
 }
 
@@ -344,7 +331,9 @@ func (f *Front) Shutdown(ctx context.Context) error {
 	if e := f.slow.Shutdown(ctx); err == nil {
 		err = e
 	}
-	f.wg.Wait()
+	if e := f.owned.Wait(ctx); err == nil {
+		err = e
+	}
 	if err == nil {
 		f.ref.f.Store(nil)
 	}
@@ -364,9 +353,9 @@ func (f *Front) Close() error {
 	for _, c := range conns {
 		_ = c.Close()
 	}
-	f.wg.Wait()
+	err := f.owned.Wait(context.Background()) // all closed: nothing blocks
 	f.ref.f.Store(nil)
-	return nil
+	return err
 }
 
 // frontConn is an accepted connection, in Front.conns until closed.
@@ -394,9 +383,11 @@ func (c *frontConn) CloseWrite() error {
 	return nil
 }
 
+// stopAccepting stops the group (no sniffer or server starts after it) and
+// closes the listener, which ends Serve's accept loop.
 func (f *Front) stopAccepting() {
+	f.owned.Stop()
 	f.mu.Lock()
-	f.closed = true
 	ln := f.ln
 	f.mu.Unlock()
 	if ln != nil {
