@@ -21,33 +21,20 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// frontServer is a node's gateway served twice: through its Front, and on
-// net/http alone (the mux, as before the Front), for differential tests.
+// frontServer is a node's gateway served twice: through its Front (the
+// harness's), and on net/http alone (the mux, as before the Front), for
+// differential tests.
 type frontServer struct {
 	*testServer
-	front *Front
 	plain string // the URL of the net/http-only server
 }
 
 func newFrontServer(t *testing.T, gwcfg func(*Config)) *frontServer {
 	t.Helper()
 	ts := newTestServerWith(t, cluster.Config{}, gwcfg)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := NewFront(ts.gw, &http.Server{ReadHeaderTimeout: 10 * time.Second})
-	served := make(chan error, 1)
-	go func() { served <- f.Serve(ln) }()
 	plain := httptest.NewServer(ts.gw.Handler())
-	t.Cleanup(func() {
-		plain.Close()
-		_ = f.Close()
-		<-served
-	})
-	fs := &frontServer{testServer: ts, front: f, plain: plain.URL}
-	fs.url = "http://" + ln.Addr().String()
-	return fs
+	t.Cleanup(plain.Close)
+	return &frontServer{testServer: ts, plain: plain.URL}
 }
 
 // rawConn is one client connection written and read by hand.
@@ -484,7 +471,7 @@ func TestFront_RequestTimeout(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	s := New(Config{Node: &waitingNode{}, Apps: NewApps([]App{testApp}), RequestTimeout: timeout})
 	defer s.Close()
-	url, stop := startFront(t, s)
+	_, url, stop := startFront(t, s)
 	defer stop()
 	plain := httptest.NewServer(s.Handler())
 	defer plain.Close()

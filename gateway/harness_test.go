@@ -26,8 +26,9 @@ type testServer struct {
 	t    *testing.T
 	node *cluster.Node
 	gw   *Server
-	stop func() // stops the HTTP server
-	url  string
+	stop  func() // stops the HTTP server
+	front *Front // the HTTP server (nil for one serving s.Handler() alone)
+	url   string
 	// closed is set by closeNow: the cleanup has nothing left to stop.
 	closed bool
 }
@@ -52,8 +53,8 @@ func newTestServerWith(t *testing.T, cfg cluster.Config, gwcfg func(*Config)) *t
 		gwcfg(&gc)
 	}
 	s := New(gc)
-	url, stop := startFront(t, s)
-	ts := &testServer{t: t, node: node, gw: s, stop: stop, url: url}
+	front, url, stop := startFront(t, s)
+	ts := &testServer{t: t, node: node, gw: s, stop: stop, front: front, url: url}
 	t.Cleanup(func() {
 		if ts.closed {
 			return
@@ -72,7 +73,7 @@ func newTestServerWith(t *testing.T, cfg cluster.Config, gwcfg func(*Config)) *t
 // startFront serves s as holdfast serve does, through its Front (fasthttp,
 // and net/http for what it hands off), on 127.0.0.1, and returns its URL and
 // what stops it.
-func startFront(t testing.TB, s *Server) (string, func()) {
+func startFront(t testing.TB, s *Server) (*Front, string, func()) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -81,7 +82,7 @@ func startFront(t testing.TB, s *Server) (string, func()) {
 	f := NewFront(s, &http.Server{ReadHeaderTimeout: 10 * time.Second})
 	served := make(chan error, 1)
 	go func() { served <- f.Serve(ln) }()
-	return "http://" + ln.Addr().String(), func() {
+	return f, "http://" + ln.Addr().String(), func() {
 		_ = f.Close()
 		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 			t.Errorf("front: %v", err)

@@ -264,7 +264,7 @@ func startStoppable(t *testing.T, cfg cluster.Config) (*testServer, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url, stopFront := startFront(t, New(Config{Node: node, Apps: NewApps([]App{testApp, otherApp})}))
+	_, url, stopFront := startFront(t, New(Config{Node: node, Apps: NewApps([]App{testApp, otherApp})}))
 	ts := &testServer{t: t, node: node, stop: stopFront, url: url}
 	var once sync.Once
 	stop := func() {

@@ -947,7 +947,7 @@ func TestOpenAPI_RepliesMatchTheDocument(t *testing.T) {
 	}
 
 	stub := New(Config{Node: &stubNode{}, Apps: NewApps([]App{testApp})})
-	url, stop := startFront(t, stub)
+	_, url, stop := startFront(t, stub)
 	defer func() { stub.Close(); stop() }()
 	sts := &testServer{t: t, gw: stub, stop: stop, url: url}
 	for _, st := range stubTour() {
