@@ -23,9 +23,9 @@ var (
 
 // testServer is a real node behind a real HTTP server on 127.0.0.1:0.
 type testServer struct {
-	t    *testing.T
-	node *cluster.Node
-	gw   *Server
+	t     *testing.T
+	node  *cluster.Node
+	gw    *Server
 	stop  func() // stops the HTTP server
 	front *Front // the HTTP server (nil for one serving s.Handler() alone)
 	url   string
