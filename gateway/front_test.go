@@ -605,3 +605,38 @@ func TestFront_OddHeadersAsTheMux(t *testing.T) {
 		}
 	}
 }
+
+// TestFront_BodiesInFlightOnFastRoutes: a fast route's body counts against
+// MaxBodyBytesInFlight as on the mux: while one write holds its body, the
+// next write with a body gets 503 with retryAfterMs, served on fasthttp.
+func TestFront_BodiesInFlightOnFastRoutes(t *testing.T) {
+	node := &blockingNode{entered: make(chan struct{}, 4), release: make(chan struct{})}
+	node.ready.Store(true)
+	s := New(Config{Node: node, Apps: NewApps([]App{testApp}), MaxBodyBytesInFlight: 4 << 10})
+	defer s.Close()
+	f, url, stop := startFront(t, s)
+	defer stop()
+	body := `{"value":"` + strings.Repeat("x", 3<<10) + `"}` // two pass 4 KiB; each under 8 KiB
+	put := "PUT /api/v1/objects/app_test/t/k/v HTTP/1.1\r\nHost: x\r\n" + authHeader +
+		fmt.Sprintf("Content-Length: %d\r\n\r\n", len(body)) + body
+	first := dialRaw(t, url)
+	first.send(put)
+	<-node.entered // the first write holds its body
+	second := dialRaw(t, url)
+	second.send(put)
+	resp, b := second.read()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(b, "retryAfterMs") {
+		t.Fatalf("a second write past the bound: %d %s", resp.StatusCode, b)
+	}
+	close(node.release)
+	if resp, b := first.read(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the first write: %d %s", resp.StatusCode, b)
+	}
+	second.send(put)
+	if resp, b := second.read(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a write once the first finished: %d %s", resp.StatusCode, b)
+	}
+	if f.served.Load() != 3 || f.handedOff.Load() != 0 {
+		t.Fatalf("served %d, handed off %d: want all three on fasthttp", f.served.Load(), f.handedOff.Load())
+	}
+}
