@@ -83,7 +83,13 @@
 // A holdfast-http case's server is served as holdfast serve serves it,
 // through the gateway's Front (fasthttp for the hot KV routes, net/http for
 // the rest); HOLDFAST_BENCH_NETHTTP=1 serves it on net/http alone, as before
-// the Front, for a comparison.
+// the Front, for a comparison. The holdfast-http cases' clients (and the
+// floor's) are net/http's keep-alive client; HOLDFAST_BENCH_HTTP_CLIENT=fasthttp
+// makes them fasthttp's HostClient, which spends about what go-redis spends
+// per request, so that the ratio to Redis compares the servers rather than
+// the clients (both share the machine's cores):
+//
+//	HOLDFAST_BENCH_HTTP_CLIENT=fasthttp go run ./bench -systems holdfast-http,redis -cases increments-256,hot-object-64-callers -rounds 5
 //
 // The HTTP floor (-http-floor, httpfloor.go) runs bare net/http and fasthttp
 // servers answering a fixed reply beside holdfast-http and Redis on

@@ -92,7 +92,7 @@ func floorCase(kind string, d, warmup time.Duration) (result, error) {
 	}
 	defer h.close()
 	const objects, callers = 1000, 256
-	h.c = keepAliveClient(callers)
+	h.setClients(callers)
 	op, err := httpIncrements(objects, callers).setup(h)
 	if err != nil {
 		return result{}, err

@@ -105,6 +105,9 @@ func main() {
 		rBin     = flag.String("replicated-bin", "", "replicated: the holdfast binary (default: build ./cmd/holdfast)")
 	)
 	flag.Parse()
+	if httpClientKind != "" && httpClientKind != "nethttp" && httpClientKind != "fasthttp" {
+		fatal(fmt.Errorf("HOLDFAST_BENCH_HTTP_CLIENT is %q: nethttp (the default) or fasthttp", httpClientKind))
+	}
 	acfg := alarmConfig{objects: *aObjects, count: *aCount, rate: *aRate, window: *aWindow, lead: *aLead}
 	if *only == "alarms-set" || *only == "alarms-fire" {
 		os.Exit(alarmChild(*only, *dirFlag, acfg, *aT0))
