@@ -155,6 +155,10 @@ func checkAndSetOptions(opt *Options) error {
 	if opt.InMemory && (opt.Dir != "" || opt.ValueDir != "") {
 		return errors.New("Cannot use badger in Disk-less mode with Dir or ValueDir set")
 	}
+	// HOLDFAST PATCH 5: SyncWrites syncs the memtable log, which NoMemTableLog drops.
+	if opt.NoMemTableLog && opt.SyncWrites {
+		return errors.New("Cannot use SyncWrites with NoMemTableLog: there is no memtable log to sync")
+	}
 	opt.maxBatchSize = (15 * opt.MemTableSize) / 100
 	opt.maxBatchCount = opt.maxBatchSize / int64(skl.MaxNodeSize)
 

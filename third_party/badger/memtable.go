@@ -111,6 +111,12 @@ func (db *DB) openMemTable(fid, flags int) (*memTable, error) {
 	if db.opt.InMemory {
 		return mt, z.NewFile
 	}
+	// HOLDFAST PATCH 5: a new memtable (O_CREATE: newMemTable) has no log
+	// under NoMemTableLog; the logs of an earlier run (openMemTables) are
+	// opened and replayed as before.
+	if db.opt.NoMemTableLog && flags&os.O_CREATE != 0 {
+		return mt, z.NewFile
+	}
 
 	mt.wal = &logFile{
 		fid:      uint32(fid),
@@ -158,6 +164,9 @@ func (db *DB) mtFilePath(fid int) string {
 }
 
 func (mt *memTable) SyncWAL() error {
+	if mt.wal == nil { // HOLDFAST PATCH 5: NoMemTableLog
+		return nil
+	}
 	return mt.wal.Sync()
 }
 
@@ -165,7 +174,7 @@ func (mt *memTable) isFull() bool {
 	if mt.sl.MemSize() >= mt.opt.MemTableSize {
 		return true
 	}
-	if mt.opt.InMemory {
+	if mt.opt.InMemory || mt.wal == nil { // HOLDFAST PATCH 5: or NoMemTableLog
 		// InMemory mode doesn't have any WAL.
 		return false
 	}

@@ -45,6 +45,8 @@ type Options struct {
 	Compression       options.CompressionType
 	InMemory          bool
 	MetricsEnabled    bool
+	// HOLDFAST PATCH 5: see WithNoMemTableLog.
+	NoMemTableLog bool
 	// Sets the Stream.numGo field
 	NumGoroutines int
 
@@ -378,6 +380,24 @@ func (opt Options) WithValueDir(val string) Options {
 // The default value of SyncWrites is false.
 func (opt Options) WithSyncWrites(val bool) Options {
 	opt.SyncWrites = val
+	return opt
+}
+
+// HOLDFAST PATCH 5: WithNoMemTableLog returns a new Options value with
+// NoMemTableLog set to the given value.
+//
+// NoMemTableLog keeps new memtables in memory only: their entries are not also
+// written to a memtable log (a .mem file), so a crash loses whatever the
+// memtables held that no table holds yet. It is for a database whose writer
+// keeps its own log and replays it into Badger after a crash from what Badger's
+// tables hold (SyncWrites must be false: there is no memtable log to sync).
+// The value log (large values) is written as before. The .mem files of an
+// earlier run are still replayed at open, and removed once flushed. Close
+// flushes the memtables to tables, as always.
+//
+// The default value of NoMemTableLog is false.
+func (opt Options) WithNoMemTableLog(val bool) Options {
+	opt.NoMemTableLog = val
 	return opt
 }
 
