@@ -52,9 +52,8 @@ import (
 // the summary is the median over rounds of p99(maintenance) / p99(quiet), whose
 // target is at most 2.
 //
-// What happened in each phase is counted from the data directory: memtables
-// started (Badger's NNNNN.mem files: each one replaced is flushed to a table),
-// tables written (NNNNNN.sst: flushes and compactions), log segments released
+// What happened in each phase is counted from the data directory: tables
+// written (NNNNNN.sst: flushes and compactions), log segments released
 // (the oldest live NNN.wal moves up) and value-log files the GC reclaimed
 // (PipelineStats.ValueLogReclaimed).
 
@@ -98,7 +97,6 @@ type stallPhase struct {
 	CPUMicrosPerWrite float64 `json:"cpuMicrosPerWrite"` // the whole process's CPU (background writer and maintenance included) per primary write
 	SyncsPerWrite     float64 `json:"syncsPerWrite"`     // commits per write, background writes included
 	// Maintenance counted over the measured interval.
-	MemtablesStarted  int64   `json:"memtablesStarted"`
 	TablesWritten     int64   `json:"tablesWritten"`
 	SegmentsReleased  int64   `json:"segmentsReleased"`
 	ValueLogReclaimed uint64  `json:"valueLogReclaimed"`
@@ -195,17 +193,14 @@ func numberedIDs(dir, ext string) (lo, hi int64, err error) {
 
 // storageCounts are the data directory's file numbers at one moment.
 type storageCounts struct {
-	newestMem, newestTable, oldestSegment int64
-	reclaimed                             uint64
+	newestTable, oldestSegment int64
+	reclaimed                  uint64
 }
 
 func countStorage(rt *holdfast.Runtime, dir string) (storageCounts, error) {
 	var c storageCounts
 	var err error
 	bdir := filepath.Join(dir, "badger")
-	if _, c.newestMem, err = numberedIDs(bdir, ".mem"); err != nil {
-		return c, err
-	}
 	if _, c.newestTable, err = numberedIDs(bdir, ".sst"); err != nil {
 		return c, err
 	}
@@ -336,7 +331,6 @@ func stallRun(phase, dir string, cfg stallConfig) (stallPhase, error) {
 		LongestSilenceMs:  float64(longestSilence(acks, start, start.Add(iv.elapsed))) / 1e6,
 		CPUMicrosPerWrite: cost.CPUSeconds * 1e6 / float64(iv.ops),
 		SyncsPerWrite:     float64(pipe1.Commits-pipe0.Commits) / float64(pipe1.Writes-pipe0.Writes),
-		MemtablesStarted:  after.newestMem - before.newestMem,
 		TablesWritten:     after.newestTable - before.newestTable,
 		SegmentsReleased:  after.oldestSegment - before.oldestSegment,
 		ValueLogReclaimed: after.reclaimed - before.reclaimed,
@@ -438,9 +432,9 @@ func runStall(base string, cfg stallConfig, mdOut, jsonOut string) int {
 			if err != nil {
 				fatal(err)
 			}
-			fmt.Fprintf(os.Stderr, "round %d %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms, longest silence %.1f ms; memtables %d, tables %d, segments released %d, value-log files reclaimed %d, 1 MiB values %.1f/s\n",
+			fmt.Fprintf(os.Stderr, "round %d %s: %.0f writes/s, p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms, longest silence %.1f ms; tables %d, segments released %d, value-log files reclaimed %d, 1 MiB values %.1f/s\n",
 				r+1, p.out.Phase, p.out.PerSec, p.out.P50Ms, p.out.P99Ms, p.out.P999Ms, p.out.MaxMs, p.out.LongestSilenceMs,
-				p.out.MemtablesStarted, p.out.TablesWritten, p.out.SegmentsReleased, p.out.ValueLogReclaimed, p.out.BigPerSec)
+				p.out.TablesWritten, p.out.SegmentsReleased, p.out.ValueLogReclaimed, p.out.BigPerSec)
 		}
 		rounds = append(rounds, round)
 	}
@@ -473,16 +467,16 @@ func writeStallReport(w io.Writer, cfg stallConfig, rounds []stallRound) {
 		"Storage in both phases: memtables %d MiB, log segments %d MiB, value-log files %d MiB, value-log GC %s. "+
 		"Maintenance adds a writer of 1 MiB values over %d keys at %d values/s. %d cores; latencies in ms; the longest silence is the longest time no write was acknowledged by any caller; counts over the measured interval.\n\n",
 		stallObjects, cfg.callers, cfg.d, cfg.warmup, cfg.memTableMiB, cfg.segmentMiB, cfg.valueLogMiB, gcEvery(cfg.gcEvery), stallBigKeys, cfg.bigRate, runtime.NumCPU())
-	fmt.Fprintf(w, "| round | phase | writes/s | p50 | p99 | p99.9 | max | longest silence | CPU µs/write | memtables started | tables written | log segments released | value-log files reclaimed | value log at end (MiB) | 1 MiB values/s |\n")
-	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(w, "| round | phase | writes/s | p50 | p99 | p99.9 | max | longest silence | CPU µs/write | tables written | log segments released | value-log files reclaimed | value log at end (MiB) | 1 MiB values/s |\n")
+	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for i, r := range rounds {
 		ps := []stallPhase{r.Quiet, r.Maintenance}
 		if r.First != "quiet" {
 			ps[0], ps[1] = ps[1], ps[0]
 		}
 		for _, p := range ps {
-			fmt.Fprintf(w, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %d | %d | %d | %d | %.0f | %.1f |\n", i+1, strings.TrimPrefix(p.Phase, "stall-"),
-				p.PerSec, p.P50Ms, p.P99Ms, p.P999Ms, p.MaxMs, p.LongestSilenceMs, p.CPUMicrosPerWrite, p.MemtablesStarted, p.TablesWritten, p.SegmentsReleased,
+			fmt.Fprintf(w, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %d | %d | %d | %.0f | %.1f |\n", i+1, strings.TrimPrefix(p.Phase, "stall-"),
+				p.PerSec, p.P50Ms, p.P99Ms, p.P999Ms, p.MaxMs, p.LongestSilenceMs, p.CPUMicrosPerWrite, p.TablesWritten, p.SegmentsReleased,
 				p.ValueLogReclaimed, p.ValueLogMiB, p.BigPerSec)
 		}
 	}
@@ -514,7 +508,6 @@ func writeStallReport(w io.Writer, cfg stallConfig, rounds []stallRound) {
 		label string
 		f     func(stallPhase) float64
 	}{
-		{"memtables started per s (each replaced one is flushed)", func(p stallPhase) float64 { return float64(p.MemtablesStarted) / cfg.d.Seconds() }},
 		{"tables written per s (flushes and compactions)", func(p stallPhase) float64 { return float64(p.TablesWritten) / cfg.d.Seconds() }},
 		{"log segments released per s", func(p stallPhase) float64 { return float64(p.SegmentsReleased) / cfg.d.Seconds() }},
 		{"value-log files reclaimed per s", func(p stallPhase) float64 { return float64(p.ValueLogReclaimed) / cfg.d.Seconds() }},

@@ -31,12 +31,8 @@ func TestNode_StorageTuning(t *testing.T) {
 	}
 	defer n.Close(context.Background())
 	badgerDir := filepath.Join(dir, "badger")
-	mems, _ := filepath.Glob(filepath.Join(badgerDir, "*.mem"))
-	if len(mems) == 0 {
-		t.Fatal("no memtable log in " + badgerDir)
-	}
-	if st, err := os.Stat(mems[0]); err != nil || st.Size() != 2*memTable {
-		t.Fatalf("memtable log %s: %v, want %d bytes (twice MemTableSize)", mems[0], err, 2*memTable)
+	if got := n.db.BadgerMemTableSize(); got != memTable {
+		t.Fatalf("Badger's memtables are %d bytes, want %d", got, memTable)
 	}
 	// Values of 1 MiB go to the value log, one file each at 1 MiB files: once
 	// two files are there, the GC loop has the applier flush the memtables,
