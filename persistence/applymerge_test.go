@@ -255,25 +255,7 @@ func TestDB_ReleasableStaysBelowABatchSplitAcrossMemtables(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's
-	var seq atomic.Uint64
-	p := startPipeline(t, db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: func(s uint64) { seq.Store(s) }}})
-	w := &Write{}
-	for i := 0; i < 300; i++ { // 12 MiB in the tree (values under valueThreshold): more than a memtable
-		w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("big-%03d", i)), Value: bytes.Repeat([]byte{'v'}, 40<<10)})
-	}
-	tk := p.Submit(w)
-	if err := tk.Wait(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	waitApplied(t, tk)
-	v := seq.Load()
-	deadline := time.Now().Add(10 * time.Second)
-	for db.newestTableVersion() < v {
-		if time.Now().After(deadline) {
-			t.Fatalf("Badger never flushed the first memtable of version %d (tables at %d)", v, db.newestTableVersion())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	p, v := splitRecordAcrossMemtables(t, db, func(int) []byte { return bytes.Repeat([]byte{'v'}, 40<<10) })
 	if got := db.releasable(p.batchFirst); got >= v {
 		t.Fatalf("releasable = %d while version %d is partly in an unflushed memtable, want below it", got, v)
 	}
@@ -295,26 +277,8 @@ func TestDB_ACrashAfterABatchSplitAcrossMemtablesReplaysItWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's
-	var seq atomic.Uint64
-	p := startPipeline(t, db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: func(s uint64) { seq.Store(s) }}})
-	w := &Write{}
 	value := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i%26)}, 40<<10) }
-	for i := 0; i < 300; i++ { // 12 MiB in the tree: more than a memtable
-		w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("big-%03d", i)), Value: value(i)})
-	}
-	tk := p.Submit(w)
-	if err := tk.Wait(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	waitApplied(t, tk)
-	v := seq.Load()
-	deadline := time.Now().Add(10 * time.Second)
-	for db.newestTableVersion() < v {
-		if time.Now().After(deadline) {
-			t.Fatalf("Badger never flushed the first memtable of version %d (tables at %d)", v, db.newestTableVersion())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	splitRecordAcrossMemtables(t, db, value)
 	crashed := t.TempDir()
 	copyAsCrashed(t, dir, crashed)
 	// Badger alone, as the crash left it: part of the record is gone.
@@ -354,6 +318,36 @@ func TestDB_ACrashAfterABatchSplitAcrossMemtablesReplaysItWhole(t *testing.T) {
 	if missing > 0 {
 		t.Fatalf("after the crash %d of the record's 300 keys are missing or wrong", missing)
 	}
+}
+
+// splitRecordAcrossMemtables starts a pipeline on db (8 MiB memtables) and
+// commits one record of 300 keys of 40 KiB, value(i) for key big-<i>: 12 MiB
+// in the tree (values under valueThreshold), more than a memtable, so Badger
+// takes it in several write requests at one version, across two memtables.
+// It returns once the first is flushed (Badger's tables show the version),
+// with the pipeline and the record's version.
+func splitRecordAcrossMemtables(t *testing.T, db *DB, value func(i int) []byte) (*Pipeline, uint64) {
+	t.Helper()
+	var seq atomic.Uint64
+	p := startPipeline(t, db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeApply: func(s uint64) { seq.Store(s) }}})
+	w := &Write{}
+	for i := 0; i < 300; i++ {
+		w.Sets = append(w.Sets, KV{Key: []byte(fmt.Sprintf("big-%03d", i)), Value: value(i)})
+	}
+	tk := p.Submit(w)
+	if err := tk.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitApplied(t, tk)
+	v := seq.Load()
+	deadline := time.Now().Add(10 * time.Second)
+	for db.newestTableVersion() < v {
+		if time.Now().After(deadline) {
+			t.Fatalf("Badger never flushed the first memtable of version %d (tables at %d)", v, db.newestTableVersion())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return p, v
 }
 
 // copyAsCrashed copies the files under src to dst, as a process crash leaves
