@@ -43,7 +43,7 @@ type fastCall struct {
 	idem *string // the Idempotency-Key, nil when none
 }
 
-// fail writes err's reply and logs it as fail does on the mux.
+// failFast writes err's reply and logs it as fail does on the mux.
 func (s *Server) failFast(w *fastWriter, c *fastCall, err error) {
 	path := string(c.req.Request.Header.RequestURI())
 	if i := strings.IndexByte(path, '?'); i >= 0 {

@@ -111,7 +111,11 @@ func TestDB_KilledWriterLosesNoAcknowledgedWrite(t *testing.T) {
 	if len(mems) != 0 || len(segs) < 2 {
 		t.Fatalf("%d memtable files (want none), %d log segments (want 2 or more): the test does not exercise the log", len(mems), len(segs))
 	}
-	if held := badgerAloneHolds(t, filepath.Join(dir, "badger"), acked); held == len(acked) {
+	keys := make([][]byte, len(acked))
+	for j, i := range acked {
+		keys[j] = []byte(fmt.Sprintf("key-%07d", i))
+	}
+	if held := badgerAloneHolds(t, filepath.Join(dir, "badger"), keys); held == len(acked) {
 		t.Fatalf("Badger alone holds all %d acknowledged writes after the kill: the test does not exercise the log", held)
 	}
 	db, err := Open(Config{Dir: dir, SegmentSize: 256 << 10})
@@ -141,8 +145,8 @@ func TestDB_KilledWriterLosesNoAcknowledgedWrite(t *testing.T) {
 }
 
 // badgerAloneHolds opens the Badger directory dir as it is, without the
-// write-ahead log's replay, and counts the writer's keys of acked it holds.
-func badgerAloneHolds(t *testing.T, dir string, acked []int) int {
+// write-ahead log's replay, and counts the keys it holds of keys.
+func badgerAloneHolds(t *testing.T, dir string, keys [][]byte) int {
 	t.Helper()
 	bdb, err := badger.OpenManaged(badger.DefaultOptions(dir).WithLogger(nil))
 	if err != nil {
@@ -152,8 +156,8 @@ func badgerAloneHolds(t *testing.T, dir string, acked []int) int {
 	txn := bdb.NewTransactionAt(math.MaxUint64, false)
 	defer txn.Discard()
 	held := 0
-	for _, i := range acked {
-		if _, err := txn.Get([]byte(fmt.Sprintf("key-%07d", i))); err == nil {
+	for _, k := range keys {
+		if _, err := txn.Get(k); err == nil {
 			held++
 		}
 	}
