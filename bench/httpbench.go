@@ -89,8 +89,8 @@ func (s *serverChild) close() {
 type httpClient struct {
 	*serverChild
 	info serverInfo
-	c    *http.Client
-	fc   *fasthttp.HostClient
+	c    *http.Client         // net/http's client, or
+	fc   *fasthttp.HostClient // fasthttp's (httpClientKind)
 }
 
 func startHTTPServer(dir string, callers, leaseParallelism int) (*httpClient, error) {
@@ -116,11 +116,12 @@ var httpClientKind = os.Getenv("HOLDFAST_BENCH_HTTP_CLIENT")
 // setClients makes h's client for callers callers, a keep-alive connection
 // each, of the kind httpClientKind names.
 func (h *httpClient) setClients(callers int) {
-	h.c = keepAliveClient(callers)
 	if httpClientKind == "fasthttp" {
 		h.fc = &fasthttp.HostClient{Addr: strings.TrimPrefix(h.info.URL, "http://"), MaxConns: callers + 8,
 			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, MaxConnWaitTimeout: 30 * time.Second}
+		return
 	}
+	h.c = keepAliveClient(callers)
 }
 
 // httpClientNote says which client a holdfast-http case used.
