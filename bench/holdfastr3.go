@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -304,7 +305,15 @@ func holdfastR3Case(w workload, dir string, d time.Duration) (result, error) {
 	// As a Holdfast process does (holdfast.Open, holdfast serve): once for
 	// the process, whatever its nodes.
 	cluster.TuneGOMAXPROCS(nil)
-	c, err := startR3(dir, r3Config{})
+	var cfg r3Config
+	if v := os.Getenv("HOLDFAST_BENCH_R3_PARTITIONS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return result{}, fmt.Errorf("HOLDFAST_BENCH_R3_PARTITIONS=%q: want a positive partition count", v)
+		}
+		cfg.partitions = n
+	}
+	c, err := startR3(dir, cfg)
 	if err != nil {
 		return result{}, err
 	}

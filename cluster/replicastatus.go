@@ -241,6 +241,8 @@ func (r *replicated) registerMetrics(mt *metrics.Metrics) {
 	mt.CounterFunc("holdfast_raft_proposals_total", "Entries this node's leaders proposed.", func() float64 { return float64(r.e.Stats().Proposed) })
 	mt.CounterFunc("holdfast_raft_commits_total", "Entries this node's replicas saw committed.", func() float64 { return float64(r.e.Stats().Committed) })
 	mt.CounterFunc("holdfast_raft_applies_total", "Entries this node's replicas applied.", func() float64 { return float64(r.e.Stats().Applied) })
+	mt.CounterFunc("holdfast_raft_appends_coalesced_total", "Commit-only appends this node's leaders did not send: a later append to the same follower carried their commit index.", func() float64 { return float64(r.e.Stats().Coalesced) })
+	mt.CounterFunc("holdfast_raft_messages_sent_total", "Raft messages this node sent to other nodes (heartbeats apart: they travel coalesced per node pair).", func() float64 { return float64(r.tr.Stats().MessagesOut) })
 	mt.CounterFunc("holdfast_raft_elections_won_total", "Leaderships this node's replicas won (elections and transfers).", func() float64 { return float64(r.e.Stats().Elected) })
 	mt.CounterFunc("holdfast_raft_leaderships_lost_total", "Leaderships this node's replicas lost.", func() float64 { return float64(r.e.Stats().SteppedDown) })
 	mt.CounterFunc("holdfast_raft_snapshots_sent_total", "Snapshots this node streamed to a replica that was behind or new.", func() float64 { return float64(r.tr.Stats().SnapsSent) })

@@ -228,9 +228,10 @@ func TestReplicated_KillOfALeaderLosesNothing(t *testing.T) {
 		leaders += metricValue(t, mt, "holdfast_raft_leaders")
 		newWins += metricValue(t, mt, "holdfast_raft_elections_won_total") - won[n.member.id]
 		if metricValue(t, mt, "holdfast_raft_replicas") != testPartitions || metricValue(t, mt, "holdfast_raft_applies_total") == 0 ||
-			metricValue(t, mt, "holdfast_raft_commits_total") == 0 {
-			t.Errorf("node %s's raft metrics: replicas %v, commits %v, applies %v", n.member.id, metricValue(t, mt, "holdfast_raft_replicas"),
-				metricValue(t, mt, "holdfast_raft_commits_total"), metricValue(t, mt, "holdfast_raft_applies_total"))
+			metricValue(t, mt, "holdfast_raft_commits_total") == 0 || metricValue(t, mt, "holdfast_raft_messages_sent_total") == 0 {
+			t.Errorf("node %s's raft metrics: replicas %v, commits %v, applies %v, messages sent %v", n.member.id, metricValue(t, mt, "holdfast_raft_replicas"),
+				metricValue(t, mt, "holdfast_raft_commits_total"), metricValue(t, mt, "holdfast_raft_applies_total"),
+				metricValue(t, mt, "holdfast_raft_messages_sent_total"))
 		}
 	}
 	if leaders != testPartitions || newWins < float64(most) {

@@ -59,21 +59,24 @@ type Engine struct {
 // engineStats are the engine's counters (Stats).
 type engineStats struct {
 	proposed, committed, applied, elected, steppedDown atomic.Uint64
+	coalesced                                          atomic.Uint64
 }
 
 // Stats is a snapshot of an engine's counters, over all its groups since it
 // started: entries proposed by this node's leaders (handed to raft),
-// entries committed and applied by its replicas, leaderships won, and
-// leaderships lost.
+// entries committed and applied by its replicas, leaderships won,
+// leaderships lost, and commit-only appends not sent because a later append
+// of the same Ready carried them (coalesce.go).
 type Stats struct {
 	Proposed, Committed, Applied, Elected, SteppedDown uint64
+	Coalesced                                          uint64
 }
 
 // Stats returns the engine's counters. Safe from any goroutine.
 func (e *Engine) Stats() Stats {
 	s := &e.stats
 	return Stats{Proposed: s.proposed.Load(), Committed: s.committed.Load(), Applied: s.applied.Load(),
-		Elected: s.elected.Load(), SteppedDown: s.steppedDown.Load()}
+		Elected: s.elected.Load(), SteppedDown: s.steppedDown.Load(), Coalesced: s.coalesced.Load()}
 }
 
 // New returns an engine for cfg.Node that sends through transport and stores
@@ -199,6 +202,8 @@ func (e *Engine) tick(ctx context.Context) {
 // worker holds the per-worker batch of outgoing messages of one pass.
 type worker struct {
 	out map[NodeID][]Envelope
+	// skip is scratch space for redundantAppends.
+	skip []bool
 }
 
 func (e *Engine) work() {
@@ -332,7 +337,15 @@ func (e *Engine) process(w *worker, g *group, ticks int) {
 	if len(rd.ReadStates) > 0 || len(g.readPending) > 0 {
 		g.readStates(rd.ReadStates)
 	}
-	for _, m := range rd.Messages {
+	skip := redundantAppends(rd.Messages, w.skip)
+	if skip != nil {
+		w.skip = skip
+	}
+	for i, m := range rd.Messages {
+		if skip != nil && skip[i] {
+			e.stats.coalesced.Add(1)
+			continue
+		}
 		switch to := m.GetTo(); to {
 		case raft.LocalAppendThread:
 			g.noteAppended(m.GetEntries(), e.incarnation)
