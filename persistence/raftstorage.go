@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -16,6 +17,13 @@ type RaftStorage struct {
 	x         *raftIndex
 	key       raftKey
 	confState func() *raftpb.ConfState
+	// l is the replica's log once it has one. The index never drops or
+	// replaces a replica's log (raftIndex.replica creates it once; a
+	// reopened database has a new index, and new RaftStorages), so the
+	// pointer stays good: raft asks Term and FirstIndex several times per
+	// message, and each skipped the index's mutex (shared by every replica
+	// and the committer) and its map.
+	l atomic.Pointer[replicaLog]
 }
 
 var _ raft.Storage = (*RaftStorage)(nil)
@@ -32,10 +40,14 @@ func (db *DB) RaftStorage(group, replica uint64, confState func() *raftpb.ConfSt
 // log returns the replica's log, locked, or nil (no log yet: the caller
 // answers as for an empty one).
 func (s *RaftStorage) log() *replicaLog {
-	l := s.x.replica(s.key, false)
-	if l != nil {
-		l.mu.Lock()
+	l := s.l.Load()
+	if l == nil {
+		if l = s.x.replica(s.key, false); l == nil {
+			return nil
+		}
+		s.l.Store(l)
 	}
+	l.mu.Lock()
 	return l
 }
 
