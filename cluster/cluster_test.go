@@ -46,6 +46,10 @@ type testCluster struct {
 	// cold, when set, is every node's cold store, shared if coldShared.
 	cold       cold.Store
 	coldShared bool
+	// colds, when set, gives a node its own cold store instead of cold;
+	// coldShareGrace is the nodes' (0: the default).
+	colds          map[string]cold.Store
+	coldShareGrace time.Duration
 	// log, when set, is every node's log handler (else testLogger's).
 	log slog.Handler
 }
@@ -157,13 +161,18 @@ func (tc *testCluster) start(id string) *Node {
 		mt = metrics.New()
 		tc.metrics[id] = mt
 	}
+	store := tc.cold
+	if st, ok := tc.colds[id]; ok {
+		store = st
+	}
 	n, err := Start(Config{
 		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: tc.logger(), TypeOptions: testTypeOptions,
 		Hooks: actors.Hooks{Routed: tc.activity.routed(id)},
-		Cold:  tc.cold, ColdShared: tc.coldShared, Metrics: mt,
+		Cold:  store, ColdShared: tc.coldShared, Metrics: mt,
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second,
 			// 0 in a test means one copy (the one-copy tests), not the default.
-			ReplicationFactor: max(tc.rf, 1), FailoverTimeout: tc.failover, ReplaceAfter: tc.replaceAfter, formAfter: tc.formAfter},
+			ReplicationFactor: max(tc.rf, 1), FailoverTimeout: tc.failover, ReplaceAfter: tc.replaceAfter, formAfter: tc.formAfter,
+			coldShareGrace: tc.coldShareGrace},
 	})
 	if err != nil {
 		tc.t.Fatalf("start %s: %v", id, err)

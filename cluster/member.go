@@ -77,6 +77,10 @@ type ClusterConfig struct {
 	// nodes it has (the groups grow as more join); zero means 10s. Tests set
 	// it.
 	formAfter time.Duration
+	// coldShareEvery and coldShareGrace set the cold store share check's
+	// round and grace (coldshare.go); zero means the defaults. Tests set
+	// them short.
+	coldShareEvery, coldShareGrace time.Duration
 }
 
 // Served says who answered a request: the node, the object's partition, and the
@@ -108,6 +112,9 @@ type member struct {
 
 	sess atomic.Pointer[session]
 	boot string
+	// coldShare checks that every node reads the cold store, and guards
+	// its writes (replicated clusters with a cold store; nil otherwise).
+	coldShare *coldShare
 	// storage is the storage ID of this node's data directory; a partition
 	// recorded under another one is refused (refusedBy), never served.
 	storage string
@@ -294,6 +301,19 @@ func (m *member) start() error {
 		m.goOwned(m.r.balanceLoop)
 		m.goOwned(m.r.reportLoop)
 		m.goOwned(m.r.moveLoop)
+	}
+	if c := m.coldShare; c != nil {
+		every := cmp.Or(m.cfg.coldShareEvery, coldShareEvery)
+		if m.cfg.coldShareGrace > 0 {
+			c.grace = m.cfg.coldShareGrace
+		}
+		timeout := cmp.Or(m.n.cfg.ColdTimeout, 10*time.Second)
+		m.goOwned(func() {
+			c.loop(m.ctx, every, timeout, func() map[string]NodeInfo {
+				nodes, _, _, _ := m.view.snapshot()
+				return nodes
+			})
+		})
 	}
 	m.goOwned(m.sessionLoop)
 	m.goOwned(m.reconcileLoop)

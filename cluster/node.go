@@ -44,6 +44,11 @@ type Config struct {
 	// requires it: a log's cold segments, flushed by one partition leader,
 	// must stay readable from whichever replica leads next.
 	ColdShared bool
+	// ColdUnused says that no object type flushes segments to Cold (it is
+	// only read, for segments of an earlier configuration): the nodes of a
+	// replicated cluster then do not check that they share it (coldshare.go;
+	// a private store is fine).
+	ColdUnused bool
 	// ColdTimeout bounds one cold store call; zero means 10s.
 	ColdTimeout time.Duration
 	// Alarms tunes the node's alarm scheduler (its window and memory bound); the
@@ -182,6 +187,12 @@ func Start(cfg Config) (*Node, error) {
 	} else {
 		// Every check goes through the member, made before anything runs.
 		n.member = newMember(n, cli, db.Partitions())
+		if rf > 1 && cfg.Cold != nil && !cfg.ColdUnused {
+			// Flushes go through the check that every node reads this
+			// store (coldshare.go).
+			n.member.coldShare = newColdShare(cfg.Cold, cfg.Cluster.Name, cfg.Cluster.NodeID, n.member.boot, cfg.Logger.With("node", cfg.Cluster.NodeID))
+			hc.Cold = n.member.coldShare
+		}
 		pc.Fence = func(p uint32, e uint64) error { return n.member.fence(p, e) }
 		pc.AckFence = func(p uint32, e uint64) error { return n.member.ackFence(p, e) }
 		hc.Epoch = func(p uint32) uint64 { return n.member.servingEpoch(p) }
@@ -272,6 +283,14 @@ func (n *Node) registerMetrics(m *metrics.Metrics) {
 	})
 	if r := n.member.replicatedHalf(); r != nil {
 		r.registerMetrics(m)
+	}
+	if c := n.member.coldShareCheck(); c != nil {
+		m.GaugeFunc("holdfast_cold_store_shared", "1 once this node found every live node's marker in the cold store, 0 while it refuses cold writes (its store may not be the one every node reads).", func() float64 {
+			if c.notShared() != nil {
+				return 0
+			}
+			return 1
+		})
 	}
 	m.GaugeFunc("holdfast_partitions_served", "Partitions this node serves now.", func() float64 {
 		if n.member == nil {

@@ -642,6 +642,16 @@ func TestReplicated_ColdSegmentsSurviveAFailover(t *testing.T) {
 	tc := startReplicated(t, store, "a", "b", "c")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// Every node checked that the others read the store (coldshare.go):
+	// the flush below is not refused.
+	for _, n := range tc.live() {
+		for n.member.coldShare.notShared() != nil {
+			if ctx.Err() != nil {
+				t.Fatalf("node %s: %v", n.member.id, n.member.coldShare.notShared())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	id := actors.ObjectID{App: "app_t", Type: "coldlog", Key: "events"}
 	for i := range 10 {
 		var recs []actors.LogInput
@@ -690,6 +700,75 @@ func TestReplicated_ColdSegmentsSurviveAFailover(t *testing.T) {
 		}
 	}
 	t.Logf("%d records read back after the leader %s crashed, %d cold objects", len(got), served.Node, len(keys))
+}
+
+// TestReplicated_ColdStoresThatAreNotOneWriteNothing: nodes told that their
+// cold directories are one mount (cold.fs.shared) when one of them is not
+// find out through each other's markers (coldshare.go): past the grace, a
+// trim's flush is refused with an error that says so, on whichever node
+// leads, and no segment is written anywhere.
+func TestReplicated_ColdStoresThatAreNotOneWriteNothing(t *testing.T) {
+	shared, err := coldfs.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	private, err := coldfs.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := newTestCluster(t)
+	tc.rf, tc.failover = 3, 500*time.Millisecond
+	tc.cold, tc.coldShared = shared, true
+	tc.colds = map[string]cold.Store{"c": private}
+	tc.coldShareGrace = time.Second
+	tc.metrics = map[string]*metrics.Metrics{}
+	tc.activity.serving = tc.serves
+	for _, id := range []string{"a", "b", "c"} {
+		tc.start(id)
+	}
+	tc.waitServed(30 * time.Second)
+	// Every node judges once the grace passed (rounds every 500 ms while
+	// a marker is missing within it).
+	deadline := time.Now().Add(15 * time.Second)
+	for _, n := range tc.live() {
+		for {
+			err := n.member.coldShare.notShared()
+			if errors.Is(err, errColdNotShared) && !errors.Is(err, errColdNotChecked) {
+				if v := metricValue(t, tc.metrics[n.member.id], "holdfast_cold_store_shared"); v != 0 {
+					t.Fatalf("node %s refuses cold writes, and its holdfast_cold_store_shared is %v", n.member.id, v)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s never found the store not shared: %v", n.member.id, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id := actors.ObjectID{App: "app_t", Type: "coldlog", Key: "events"}
+	var recs []actors.LogInput
+	for j := range 20 {
+		recs = append(recs, actors.LogInput{Body: []byte(fmt.Sprintf(`{"n":%d}`, j))})
+	}
+	if _, err := tc.node("a").Request(ctx, id, actors.LogAppend{Records: recs}); err != nil {
+		t.Fatalf("append: %v", err)
+	}
+	// Through the leader, so that the error keeps its cause (a forwarded
+	// reply carries the client's part only).
+	leader := tc.leaderOf(t, id)
+	_, err = tc.node(leader).Request(ctx, id, actors.LogTrim{})
+	if !errors.Is(err, errColdNotShared) || !errors.Is(err, actors.ErrUnavailable) {
+		t.Fatalf("trim on %s with cold stores that are not one: %v, want unavailable, caused by the refusal", leader, err)
+	}
+	for name, st := range map[string]cold.Store{"shared": shared, "private": private} {
+		infos, err := st.List(ctx, "log/")
+		if err != nil || len(infos) != 0 {
+			t.Fatalf("the %s store after a refused flush: %v %v", name, infos, err)
+		}
+	}
+	t.Logf("trim refused: %v", err)
 }
 
 // TestReplicated_APrivateColdStoreIsRefused: a node of a replicated cluster

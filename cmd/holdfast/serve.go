@@ -172,6 +172,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Logger:      log,
 		Cold:        store,
 		ColdShared:  coldShared(cfg),
+		ColdUnused:  !cfg.FlushesCold(),
 		Types:       goTypes,
 		Cluster:     cc,
 		Metrics:     mt,
