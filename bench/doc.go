@@ -34,7 +34,8 @@
 // the node that served the caller's object last, as a leader-aware client
 // would; HOLDFAST_BENCH_R3_PARTITIONS=N gives its cluster N partitions instead
 // of the default 256, for experiments: fewer, busier raft groups batch more
-// writes per message). The report adds a table with each
+// writes per message; the case's note gives the raft messages the nodes sent
+// each other per write). The report adds a table with each
 // operation's latency (p50, p99) and Holdfast R3's ratio to each peer:
 //
 //	go run ./bench -systems holdfast,holdfast-r3,etcd3,jetstream-r3 -cases 1000-objects,one-writer -rounds 3

@@ -18,6 +18,7 @@ import (
 	"github.com/holdfast/holdfast/bench/peers"
 	"github.com/holdfast/holdfast/cluster"
 	"github.com/holdfast/holdfast/internal/devetcd"
+	"github.com/holdfast/holdfast/metrics"
 	"github.com/holdfast/holdfast/persistence"
 )
 
@@ -82,6 +83,30 @@ type r3Cluster struct {
 	// retried counts the writes sent again after an unavailable reply (a
 	// leadership move; see writes).
 	retried atomic.Int64
+	// metrics are the nodes' (by index in nodes): the note reports the raft
+	// messages they sent per write.
+	metrics []*metrics.Metrics
+}
+
+// raftMessages sums the raft messages the nodes sent to each other so far
+// (holdfast_raft_messages_sent_total: heartbeats apart, which travel
+// coalesced per node pair).
+func (c *r3Cluster) raftMessages() float64 {
+	var sum float64
+	for _, mt := range c.metrics {
+		fams, err := mt.Registry().Gather()
+		if err != nil {
+			continue
+		}
+		for _, f := range fams {
+			if f.GetName() == "holdfast_raft_messages_sent_total" {
+				for _, m := range f.GetMetric() {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
 }
 
 // r3Name is the cluster's name in etcd.
@@ -103,8 +128,10 @@ func startR3(dir string, cfg r3Config) (*r3Cluster, error) {
 	}
 	c := &r3Cluster{etcd: e}
 	for _, id := range []string{"a", "b", "c"} {
+		mt := metrics.New()
+		c.metrics = append(c.metrics, mt)
 		n, err := cluster.Start(cluster.Config{
-			DataDir: filepath.Join(dir, id), Partitions: cfg.partitions, Logger: log.With("node", id),
+			DataDir: filepath.Join(dir, id), Partitions: cfg.partitions, Logger: log.With("node", id), Metrics: mt,
 			Cluster: &cluster.ClusterConfig{Name: r3Name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{e.Endpoint()},
 				ReplicationFactor: 3},
 		})
@@ -239,6 +266,8 @@ func (c *r3Cluster) writes(s r3Spec, d time.Duration, route string) (peers.Resul
 	for i, id := range c.ids {
 		byName[id] = int32(i)
 	}
+	var writes atomic.Int64 // acknowledged, warm-up included
+	msgs0 := c.raftMessages()
 	r, err := peers.Measure(s.callers, d, func(ctx context.Context, w int) (int64, error) {
 		i := rand.IntN(len(c.nodes))
 		if j := via[w].Load(); leaderAware && j >= 0 {
@@ -278,6 +307,7 @@ func (c *r3Cluster) writes(s r3Spec, d time.Duration, route string) (peers.Resul
 				c.direct.Add(1)
 			}
 		}
+		writes.Add(1)
 		return 1, nil
 	})
 	if err != nil {
@@ -286,6 +316,9 @@ func (c *r3Cluster) writes(s r3Spec, d time.Duration, route string) (peers.Resul
 	r.Note = r3Note
 	if leaderAware {
 		r.Note = strings.Replace(r3Note, r3RandomNote, r3LeaderNote, 1)
+	}
+	if n := writes.Load(); n > 0 {
+		r.Note += fmt.Sprintf("; %.2f raft messages sent between the nodes per write, heartbeats apart (warm-up included)", (c.raftMessages()-msgs0)/float64(n))
 	}
 	if n := c.retried.Swap(0); n > 0 {
 		r.Note += fmt.Sprintf("; %d writes were sent again after an unavailable reply (a leadership move)", n)

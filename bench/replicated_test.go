@@ -173,6 +173,13 @@ func TestHoldfastR3_WritesThroughEveryNode(t *testing.T) {
 	if !strings.Contains(lr.Note, "leader-aware") || strings.Contains(r.Note, "leader-aware") {
 		t.Errorf("notes do not say how writes were routed:\n%s\n%s", r.Note, lr.Note)
 	}
+	// Each write is at least an append to each follower and its answer.
+	var perWrite float64
+	if i := strings.Index(r.Note, " raft messages sent between the nodes per write"); i < 0 {
+		t.Errorf("the note does not give the raft messages per write: %s", r.Note)
+	} else if _, err := fmt.Sscanf(r.Note[strings.LastIndex(r.Note[:i], "; ")+2:i], "%g", &perWrite); err != nil || perWrite < 2 {
+		t.Errorf("raft messages per write: %v (%v), want at least 2: %s", perWrite, err, r.Note)
+	}
 	if _, err := c.writes(r3Spec{objects: 1, callers: 1}, time.Millisecond, "nearest"); err == nil {
 		t.Error("an unknown route accepted")
 	}
