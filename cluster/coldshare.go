@@ -29,7 +29,8 @@ import (
 // So each node checks it, through the store itself, as Kafka's brokers check
 // a cluster id: it creates a marker object named after its own id and its
 // boot (the per-run token every node publishes in etcd), and looks for every
-// other live node's marker of that node's current boot. A marker still
+// other live node's marker of that node's current boot (of the nodes that say
+// in etcd that they write one). A marker still
 // missing coldShareGrace after this node first saw that boot means the two
 // nodes do not read the same store. Until every live node's marker is found
 // again (and until its first round found them), the node refuses to create cold objects (coldShare.Create): a flush
@@ -123,7 +124,10 @@ var (
 
 // check is one round: this run's marker written (and the earlier runs'
 // removed) once, then every other live node's marker looked for. nodes are
-// the live nodes of the view (client members own nothing and are skipped).
+// the live nodes of the view; only those that say they write a marker
+// (NodeInfo.ColdMarker) are looked for: not client members, nodes of an
+// earlier version (a rolling upgrade does not stop the flushes), nor nodes
+// nothing flushes cold on.
 // It reports whether the round left something to learn soon: its own marker
 // not written, a store that did not answer, or a node's marker not found yet
 // within its grace.
@@ -146,7 +150,7 @@ func (c *coldShare) check(ctx context.Context, nodes map[string]NodeInfo) (pendi
 	var missing []string // node ids, with the key looked for
 	allFound := true
 	for id, n := range nodes {
-		if id == c.self || n.Client || n.Boot == "" {
+		if id == c.self || !n.ColdMarker || n.Boot == "" {
 			continue
 		}
 		c.mu.Lock()

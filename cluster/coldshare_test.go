@@ -20,7 +20,7 @@ func shareNodes(t *testing.T, stores map[string]cold.Store, clock *time.Time) (m
 		c := newColdShare(st, "prod/eu", id, "boot-"+id, testLogger(t))
 		c.now = func() time.Time { return *clock }
 		checks[id] = c
-		live[id] = NodeInfo{ID: id, Boot: "boot-" + id}
+		live[id] = NodeInfo{ID: id, Boot: "boot-" + id, ColdMarker: true}
 	}
 	return checks, live
 }
@@ -112,7 +112,7 @@ func TestColdShare_PrivateStoresAreRefused(t *testing.T) {
 	fixed := newColdShare(shared, "prod/eu", "a", "boot-a2", testLogger(t))
 	fixed.now = func() time.Time { return clock }
 	checks["a"] = fixed
-	live["a"] = NodeInfo{ID: "a", Boot: "boot-a2"}
+	live["a"] = NodeInfo{ID: "a", Boot: "boot-a2", ColdMarker: true}
 	round(checks, live, "a", "b", "c")
 	for id, c := range checks {
 		if err := c.Create(ctx, "log/y/"+id, []byte("y")); err != nil {
@@ -136,19 +136,21 @@ func TestColdShare_RestartsAndClients(t *testing.T) {
 	if err != nil || len(infos) != 1 || infos[0].Key != again.marker("b", "boot-b2") {
 		t.Fatalf("b's markers after its restart: %v %v, want only the new run's", infos, err)
 	}
-	// A client member never writes a marker; a node's own entry is skipped.
+	// A client member, or a node of an earlier version, writes no marker
+	// and is not looked for; a node's own entry is skipped.
 	live["cli"] = NodeInfo{ID: "cli", Boot: "boot-cli", Client: true}
-	live["b"] = NodeInfo{ID: "b", Boot: "boot-b2"}
+	live["old"] = NodeInfo{ID: "old", Boot: "boot-old"}
+	live["b"] = NodeInfo{ID: "b", Boot: "boot-b2", ColdMarker: true}
 	clock = clock.Add(2 * coldShareGrace)
 	if pending := checks["a"].check(ctx, live); pending {
 		t.Fatal("a's round with b's marker and a client member: pending")
 	}
 	if err := checks["a"].notShared(); err != nil {
-		t.Fatalf("a with a client member in the view: %v", err)
+		t.Fatalf("a with a client member and an older node in the view: %v", err)
 	}
 	// A node that joins and never writes a marker (another store), then
 	// leaves: refused while it is live, not after.
-	live["d"] = NodeInfo{ID: "d", Boot: "boot-d"}
+	live["d"] = NodeInfo{ID: "d", Boot: "boot-d", ColdMarker: true}
 	checks["a"].check(ctx, live)
 	clock = clock.Add(coldShareGrace)
 	checks["a"].check(ctx, live)

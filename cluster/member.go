@@ -381,6 +381,7 @@ func (m *member) info(s *session) NodeInfo {
 	if m.r != nil {
 		info.Raft, info.Num = m.r.raftAddr, uint64(m.r.num)
 	}
+	info.ColdMarker = m.coldShare != nil
 	return info
 }
 

@@ -83,6 +83,11 @@ type NodeInfo struct {
 	// raft node number (nodenum/<id>); both empty in a cluster of one copy.
 	Raft string `json:"raft,omitempty"`
 	Num  uint64 `json:"num,omitempty"`
+	// ColdMarker says that the node writes its marker in the cold store
+	// and checks the others' (coldshare.go): the others look for its
+	// marker only then (a node of an earlier version, or one nothing
+	// flushes cold on, writes none).
+	ColdMarker bool `json:"coldMarker,omitempty"`
 	// rev is the entry's etcd mod revision in the view that read it: a move
 	// that places a replica on the node writes only if the entry is unchanged
 	// (casGroup), so never on a node that began leaving meanwhile.
