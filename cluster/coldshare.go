@@ -64,8 +64,10 @@ type coldShare struct {
 	now        func() time.Time
 
 	mu    sync.Mutex
-	wrote bool                // this run's marker is in the store
-	seen  map[string]bootSeen // node id -> the boot this node last saw, since when
+	wrote bool // this run's marker is in the store
+	// storeDown: the marker's write failed, and was logged once.
+	storeDown bool
+	seen      map[string]bootSeen // node id -> the boot this node last saw, since when
 	// refusal is the error Create returns: set while some live node's
 	// marker is missing past its grace (and until the first round), cleared
 	// by a round that finds every live node's.
@@ -128,9 +130,9 @@ var (
 // (NodeInfo.ColdMarker) are looked for: not client members, nodes of an
 // earlier version (a rolling upgrade does not stop the flushes), nor nodes
 // nothing flushes cold on.
-// It reports whether the round left something to learn soon: its own marker
-// not written, a store that did not answer, or a node's marker not found yet
-// within its grace.
+// It reports whether the round left something to learn soon: a node's
+// marker not found yet within its grace. A store that did not answer is not
+// that: the next round comes at the usual interval.
 func (c *coldShare) check(ctx context.Context, nodes map[string]NodeInfo) (pending bool) {
 	c.mu.Lock()
 	wrote := c.wrote
@@ -138,11 +140,19 @@ func (c *coldShare) check(ctx context.Context, nodes map[string]NodeInfo) (pendi
 	if !wrote {
 		key := c.marker(c.self, c.boot)
 		if err := c.Store.Create(ctx, key, []byte(c.self+" "+c.boot)); err != nil && !errors.Is(err, cold.ErrExists) {
-			c.log.Warn("cannot write this node's marker in the cold store; trying again", "key", key, "err", err)
-			return true
+			// Once per outage, not every round: a store down for hours
+			// would fill the log.
+			c.mu.Lock()
+			first := !c.storeDown
+			c.storeDown = true
+			c.mu.Unlock()
+			if first {
+				c.log.Warn("cannot write this node's marker in the cold store; trying again every round", "key", key, "err", err)
+			}
+			return false
 		}
 		c.mu.Lock()
-		c.wrote = true
+		c.wrote, c.storeDown = true, false
 		c.mu.Unlock()
 		c.forgetEarlierRuns(ctx)
 	}
@@ -174,7 +184,7 @@ func (c *coldShare) check(ctx context.Context, nodes map[string]NodeInfo) (pendi
 		default:
 			// The store did not answer: nothing learned this round.
 			c.log.Debug("cold store share check: cannot look for a node's marker", "node", id, "key", key, "err", err)
-			return true
+			return false
 		}
 	}
 	c.mu.Lock()

@@ -161,8 +161,8 @@ func TestColdShare_RestartsAndClients(t *testing.T) {
 	failing := &failingStore{Store: shared}
 	checks["a"].Store = failing
 	delete(live, "d")
-	if pending := checks["a"].check(ctx, live); !pending || !errors.Is(checks["a"].notShared(), errColdNotShared) {
-		t.Fatalf("a round whose store fails: pending %v, verdict %v; want pending and unchanged", pending, checks["a"].notShared())
+	if pending := checks["a"].check(ctx, live); pending || !errors.Is(checks["a"].notShared(), errColdNotShared) {
+		t.Fatalf("a round whose store fails: pending %v, verdict %v; want the usual interval and the verdict unchanged", pending, checks["a"].notShared())
 	}
 	checks["a"].Store = shared
 	checks["a"].check(ctx, live)
@@ -193,4 +193,41 @@ type failingStore struct{ cold.Store }
 
 func (f *failingStore) Stat(context.Context, string) (cold.Info, error) {
 	return cold.Info{}, errors.New("store down")
+}
+
+// TestColdShare_MarkerNotWritten: while the store refuses this node's
+// marker, the node keeps refusing cold writes, retries at the usual interval
+// (not the pending one), and once the marker is written checks as usual.
+func TestColdShare_MarkerNotWritten(t *testing.T) {
+	clock := time.Unix(1000, 0)
+	shared := cold.NewMemory()
+	checks, live := shareNodes(t, map[string]cold.Store{"a": shared, "b": shared}, &clock)
+	ctx := context.Background()
+	down := &createFails{Store: shared}
+	checks["a"].Store = down
+	for range 2 {
+		if pending := checks["a"].check(ctx, live); pending {
+			t.Fatal("a round whose marker write failed asks for the pending interval")
+		}
+		if err := checks["a"].notShared(); !errors.Is(err, errColdNotChecked) {
+			t.Fatalf("a without its marker: %v", err)
+		}
+	}
+	if infos, _ := shared.List(ctx, ""); len(infos) != 0 {
+		t.Fatalf("written while the store refused: %v", infos)
+	}
+	checks["a"].Store = shared
+	round(checks, live, "b", "a", "b")
+	for id, c := range checks {
+		if err := c.notShared(); err != nil {
+			t.Fatalf("node %s once a's marker is written: %v", id, err)
+		}
+	}
+}
+
+// createFails fails every Create.
+type createFails struct{ cold.Store }
+
+func (f *createFails) Create(context.Context, string, []byte) error {
+	return errors.New("store down")
 }
