@@ -198,7 +198,7 @@ func (c *coldShare) check(ctx context.Context, nodes map[string]NodeInfo) (pendi
 	switch {
 	case len(missing) > 0:
 		slices.Sort(missing)
-		c.refusal = fmt.Errorf("%w: this node (%s) does not find the markers of %s, written more than %v ago: cold.fs.dir must be one directory every node mounts, or cold.s3 the same bucket and prefix on every node; no cold segment is written until every live node's marker is found",
+		c.refusal = fmt.Errorf("%w: this node (%s) does not find the markers of %s, known for more than %v: cold.fs.dir must be one directory every node mounts, or cold.s3 the same bucket and prefix on every node; no cold segment is written until every live node's marker is found",
 			errColdNotShared, c.self, strings.Join(missing, ", "), c.grace)
 		if was == nil || was.Error() != c.refusal.Error() {
 			c.log.Error("the cold store is not shared by every node: no cold segment is written until it is", "node", c.self, "missing", missing, "grace", c.grace)
