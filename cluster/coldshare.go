@@ -81,17 +81,20 @@ type bootSeen struct {
 	since time.Time
 }
 
-// newColdShare guards store for node self (this run: boot) of cluster name.
-func newColdShare(store cold.Store, name, self, boot string, log *slog.Logger) *coldShare {
+// newColdShare guards store for node self (this run: boot) of cluster name;
+// a missing marker counts after grace.
+func newColdShare(store cold.Store, name, self, boot string, grace time.Duration, log *slog.Logger) *coldShare {
 	return &coldShare{
 		Store: store, root: "cluster/" + keyName(name) + "/shared/", self: self, boot: boot,
-		grace: coldShareGrace, log: log, now: time.Now,
+		grace: grace, log: log, now: time.Now,
 		seen: map[string]bootSeen{}, refusal: errColdNotChecked,
 	}
 }
 
 // keyName is name as one valid segment of a cold key: its base64url form, or
-// for a very long name the hex of its SHA-256.
+// for a long name the hex of its SHA-256, so that a marker's key stays within
+// cold.MaxKeyLen whatever the names (cold's own layout, for log segments,
+// keeps long names whole, in pieces, and may exceed it).
 func keyName(name string) string {
 	if s := base64.RawURLEncoding.EncodeToString([]byte(name)); len(s) <= 200 && s != "" {
 		return s

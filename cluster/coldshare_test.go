@@ -17,7 +17,7 @@ func shareNodes(t *testing.T, stores map[string]cold.Store, clock *time.Time) (m
 	checks := map[string]*coldShare{}
 	live := map[string]NodeInfo{}
 	for id, st := range stores {
-		c := newColdShare(st, "prod/eu", id, "boot-"+id, testLogger(t))
+		c := newColdShare(st, "prod/eu", id, "boot-"+id, coldShareGrace, testLogger(t))
 		c.now = func() time.Time { return *clock }
 		checks[id] = c
 		live[id] = NodeInfo{ID: id, Boot: "boot-" + id, ColdMarker: true}
@@ -109,7 +109,7 @@ func TestColdShare_PrivateStoresAreRefused(t *testing.T) {
 	}
 	// a is fixed and restarted (a new boot) on the shared store: it is
 	// judged again from its new boot, and found.
-	fixed := newColdShare(shared, "prod/eu", "a", "boot-a2", testLogger(t))
+	fixed := newColdShare(shared, "prod/eu", "a", "boot-a2", coldShareGrace, testLogger(t))
 	fixed.now = func() time.Time { return clock }
 	checks["a"] = fixed
 	live["a"] = NodeInfo{ID: "a", Boot: "boot-a2", ColdMarker: true}
@@ -130,7 +130,7 @@ func TestColdShare_RestartsAndClients(t *testing.T) {
 	checks, live := shareNodes(t, map[string]cold.Store{"a": shared, "b": shared}, &clock)
 	ctx := context.Background()
 	round(checks, live, "a", "b", "a")
-	again := newColdShare(shared, "prod/eu", "b", "boot-b2", testLogger(t))
+	again := newColdShare(shared, "prod/eu", "b", "boot-b2", coldShareGrace, testLogger(t))
 	again.check(ctx, live)
 	infos, err := shared.List(ctx, again.root+keyName("b")+"/")
 	if err != nil || len(infos) != 1 || infos[0].Key != again.marker("b", "boot-b2") {
@@ -176,7 +176,7 @@ func TestColdShare_RestartsAndClients(t *testing.T) {
 func TestColdShare_KeysAreValid(t *testing.T) {
 	long := strings.Repeat("n", 400)
 	for _, name := range []string{"prod", ".", "..", "a/b", long, "é"} {
-		c := newColdShare(cold.NewMemory(), name, name, "b00t", testLogger(t))
+		c := newColdShare(cold.NewMemory(), name, name, "b00t", coldShareGrace, testLogger(t))
 		for _, k := range []string{c.marker(name, "b00t"), c.marker(long, long)} {
 			if err := cold.CheckKey(k); err != nil {
 				t.Fatalf("name %q: marker %q: %v", name, k, err)

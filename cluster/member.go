@@ -304,9 +304,6 @@ func (m *member) start() error {
 	}
 	if c := m.coldShare; c != nil {
 		every := cmp.Or(m.cfg.coldShareEvery, coldShareEvery)
-		if m.cfg.coldShareGrace > 0 {
-			c.grace = m.cfg.coldShareGrace
-		}
 		timeout := cmp.Or(m.n.cfg.ColdTimeout, 10*time.Second)
 		m.goOwned(func() {
 			c.loop(m.ctx, every, timeout, func() map[string]NodeInfo {

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -190,7 +191,8 @@ func Start(cfg Config) (*Node, error) {
 		if rf > 1 && cfg.Cold != nil && !cfg.ColdUnused {
 			// Flushes go through the check that every node reads this
 			// store (coldshare.go).
-			n.member.coldShare = newColdShare(cfg.Cold, cfg.Cluster.Name, cfg.Cluster.NodeID, n.member.boot, cfg.Logger.With("node", cfg.Cluster.NodeID))
+			n.member.coldShare = newColdShare(cfg.Cold, cfg.Cluster.Name, cfg.Cluster.NodeID, n.member.boot,
+				cmp.Or(cfg.Cluster.coldShareGrace, coldShareGrace), cfg.Logger.With("node", cfg.Cluster.NodeID))
 			hc.Cold = n.member.coldShare
 		}
 		pc.Fence = func(p uint32, e uint64) error { return n.member.fence(p, e) }

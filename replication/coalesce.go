@@ -1,6 +1,10 @@
 package replication
 
-import "go.etcd.io/raft/v3/raftpb"
+import (
+	"slices"
+
+	"go.etcd.io/raft/v3/raftpb"
+)
 
 // Commit-only appends, coalesced.
 //
@@ -22,49 +26,44 @@ import "go.etcd.io/raft/v3/raftpb"
 // raft messages, each encoded, framed, decoded and stepped.
 //
 // Dropping a raft message is always safe (raft is correct under message
-// loss); what matters is liveness, and the later append delivers all the
-// dropped one would have: its commit index is at least as high, and its
-// consistency check is at the same or a later index of the leader's log, so
-// the follower learns at least the same commit once it accepts it.
+// loss); what matters is liveness. The later append carries a commit index
+// at least as high, from the same or a later index of the leader's log (or,
+// after a rejection stepped in the same pass, an earlier one, whose answer
+// makes raft send the rest, with the commit), so the follower learns the
+// commit once it accepts what follows; and heartbeats carry the commit index
+// to a follower that is up to date.
 
 // redundantAppends returns, for msgs (one Ready's messages, in order), which
 // are commit-only appends (MsgApp without entries) followed in msgs by
 // another MsgApp to the same replica; skip is reused when long enough. It
 // returns nil when there are none (the usual case with few messages).
 func redundantAppends(msgs []*raftpb.Message, skip []bool) []bool {
-	// last[i] is the index in msgs of the latest commit-only append to
-	// replica to[i] not yet followed by another; few followers, so slices.
-	var toBuf [8]uint64
-	var lastBuf [8]int
-	to, last := toBuf[:0], lastBuf[:0]
+	// From the end: a commit-only append to a replica that a later MsgApp
+	// goes to is redundant. Few followers, so a slice for the set.
+	var laterBuf [8]uint64
+	later := laterBuf[:0]
 	found := false
-	for i, m := range msgs {
+	for i := len(msgs) - 1; i >= 0; i-- {
+		m := msgs[i]
 		if m.GetType() != raftpb.MsgApp {
 			continue
 		}
-		r := m.GetTo()
-		k := 0
-		for k < len(to) && to[k] != r {
-			k++
+		if !slices.Contains(later, m.GetTo()) {
+			later = append(later, m.GetTo())
+			continue
 		}
-		if k == len(to) {
-			to, last = append(to, r), append(last, -1)
+		if len(m.GetEntries()) > 0 {
+			continue
 		}
-		if j := last[k]; j >= 0 {
-			if !found {
-				found = true
-				if cap(skip) < len(msgs) {
-					skip = make([]bool, len(msgs))
-				}
-				skip = skip[:len(msgs)]
-				clear(skip)
+		if !found {
+			found = true
+			if cap(skip) < len(msgs) {
+				skip = make([]bool, len(msgs))
 			}
-			skip[j] = true
+			skip = skip[:len(msgs)]
+			clear(skip)
 		}
-		last[k] = -1
-		if len(m.GetEntries()) == 0 {
-			last[k] = i
-		}
+		skip[i] = true
 	}
 	if !found {
 		return nil
