@@ -445,9 +445,8 @@ func settled(g GroupEntry, gone, done uint64) GroupEntry {
 }
 
 // onRemoved is the engine's word that this node's replica of g left its
-// group: it stops, and the node forgets it. Its log and its partition's data
-// stay on disk (a snapshot install replaces the partition's keys if the node
-// ever gets a replica of it again).
+// group: it stops, and the node forgets it (forgetRetired: its log, and its
+// partition's data unless the node holds another replica of the group).
 func (r *replicated) onRemoved(g replication.GroupID, rid replication.ReplicaID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -465,25 +464,51 @@ func (r *replicated) onRemoved(g replication.GroupID, rid replication.ReplicaID)
 // forgetRetired ends the logs of the replicas that left their groups for
 // good (onRemoved): their entries no longer pin the write-ahead log's
 // segments, and a snapshot they named is not installed again at the next
-// start over the data of the group's later replicas here. Reconcile's
-// goroutine only (Forget waits for a commit).
+// start over the data of the group's later replicas here. The partition's
+// data is deleted too, unless the table places another replica of the group
+// on this node: a recovery's new replica starts on that data
+// (WALPipeline.Reseed), and any other gets a snapshot that replaces it.
+// Reconcile's goroutine only (Forget waits for a commit, and a deletion for a
+// memtable flush: one for all the replicas that retired since the last call).
 func (r *replicated) forgetRetired() {
 	r.mu.Lock()
 	todo := r.retired
 	r.retired = nil
 	r.mu.Unlock()
-	for i, k := range todo {
-		ctx, cancel := context.WithTimeout(r.m.ctx, 30*time.Second)
-		err := r.wp.Forget(ctx, replication.GroupID(k[0]), replication.ReplicaID(k[1]))
-		cancel()
-		if err != nil {
-			if r.m.ctx.Err() == nil {
-				r.m.log.Warn("could not end a removed replica's log; trying again", "partition", k[0], "replica", k[1], "err", err)
-			}
-			r.mu.Lock()
-			r.retired = append(r.retired, todo[i:]...)
-			r.mu.Unlock()
-			return
+	if len(todo) == 0 {
+		return
+	}
+	var keep, del []replication.Retired
+	for _, k := range todo {
+		rt := replication.Retired{Group: replication.GroupID(k[0]), Replica: replication.ReplicaID(k[1])}
+		if slices.ContainsFunc(r.m.view.group(uint32(k[0])).Replicas, func(rep ReplicaEntry) bool {
+			// (The table may still list the retired replica itself: a
+			// removal applies in raft before the leader settles the table.)
+			return rep.Node == r.m.id && (rep.ID != k[1] || rep.RecoverFrom == k[1])
+		}) {
+			keep = append(keep, rt)
+		} else {
+			del = append(del, rt)
 		}
+	}
+	ctx, cancel := context.WithTimeout(r.m.ctx, time.Minute)
+	defer cancel()
+	var err error
+	for _, rt := range keep {
+		if err = r.wp.Forget(ctx, rt.Group, rt.Replica); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = r.wp.ForgetAndDelete(ctx, del)
+	}
+	if err != nil {
+		// All again: both are idempotent.
+		if r.m.ctx.Err() == nil {
+			r.m.log.Warn("could not end the logs of removed replicas (or delete their data); trying again", "replicas", len(todo), "err", err)
+		}
+		r.mu.Lock()
+		r.retired = append(r.retired, todo...)
+		r.mu.Unlock()
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -410,10 +411,43 @@ func (tc *testCluster) replicasOn() map[string]int {
 	return out
 }
 
+// waitNoDataWithoutReplica waits until no live node's Badger holds a key of a
+// partition the table places no replica of on it (WALPipeline.ForgetAndDelete
+// deletes a removed replica's data), for up to 30 s.
+func (tc *testCluster) waitNoDataWithoutReplica(ctx context.Context) {
+	tc.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var left []string
+		groups := tc.live()[0].member.view.groupsSnapshot()
+		for _, n := range tc.live() {
+			for p, g := range groups {
+				if slices.ContainsFunc(g.Replicas, func(r ReplicaEntry) bool { return r.Node == n.cfg.Cluster.NodeID }) {
+					continue
+				}
+				has, err := n.db.HasPrefix(ctx, persistence.PartitionPrefix(uint32(p)))
+				if err != nil {
+					tc.t.Fatal(err)
+				}
+				if has {
+					left = append(left, fmt.Sprintf("%s: partition %d", n.cfg.Cluster.NodeID, p))
+				}
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("nodes still hold the data of partitions they hold no replica of, 30 s after they settled: %v", left)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestReplicated_ANodeDownPastReplaceAfterIsReplaced: the replicas of a node
 // down for longer than ReplaceAfter are re-created on the other nodes from
-// the survivors, so the cluster is fully replicated again, and can then lose
-// another node.
+// the survivors, so the cluster is fully replicated again; back, the node
+// deletes its old replicas' data; and the cluster can then lose another node.
 func TestReplicated_ANodeDownPastReplaceAfterIsReplaced(t *testing.T) {
 	tc := newTestCluster(t)
 	tc.rf, tc.failover, tc.replaceAfter = 3, 500*time.Millisecond, 2*time.Second
@@ -427,6 +461,13 @@ func TestReplicated_ANodeDownPastReplaceAfterIsReplaced(t *testing.T) {
 	stop := make(chan struct{})
 	wait := tc.load(stop, 8)
 	time.Sleep(time.Second)
+	// In Badger's tables, d's replicas' data outlives the crash (memtables
+	// do not: a replica that never runs again would not apply it again), so
+	// that d's return deletes it, or replaces it by snapshot where the
+	// cluster places a replica of the same partition on d again.
+	if err := tc.node("d").pipe.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	tc.crash("d")
 	// Not waitSettled alone: right after the crash, before d's lease expired,
 	// the status still counts d live and the cluster settled (seen once).
@@ -441,6 +482,18 @@ func TestReplicated_ANodeDownPastReplaceAfterIsReplaced(t *testing.T) {
 		return ""
 	})
 	tc.waitSettled(ctx)
+	// d returns: its old replicas were replaced, and it learns so. Their
+	// data goes (the cluster may place new replicas of some of those
+	// partitions on it, filled by snapshot).
+	tc.start("d")
+	tc.waitStatus(ctx, "d holds replicas again", func(st *Status) string {
+		if on := tc.replicasOn(); on["d"] == 0 {
+			return fmt.Sprintf("replicas %v", on)
+		}
+		return ""
+	})
+	tc.waitSettled(ctx)
+	tc.waitNoDataWithoutReplica(ctx)
 	tc.crash("a")
 	tc.waitServed(30 * time.Second)
 	time.Sleep(time.Second)
@@ -491,6 +544,8 @@ func TestReplicated_JoinAndLeaveMoveReplicas(t *testing.T) {
 	pcancel()
 	pwg.Wait()
 	t.Logf("after the join: %v (at most %d moves at once)", tc.replicasOn(), most.Load())
+	// a, b and c gave d some of their replicas: their data went with them.
+	tc.waitNoDataWithoutReplica(ctx)
 	if most.Load() < 2 {
 		t.Errorf("the join moved %d replica(s) at a time at most: balancing moves up to MaxMoves (4) at once", most.Load())
 	}

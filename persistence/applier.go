@@ -435,6 +435,16 @@ func (p *Pipeline) apply(jobs []applyJob, version, last uint64) error {
 	}
 	if len(jobs) == 1 && jobs[0].install != nil {
 		in := jobs[0].install
+		if p.db.raft.hasNewer(in.key.group, in.key.replica) {
+			// A newer replica of the group has a log here (the snapshot
+			// that ends a removed replica's data, ForgetAndDelete, raced
+			// the group's next replica on the node): the partition's keys
+			// are that replica's, put there by its own snapshot (installed
+			// before or after this one) or, for a recovery's replica
+			// (Reseed), already in Badger.
+			p.cfg.Logger.Info("not installing the snapshot of a replica the group replaced on this node", "group", in.key.group, "replica", in.key.replica, "index", in.state.Index)
+			return nil
+		}
 		return p.db.installStaged(in.key, in.ref, in.state.Index, version)
 	}
 	entries := p.sorted[:0]

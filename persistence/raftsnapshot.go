@@ -206,6 +206,20 @@ func (x *raftIndex) newestReplicas() map[uint64]uint64 {
 	return out
 }
 
+// hasNewer reports whether the node holds a log of a replica of group newer
+// than replica (replica ids only grow within a group): replica then left the
+// group, and its snapshot is never the partition's state.
+func (x *raftIndex) hasNewer(group, replica uint64) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for k := range x.logs {
+		if k.group == group && k.replica > replica {
+			return true
+		}
+	}
+	return false
+}
+
 type pendingSnap struct {
 	ref         snapRef
 	index, term uint64
@@ -716,3 +730,8 @@ func (r *RaftSnapshotReader) Close() {
 		r.it = nil
 	}
 }
+
+// HasNewerReplica reports whether the node holds a log of a replica of group
+// newer than replica: replica left the group, and the partition's data here is
+// the newer one's.
+func (db *DB) HasNewerReplica(group, replica uint64) bool { return db.raft.hasNewer(group, replica) }

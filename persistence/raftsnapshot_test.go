@@ -366,3 +366,55 @@ func TestRaftSnapshot_OnlyTheNewestReplicasSnapshotIsInstalledAtOpen(t *testing.
 	}
 	wantPartition(t, db, 3, want)
 }
+
+// TestRaftSnapshot_AnOlderReplicasSnapshotIsNotInstalled: a snapshot of a
+// replica the group replaced on this node (replica 1, once replica 2 has a
+// log here) is never installed by the applier either: here the empty
+// snapshot that ends a removed replica's data (replication's ForgetAndDelete) comes
+// after the group's next replica applied its writes, and would delete them.
+func TestRaftSnapshot_AnOlderReplicasSnapshotIsNotInstalled(t *testing.T) {
+	dir := t.TempDir()
+	db := openReplicated(t, dir, 0)
+	t.Cleanup(func() { _ = db.Close() })
+	p := startPipeline(t, db, PipelineConfig{ValueLogGCEvery: -1})
+	truncateRaftConf(t, p, 3, 2, 1, &raftpb.ConfState{Voters: []uint64{2}})
+	mustAppend(t, p, 3, 2, &raftpb.HardState{Term: new(uint64(5)), Vote: new(uint64(2)), Commit: new(uint64(1))},
+		[]*raftpb.Entry{{Index: new(uint64(1)), Term: new(uint64(5)), Type: raftpb.EntryNormal.Enum()}})
+	done := make(chan error, 1)
+	p.ApplyRaft(RaftApply{Group: 3, Replica: 2, State: RaftAppliedState{Index: 1, Term: 5, ConfState: []byte("conf2")},
+		Changes: [][]byte{AppendChanges(nil, &Write{Sets: []KV{{Key: []byte(pkey(3, "a")), Value: []byte("current")}}})},
+		Done:    func(err error) { done <- err }})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	installed := make(chan error, 1)
+	appendSnapshot(t, p, 3, 9, stage(t, db, 3), installed) // replica 1, no chunks
+	if err := <-installed; err != nil {
+		t.Fatal(err)
+	}
+	wantPartition(t, db, 3, map[string]string{"a": "current"})
+
+	// The newest replica's empty snapshot deletes every key of the
+	// partition, and only of it.
+	applyRaft(t, p, 4, 2, set(pkey(4, "x"), "other"))
+	s2, err := db.StageRaftSnapshot(3, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := s2.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ddone := make(chan error, 1)
+	p.AppendRaft(RaftAppend{Group: 3, Replica: 2, Sync: true,
+		Snapshot: &RaftSnapshot{Index: 1, Term: 5, ConfState: []byte("conf2"), Ref: ref, Installed: func(err error) { installed <- err }},
+		Done:     func(err error) { ddone <- err }})
+	if err := <-ddone; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-installed; err != nil {
+		t.Fatal(err)
+	}
+	wantPartition(t, db, 3, map[string]string{})
+	wantPartition(t, db, 4, map[string]string{"x": "other"})
+}

@@ -131,42 +131,153 @@ func (w *WALPipeline) Reseed(ctx context.Context, g GroupID, from, to ReplicaID,
 // snapshot it still named (Open would install that again over the data of
 // the group's later replicas on this node). The replica must not run, and
 // never run again. Idempotent. It waits for the change to be durable.
+//
+// The partition's data stays in Badger: a recovery's new replica (Reseed)
+// starts on it. ForgetAndDelete deletes it too.
 func (w *WALPipeline) Forget(ctx context.Context, g GroupID, r ReplicaID) error {
-	w.mu.Lock()
-	current := w.replica[g] == r
-	w.mu.Unlock()
-	if err := w.p.Barrier(ctx); err != nil { // its last appends are in
+	return w.forget(ctx, []Retired{{g, r}}, false)
+}
+
+// Retired names a replica that left its group for good.
+type Retired struct {
+	Group   GroupID
+	Replica ReplicaID
+}
+
+// ForgetAndDelete is Forget for each of rs, and deletes each one's partition
+// keys from Badger, crash-safe, unless the node holds a newer replica of its
+// group (a recovery's, which starts on the data the old one left, or the
+// group's next replica here, which brings its own snapshot). For replicas
+// that left their groups while the node holds no other replica of them.
+//
+// The deletion goes the way of a snapshot install: each log ends with an
+// empty snapshot at its last index (the committer's op 8), which the applier
+// installs (every key of the partition deleted, at one version, in order with
+// every other apply and install; skipped if a newer replica of the group has
+// a log here by then), and which every Open installs again while the log
+// names it. Once every one is installed, Badger flushes its memtables, and
+// the logs' truncations clear the snapshots (a crash before that only has
+// Open delete the keys again). One memtable flush per call: the cluster hands
+// it the replicas that left since its last call (moves, repairs, a node's
+// return), a few at a time.
+func (w *WALPipeline) ForgetAndDelete(ctx context.Context, rs []Retired) error {
+	return w.forget(ctx, rs, true)
+}
+
+// forgotten is one replica's log end, for forget.
+type forgotten struct {
+	Retired
+	last, term uint64
+	conf       []byte // the configuration an empty snapshot records; nil: data kept
+}
+
+func (w *WALPipeline) forget(ctx context.Context, rs []Retired, del bool) error {
+	if err := w.p.Barrier(ctx); err != nil { // their last appends are in
 		return err
 	}
-	s := w.db.RaftStorage(uint64(g), uint64(r), nil)
-	first, _ := s.FirstIndex()
-	last, _ := s.LastIndex()
-	if first == 1 && last == 0 {
-		return nil // no log
-	}
-	term, err := s.Term(last)
-	if err != nil {
-		return fmt.Errorf("replication: group %d replica %d: the term of its last entry %d: %w", g, r, last, err)
-	}
-	if current {
-		// The pipeline's own truncations of g follow this one.
+	var ends []forgotten
+	for _, r := range rs {
+		s := w.db.RaftStorage(uint64(r.Group), uint64(r.Replica), nil)
+		first, _ := s.FirstIndex()
+		last, _ := s.LastIndex()
+		if first == 1 && last == 0 {
+			continue // no log
+		}
+		term, err := s.Term(last)
+		if err != nil {
+			return fmt.Errorf("replication: group %d replica %d: the term of its last entry %d: %w", r.Group, r.Replica, last, err)
+		}
+		f := forgotten{Retired: r, last: last, term: term}
+		if del && !w.db.HasNewerReplica(uint64(r.Group), uint64(r.Replica)) {
+			_, cs, err := s.InitialState()
+			if err != nil {
+				return err
+			}
+			// Empty for a log that never had a configuration: nothing of it
+			// was ever applied (and op 8 needs one).
+			if f.conf, err = proto.Marshal(cs); err != nil {
+				return err
+			}
+		}
+		ends = append(ends, f)
 		w.mu.Lock()
-		w.first[g] = last + 1
-		delete(w.installed, g)
+		if w.replica[r.Group] == r.Replica {
+			// The pipeline's own truncations of the group follow this one.
+			w.first[r.Group] = last + 1
+			delete(w.installed, r.Group)
+		}
 		w.mu.Unlock()
 	}
-	done := make(chan error, 1)
-	w.p.TruncateRaft(uint64(g), uint64(r), last+1, term, nil, func(err error) { done <- err })
+	if err := w.drop(ctx, ends); err != nil {
+		return fmt.Errorf("replication: delete the data of replicas that left their groups: %w", err)
+	}
+	done := make(chan error, len(ends))
+	for _, f := range ends {
+		w.p.TruncateRaft(uint64(f.Group), uint64(f.Replica), f.last+1, f.term, nil, func(err error) {
+			if err != nil {
+				err = fmt.Errorf("replication: group %d: end replica %d's log: %w", f.Group, f.Replica, err)
+			}
+			done <- err
+		})
+	}
 	if err := w.p.Barrier(ctx); err != nil {
 		return err
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			return fmt.Errorf("replication: group %d: end replica %d's log: %w", g, r, err)
+	return wait(ctx, done, len(ends))
+}
+
+// drop ends the logs of ends that have a conf with an empty snapshot, waits
+// until the applier installed them, and has Badger flush (ForgetAndDelete).
+func (w *WALPipeline) drop(ctx context.Context, ends []forgotten) error {
+	durable, installed := make(chan error, len(ends)), make(chan error, len(ends))
+	n := 0
+	for _, f := range ends {
+		if len(f.conf) == 0 {
+			continue
 		}
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+		st, err := w.db.StageRaftSnapshot(uint64(f.Group), uint64(f.Replica))
+		if err != nil {
+			return err
+		}
+		ref, err := st.Finish() // no chunks: no key stays
+		if err != nil {
+			st.Abort()
+			return err
+		}
+		w.p.AppendRaft(persistence.RaftAppend{
+			Group: uint64(f.Group), Replica: uint64(f.Replica), Sync: true,
+			Snapshot: &persistence.RaftSnapshot{Index: f.last, Term: f.term, ConfState: f.conf, Ref: ref,
+				Installed: func(err error) { installed <- err }},
+			Done: func(err error) { durable <- err },
+		})
+		n++
 	}
+	if n == 0 {
+		return nil
+	}
+	// Every Installed is called once its append is durable; an append
+	// that fails is never installed.
+	if err := wait(ctx, durable, n); err != nil {
+		return err
+	}
+	if err := wait(ctx, installed, n); err != nil {
+		return err
+	}
+	return w.p.Flush()
+}
+
+// wait takes n results from ch and returns the first error among them.
+func wait(ctx context.Context, ch chan error, n int) error {
+	var first error
+	for range n {
+		select {
+		case err := <-ch:
+			if first == nil {
+				first = err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return first
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -80,8 +81,15 @@ func TestWALStorage_ReseedRecoversAGroupFromOneSurvivor(t *testing.T) {
 	if again, err := wp.Reseed(ctx, g, 1, 9, 1<<40); err != nil || again != last {
 		t.Fatalf("a second Reseed: %d, %v (want %d, nil)", again, err, last)
 	}
-	if err := wp.Forget(ctx, g, 1); err != nil {
+	// Asked to delete the old replica's data too, Forget keeps it: the new
+	// replica (9) starts on it.
+	if err := wp.ForgetAndDelete(ctx, []replication.Retired{{Group: g, Replica: 1}}); err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range payloads {
+		if _, ok, err := db.Get(ctx, walPayloadKey(t, p)); err != nil || !ok {
+			t.Fatalf("key %q is gone after the old replica's Forget (%v): the recovered replica's data", walPayloadKey(t, p), err)
+		}
 	}
 	s1 := db.RaftStorage(uint64(g), 1, nil)
 	if first, _ := s1.FirstIndex(); first != oldLast+1 {
@@ -136,6 +144,46 @@ func TestWALStorage_ReseedRecoversAGroupFromOneSurvivor(t *testing.T) {
 	for _, p := range payloads {
 		if !slices.ContainsFunc(seen, func(s []byte) bool { return bytes.Equal(s, p) }) {
 			t.Fatalf("the recovered replica never applied %q (applied %d payloads)", walPayloadKey(t, p), len(seen))
+		}
+	}
+}
+
+// TestWALStorage_ForgetAndDeleteDeletesTheData: a replica that left its group
+// and has no successor on the node has its log ended and its partition's
+// keys deleted from Badger; the empty snapshot that deleted them is cleared
+// from the log (no staged file left), and a second call changes nothing.
+func TestWALStorage_ForgetAndDeleteDeletesTheData(t *testing.T) {
+	c := newWALCluster(t, 3, 1, uint64(time.Now().UnixNano()), func(c *walCluster) { c.wcfg.KeepEntries = 0 })
+	defer c.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	g := c.groups[0]
+	c.leadAll(t, 1)
+	for i := range 20 {
+		c.propose(ctx, g, walPayload(g, uint64(i)))
+	}
+	c.crash(2)
+	c.crash(3)
+	c.crash(1)
+	db, wp := c.reopenAlone(t, 1, nil)
+	prefix := persistence.PartitionPrefix(uint32(g))
+	if has, err := db.HasPrefix(ctx, prefix); err != nil || !has {
+		t.Fatalf("the partition holds no key before Forget (%v): the test tests nothing", err)
+	}
+	last, _ := db.RaftStorage(uint64(g), 1, nil).LastIndex()
+	for range 2 {
+		if err := wp.ForgetAndDelete(ctx, []replication.Retired{{Group: g, Replica: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		if has, err := db.HasPrefix(ctx, prefix); err != nil || has {
+			t.Fatalf("the partition still holds keys after ForgetAndDelete (%v)", err)
+		}
+		s := db.RaftStorage(uint64(g), 1, nil)
+		if first, _ := s.FirstIndex(); first != last+1 {
+			t.Fatalf("the log starts at %d after ForgetAndDelete, want %d (empty)", first, last+1)
+		}
+		if names, _ := filepath.Glob(filepath.Join(c.nodes[1].dir, "snap", "*.snap")); len(names) != 0 {
+			t.Fatalf("staged snapshots left: %v", names)
 		}
 	}
 }
