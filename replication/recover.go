@@ -263,7 +263,15 @@ func (w *WALPipeline) drop(ctx context.Context, ends []forgotten) error {
 	if err := wait(ctx, installed, n); err != nil {
 		return err
 	}
-	return w.p.Flush()
+	if err := w.p.Flush(); err != nil {
+		return err
+	}
+	for _, f := range ends {
+		if len(f.conf) > 0 {
+			w.log.Info("deleted the data of a replica that left its group", "partition", uint64(f.Group), "replica", uint64(f.Replica), "index", f.last)
+		}
+	}
+	return nil
 }
 
 // wait takes n results from ch and returns the first error among them.
