@@ -172,6 +172,9 @@ type forgotten struct {
 }
 
 func (w *WALPipeline) forget(ctx context.Context, rs []Retired, del bool) error {
+	if len(rs) == 0 {
+		return nil
+	}
 	if err := w.p.Barrier(ctx); err != nil { // their last appends are in
 		return err
 	}

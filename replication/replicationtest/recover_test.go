@@ -148,13 +148,11 @@ func TestWALStorage_ReseedRecoversAGroupFromOneSurvivor(t *testing.T) {
 	}
 }
 
-// TestWALStorage_ForgetAndDeleteDeletesTheData: a replica that left its group
-// and has no successor on the node has its log ended and its partition's
-// keys deleted from Badger; the empty snapshot that deleted them is cleared
-// from the log (no staged file left), and a second call changes nothing.
-func TestWALStorage_ForgetAndDeleteDeletesTheData(t *testing.T) {
+// writtenThenDown returns a cluster of three nodes whose one group (g) took 20
+// writes led by node 1, with every node then stopped.
+func writtenThenDown(t *testing.T) (*walCluster, replication.GroupID) {
+	t.Helper()
 	c := newWALCluster(t, 3, 1, uint64(time.Now().UnixNano()), func(c *walCluster) { c.wcfg.KeepEntries = 0 })
-	defer c.close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	g := c.groups[0]
@@ -165,6 +163,18 @@ func TestWALStorage_ForgetAndDeleteDeletesTheData(t *testing.T) {
 	c.crash(2)
 	c.crash(3)
 	c.crash(1)
+	return c, g
+}
+
+// TestWALStorage_ForgetAndDeleteDeletesTheData: a replica that left its group
+// and has no successor on the node has its log ended and its partition's
+// keys deleted from Badger; the empty snapshot that deleted them is cleared
+// from the log (no staged file left), and a second call changes nothing.
+func TestWALStorage_ForgetAndDeleteDeletesTheData(t *testing.T) {
+	c, g := writtenThenDown(t)
+	defer c.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	db, wp := c.reopenAlone(t, 1, nil)
 	prefix := persistence.PartitionPrefix(uint32(g))
 	if has, err := db.HasPrefix(ctx, prefix); err != nil || !has {
@@ -197,18 +207,10 @@ func TestWALStorage_ForgetAndDeleteDeletesTheData(t *testing.T) {
 // table said so, while its log was being ended: the failed group never left
 // the engine, and the partition never got its new replica on that node.)
 func TestWALStorage_AFailedReplicaCanBeRemovedAndItsGroupStartedAgain(t *testing.T) {
-	c := newWALCluster(t, 3, 1, uint64(time.Now().UnixNano()), func(c *walCluster) { c.wcfg.KeepEntries = 0 })
+	c, g := writtenThenDown(t)
 	defer c.close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	g := c.groups[0]
-	c.leadAll(t, 1)
-	for i := range 20 {
-		c.propose(ctx, g, walPayload(g, uint64(i)))
-	}
-	c.crash(2)
-	c.crash(3)
-	c.crash(1)
 
 	_, wp := c.reopenAlone(t, 1, nil)
 	st, applied, err := wp.Storage(g, 1)
