@@ -36,10 +36,20 @@
 //     its memory may be ahead of disk, so it answers 503 and goes away.
 //   - The overlay (overlay.go) holds what the actor wrote and reads back before
 //     Badger shows it: the actor moves on as soon as it submitted a write.
-//   - Every write carries the partition's epoch the activation loaded under
-//     (a handoff or a lost lease moves it on, and the write is refused: a
-//     fence). logfloor.go keeps log_ids above what an object issued before
+//   - Every write carries the partition's epoch the activation was admitted
+//     under (a handoff or a lost lease moves it on, and the write is refused:
+//     a fence). logfloor.go keeps log_ids above what an object issued before
 //     its partition lost data.
+//   - One activation per object per node serves: the one in the routing
+//     table. One that leaves it (dropped with its partition, broken,
+//     passivated) answers none of the requests left in its mailbox (not
+//     served: the router asks again, and a fresh activation serves), and its
+//     chain is retired, so none of its writes the pipeline has not taken yet
+//     lands (persistence.Chain.Retire). The epoch alone did not say it: a
+//     replicated node's lease can lapse and come back within one raft term,
+//     and the dropped activation then went on beside a fresh one, both
+//     writing from their own state (two increments answered n = 298, one
+//     lost, in a CI run).
 //
 // # The behaviours
 //

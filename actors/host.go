@@ -157,6 +157,8 @@ func (s *hostShard) remove(a *activation) {
 	if s.m[a.id] != a {
 		return
 	}
+	a.gone.Store(true)
+	a.chain.Retire(errMoved())
 	delete(s.m, a.id)
 	if s.routed != nil {
 		s.routed(a.id, false)
@@ -174,7 +176,10 @@ func (s *hostShard) remove(a *activation) {
 // and not yet answered; it passivates only at zero, under the shard lock, so no
 // request can reach a stopped actor.
 type activation struct {
-	id       ObjectID
+	id ObjectID
+	// epoch is the partition's epoch the activation was admitted under (never
+	// 0): it serves under that epoch only (object.retired).
+	epoch    uint64
 	pid      *actor.PID
 	inflight atomic.Int64
 	lastUsed atomic.Int64 // unix nanoseconds of the last request admitted
@@ -195,6 +200,16 @@ type activation struct {
 	// acknowledged writes in Badger (object.handle): its later turns do not
 	// wait for the pipeline (StartsAtOnce).
 	ready atomic.Bool
+	// gone is set, and chain (the object's writes) retired, as the
+	// activation leaves the routing table (hostShard.remove). From then on it
+	// answers none of the requests still in its mailbox (object.handle), and
+	// none of the writes it submits after that reaches the log: the next
+	// activation of the object, on this node, may already be serving, even
+	// under the same epoch (a replicated node's lease that lapsed and came
+	// back within one raft term). Otherwise both would write, each from its
+	// own state.
+	gone  atomic.Bool
+	chain *persistence.Chain
 }
 
 // NewHost returns a host over db and pipe; register types, then Start it.
@@ -538,7 +553,9 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 		// Fail closed: Badger may show writes whose sync failed.
 		return nil, unavailable("the node's storage failed; it must restart", err)
 	}
-	if p := persistence.Partition(id, h.db.Partitions()); h.epoch(p) == 0 {
+	p := persistence.Partition(id, h.db.Partitions())
+	epoch := h.epoch(p)
+	if epoch == 0 {
 		return nil, &Error{Kind: KindUnavailable, Code: CodeNotServed, Msg: fmt.Sprintf("partition %d is not served by this node now", p), RetryAfter: 100 * time.Millisecond}
 	}
 	s := h.shard(id)
@@ -558,7 +575,7 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 	}
 	s.mu.Lock()
 	if a = s.m[id]; a == nil {
-		a = &activation{id: id}
+		a = &activation{id: id, epoch: epoch, chain: &persistence.Chain{}}
 		a.pid = h.system.Root.Spawn(h.props)
 		// The activation is the actor's first message: nothing can reach the new
 		// actor before it, since the shard lock is held until it is sent.

@@ -126,9 +126,9 @@ func (o *object) Receive(c actor.Context) {
 func (o *object) init(c actor.Context, a *activation) {
 	o.act = a
 	o.part = persistence.Partition(a.id, o.h.db.Partitions())
-	o.epoch = o.h.epoch(o.part)
+	o.epoch = a.epoch // not the epoch now: a lapse since the admission retires it
 	o.st = store{db: o.h.db, ov: &o.ov}
-	o.chain = &persistence.Chain{}
+	o.chain = a.chain
 	o.typ = o.h.types[a.id.Type]
 	o.opts = o.h.typeOptions(a.id.Type)
 }
@@ -145,7 +145,7 @@ type tidy struct{}
 
 func (o *object) handle(c actor.Context, env *envelope) {
 	o.evict()
-	if o.broken == nil && o.h.epoch(o.part) != o.epoch {
+	if o.broken == nil && o.retired() {
 		o.moved()
 	}
 	if !o.ready && o.broken == nil {
@@ -155,6 +155,8 @@ func (o *object) handle(c actor.Context, env *envelope) {
 		if err := o.h.pipe.WaitPartition(context.Background(), o.part); err != nil {
 			o.broken = fmt.Errorf("the database cannot show every acknowledged write: %w", err)
 			o.h.forget(o.act)
+		} else if o.retired() { // dropped while it waited
+			o.moved()
 		} else {
 			o.ready = true
 			o.act.ready.Store(true)
@@ -395,8 +397,15 @@ func errMoved() error {
 	return &Error{Kind: KindUnavailable, Code: CodeNotServed, Msg: "the object's partition is moving between nodes; retry", RetryAfter: 100 * time.Millisecond}
 }
 
+// retired reports whether this activation may serve no more: the host took it
+// out of its routing table (a fresh activation serves the object now, or will),
+// or its partition's epoch moved on.
+func (o *object) retired() bool {
+	return o.act.gone.Load() || o.h.epoch(o.part) != o.epoch
+}
+
 // moved retires an activation whose partition is no longer served under its
-// epoch: requests already in its mailbox get 503, subscribers are told to resume
+// epoch (or that the host no longer routes to): requests already in its mailbox get 503, subscribers are told to resume
 // elsewhere, and the host routes new requests to a fresh activation.
 func (o *object) moved() {
 	o.broken = errMoved()

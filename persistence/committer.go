@@ -112,9 +112,11 @@ func (p *Pipeline) commitRun(run []*Write, rjobs []*raftJob) {
 			w.fail(w.err) // too large, or refused by submit: later writes of its chain fail too
 			continue
 		}
-		if w.Chain != nil && w.Chain.err != nil {
-			w.err = w.Chain.err
-			continue
+		if w.Chain != nil {
+			if err := w.Chain.Failed(); err != nil {
+				w.err = err // a retired chain's error is not its failure: no w.fail
+				continue
+			}
 		}
 		if failErr != nil {
 			w.fail(failErr)

@@ -409,6 +409,44 @@ func TestPipeline_ChainStopsWritesAfterAFailure(t *testing.T) {
 	}
 }
 
+// A retired chain's writes that the committer has not taken fail with the
+// retirement's error and never reach the database; a write of the chain
+// taken before stays; the first retirement's error stays; other chains are
+// not touched.
+func TestPipeline_ARetiredChainRefusesItsLaterWrites(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
+	p := startPipeline(t, db, PipelineConfig{})
+	ctx := context.Background()
+	chain := &Chain{}
+	before := set("r1", "x")
+	before.Chain = chain
+	waitApplied(t, p.Submit(before))
+	errGone := errors.New("retired")
+	chain.Retire(errGone)
+	chain.Retire(errors.New("retired again"))
+	after := set("r2", "x")
+	after.Chain = chain
+	other := set("o1", "x")
+	other.Chain = &Chain{}
+	ta, to := p.Submit(after), p.Submit(other)
+	if err := ta.Wait(ctx); !errors.Is(err, errGone) {
+		t.Fatalf("a write of a retired chain: %v, want the first retirement's error", err)
+	}
+	if err := to.Wait(ctx); err != nil {
+		t.Fatalf("a write of another chain: %v", err)
+	}
+	if err := p.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, _ := db.Get(ctx, []byte("r2")); found {
+		t.Fatal("a write of a retired chain reached the database")
+	}
+	if _, found, _ := db.Get(ctx, []byte("r1")); !found {
+		t.Fatal("the chain's write from before its retirement is gone")
+	}
+}
+
 // ScanMerged reads several ranges as one sequence ordered by the key after each
 // prefix, honours each range's bounds, and stops when told.
 func TestDB_ScanMergedOrdersAcrossRanges(t *testing.T) {

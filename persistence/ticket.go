@@ -31,7 +31,9 @@ type Write struct {
 	Deletes   [][]byte
 	// Chain, if set, links the writes of one actor activation: once one of them
 	// fails, every later write of the chain fails too, so that nothing built on a
-	// lost write ever reaches disk.
+	// lost write ever reaches disk; once the chain is retired (its activation
+	// left the host's routing table), none of its writes not yet taken into
+	// the log ever is.
 	Chain *Chain
 
 	err    error // set by the goroutine committing it, before completion
@@ -142,13 +144,25 @@ func (t *Ticket) complete(err error) {
 }
 
 // Chain links the writes of one writer; see Write.Chain. Only the goroutine
-// holding the pipeline's commitMu touches it (another pipeline's, such as
-// replication.Proposer, serializes its own access: Failed and Fail).
-type Chain struct{ err error }
+// holding the pipeline's commitMu touches err (another pipeline's, such as
+// replication.Proposer, serializes its own access: Failed and Fail); Retire
+// may come from any goroutine.
+type Chain struct {
+	err error
+	// retired is the error Retire gave: the chain's writes that the log did
+	// not take yet fail with it.
+	retired atomic.Pointer[error]
+}
 
-// Failed returns the error of the chain's first failed write, or nil. For a
-// pipeline other than Pipeline (replication.Proposer).
-func (c *Chain) Failed() error { return c.err }
+// Failed returns the error of the chain's first failed write, else the error
+// it was retired with, or nil. For a pipeline other than Pipeline
+// (replication.Proposer).
+func (c *Chain) Failed() error {
+	if c.err != nil {
+		return c.err
+	}
+	return c.Retired()
+}
 
 // Fail records err as the chain's failure unless it has one. For a pipeline
 // other than Pipeline (replication.Proposer).
@@ -156,6 +170,23 @@ func (c *Chain) Fail(err error) {
 	if c.err == nil {
 		c.err = err
 	}
+}
+
+// Retire refuses, with err, every write of the chain that the log has not
+// taken when a pipeline next looks (Pipeline's committer as it builds a
+// record; replication.Proposer as the group's worker hands a proposal to
+// raft). Any goroutine; the first err stays. The actors' host retires an
+// activation's chain as it takes it out of its routing table: a write the
+// activation submits after that can never land behind the next activation's
+// first read.
+func (c *Chain) Retire(err error) { c.retired.CompareAndSwap(nil, &err) }
+
+// Retired returns the error Retire gave, or nil.
+func (c *Chain) Retired() error {
+	if p := c.retired.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Ticket returns w's ticket, for a pipeline other than Pipeline

@@ -29,7 +29,11 @@ import (
 //   - Write.Chain keeps its meaning: once a write of a chain fails, the later
 //     ones fail too, and none of them is handed to raft after the failure
 //     (Engine.ProposeAsync's guard runs on the group's worker, in proposal
-//     order; a chain is one activation's, so one group's).
+//     order; a chain is one activation's, so one group's). Nor is a write of
+//     a retired chain: the actors' host retires an activation's chain as it
+//     takes it out of its routing table, before a next activation exists, so
+//     the next one's WaitPartition entry is behind every write of the old
+//     one that raft will ever hold.
 //   - Writes are not batched here: the engine puts every proposal a worker
 //     pass finds into one MsgProp, and the persistence committer every
 //     group's appends into one record and one sync.
@@ -55,6 +59,9 @@ func (p *Proposer) Queue(w *persistence.Write) *persistence.Ticket {
 	var guard func() error
 	if c := w.Chain; c != nil {
 		guard = func() error {
+			if err := c.Retired(); err != nil {
+				return fmt.Errorf("its writer was retired: %w", err)
+			}
 			if err := c.Failed(); err != nil {
 				return fmt.Errorf("an earlier write of its chain failed: %w", err)
 			}

@@ -133,6 +133,19 @@ func TestProposer_WritesCommitOnAMajorityThenComplete(t *testing.T) {
 	if err := next.Wait(ctx); !errors.Is(err, replication.ErrNotWritten) {
 		t.Fatalf("the chain's write after a refused one: %v, want ErrNotWritten", err)
 	}
+	// A retired chain: its writes that raft has not taken are refused with
+	// the error it was retired with; a write taken before stays written.
+	retired := &persistence.Chain{}
+	kept := prop.Queue(proposerWrite(uint32(g), term, retired, "p/retired-0"))
+	if err := kept.Wait(ctx); err != nil {
+		t.Fatalf("a write before its chain was retired: %v", err)
+	}
+	errRetired := errors.New("the activation left the routing table")
+	retired.Retire(errRetired)
+	late := prop.Queue(proposerWrite(uint32(g), term, retired, "p/retired-1"))
+	if err := late.Wait(ctx); !errors.Is(err, replication.ErrNotWritten) || !errors.Is(err, errRetired) {
+		t.Fatalf("a write of a retired chain: %v, want ErrNotWritten and the retirement's error", err)
+	}
 	// On a follower: not the leader.
 	follower := lead%3 + 1
 	c.mu.Lock()
@@ -146,7 +159,10 @@ func TestProposer_WritesCommitOnAMajorityThenComplete(t *testing.T) {
 	if err := prop.WaitPartition(ctx, uint32(g)); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"p/stale", "p/chain-0", "p/chain-1", "p/follower"} {
+	if !c.inBadgerOn(t, lead, "p/retired-0") {
+		t.Fatal("a write taken before its chain was retired is not in the leader's Badger")
+	}
+	for _, k := range []string{"p/stale", "p/chain-0", "p/chain-1", "p/follower", "p/retired-1"} {
 		if got := c.inBadger(t, k); got != 0 {
 			t.Fatalf("%s, refused, is in Badger on %d nodes", k, got)
 		}
