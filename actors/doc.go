@@ -42,10 +42,12 @@
 //     its partition lost data.
 //   - One activation per object per node serves: the one in the routing
 //     table. One that leaves it (dropped with its partition, broken,
-//     passivated) answers none of the requests left in its mailbox (not
-//     served: the router asks again, and a fresh activation serves), and its
-//     chain is retired, so none of its writes the pipeline has not taken yet
-//     lands (persistence.Chain.Retire). The epoch alone did not say it: a
+//     passivated) runs none of the requests left in its mailbox: it hands
+//     them, unrun and in order, to the object's activation now (Host.resend),
+//     or, when this node does not serve the partition now, refuses them (not
+//     served: a cluster's router asks the node that does). Its chain is
+//     retired, so none of its writes the pipeline has not taken yet lands
+//     (persistence.Chain.Retire). The epoch alone did not say it: a
 //     replicated node's lease can lapse and come back within one raft term,
 //     and the dropped activation then went on beside a fresh one, both
 //     writing from their own state (two increments answered n = 298, one

@@ -78,8 +78,9 @@ type Hooks struct {
 	Queue func(event string, n int)
 	// Routed: an activation of id entered (true) or left (false) the host's
 	// routing table. Only an activation in the table serves requests: one that
-	// left it answers none of those already in its mailbox (they are refused
-	// or it is idle). Tests check single activity across nodes with it.
+	// left it runs none of those already in its mailbox (they go to the
+	// object's activation now, or are refused). Tests check single activity
+	// across nodes with it.
 	Routed func(id ObjectID, in bool)
 }
 
@@ -313,6 +314,33 @@ func (h *Host) post(id ObjectID, msg any) error {
 	}
 	h.send(act, &envelope{msg: msg, reply: make(chan result, 1), act: act}, false)
 	return nil
+}
+
+// maxResends bounds the hand-overs of one request (resend): each needs the
+// activation it went to retired before it ran the request, a lease that lapses
+// and comes back, or a partition dropped, while the request waited.
+const maxResends = 3
+
+// resend hands env, which a retired activation refused without running it, to
+// the object's activation now, a fresh one if need be, on the goroutine of the
+// retired one (in its mailbox's order). It reports false, and does nothing,
+// when it cannot: this node does not serve the partition now, the object
+// cannot be activated, or env was handed over maxResends times already; the
+// retired activation then answers with its refusal.
+func (h *Host) resend(env *envelope) bool {
+	if env.resent >= maxResends {
+		return false
+	}
+	old := env.act
+	a, err := h.acquire(old.id)
+	if err != nil {
+		return false
+	}
+	env.resent++
+	env.act = a
+	old.inflight.Add(-1)
+	h.send(a, env, false)
+	return true
 }
 
 // send delivers msg to a's actor: every message to an object goes through here.
@@ -625,7 +653,9 @@ func (h *Host) forget(a *activation) {
 
 // DropPartition retires every activation of partition p: call it once p is no
 // longer served under the epoch they were activated at (Config.Epoch already
-// says so). Requests that reached them get 503; new requests activate afresh.
+// says so). Requests that reached them are not run there: they go to fresh
+// activations if p is served again by then, else get 503 (not served); new
+// requests activate afresh.
 func (h *Host) DropPartition(p uint32) {
 	n := h.db.Partitions()
 	var drop []*activation

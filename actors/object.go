@@ -19,6 +19,9 @@ type envelope struct {
 	// done, when set instead of reply, takes the reply (RequestAsync).
 	done func(val any, err error)
 	act  *activation
+	// resent counts the hand-overs of this request, unrun, from an activation
+	// that was retired to the object's activation now (Host.resend).
+	resent int
 	// The reply held at the output gate (respond) until its write is durable.
 	h   *Host
 	val any
@@ -78,6 +81,10 @@ type object struct {
 	// broken is set once a write of this activation failed: the in-memory state
 	// may be ahead of disk, so the activation answers 503 and goes away.
 	broken error
+	// movedOn is set with broken when the activation was retired (moved): it
+	// hands the requests left in its mailbox, unrun, to the object's
+	// activation now (Host.resend).
+	movedOn bool
 
 	ready    bool // state may be read: earlier activations' writes are applied
 	typ      *TypeSpec
@@ -161,6 +168,14 @@ func (o *object) handle(c actor.Context, env *envelope) {
 			o.ready = true
 			o.act.ready.Store(true)
 		}
+	}
+	if o.movedOn && o.h.resend(env) {
+		// Never run here: the object's activation now runs it, and the caller
+		// does not hear of the hand-over.
+		if o.act.inflight.Load() == 0 {
+			c.Stop(c.Self())
+		}
+		return
 	}
 	if err := o.health(); err != nil {
 		if f, ok := env.msg.(alarmFire); ok {
@@ -405,10 +420,13 @@ func (o *object) retired() bool {
 }
 
 // moved retires an activation whose partition is no longer served under its
-// epoch (or that the host no longer routes to): requests already in its mailbox get 503, subscribers are told to resume
-// elsewhere, and the host routes new requests to a fresh activation.
+// epoch, or that the host no longer routes to: the requests already in its
+// mailbox go, unrun, to the object's activation now if this node serves the
+// partition (Host.resend), else get 503 (not served: a cluster's router asks
+// the node that serves it); subscribers are told to resume elsewhere, and the
+// host routes new requests to a fresh activation.
 func (o *object) moved() {
-	o.broken = errMoved()
+	o.broken, o.movedOn = errMoved(), true
 	o.h.forget(o.act)
 	o.cancelPush() // its handlers' results cannot come back to it (owners.go)
 	subs := o.subs

@@ -45,12 +45,13 @@ func TestNode_RoutesFencesAndCloses(t *testing.T) {
 	if err := n.table.fence(p, 2); err != nil {
 		t.Fatalf("fence of the current epoch: %v", err)
 	}
-	// The activation made at epoch 1 answers no more: it retires, and the next
-	// request activates the object afresh at epoch 2.
-	if _, err := kv.Get(ctx); !actors.NotServed(err) {
-		t.Fatalf("the stale activation after the epoch moved on: %v", err)
+	// The activation made at epoch 1 runs no more: it retires and hands the
+	// request, unrun, to a fresh activation at epoch 2, whose write the fence
+	// takes (the stale one's would be refused: ErrNotOwner).
+	if r, err := kv.Set(ctx, "b", 2); err != nil || r.LogID != 2 {
+		t.Fatalf("a write after the epoch moved on: %+v %v", r, err)
 	}
-	if st, err := kv.Get(ctx); err != nil || st.LogID != 1 {
+	if st, err := kv.Get(ctx); err != nil || st.LogID != 2 || string(st.State["a"]) != "1" || string(st.State["b"]) != "2" {
 		t.Fatalf("after the epoch moved on: %+v %v", st, err)
 	}
 	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
