@@ -199,11 +199,11 @@ func (c *Cluster) start(id replication.NodeID) error {
 		pipe.onApplyJob = func(job replication.Job) { c.cfg.OnApplyJob(id, job) }
 	}
 	pipe.SetCompaction(c.cfg.CompactEvery, c.cfg.CompactKeep)
-	pipe.observe = func(g replication.GroupID, ent *raftpb.Entry, d Digest, cs *raftpb.ConfState, err error) {
-		c.Checker.applied(id, c.replicaOn(n, g), g, ent, d, cs, err)
+	pipe.observe = func(g replication.GroupID, r replication.ReplicaID, ent *raftpb.Entry, d Digest, cs *raftpb.ConfState, err error) {
+		c.Checker.applied(id, r, g, ent, d, cs, err)
 	}
-	pipe.restored = func(g replication.GroupID, snap *raftpb.Snapshot) {
-		c.Checker.restored(id, c.replicaOn(n, g), g, snap)
+	pipe.restored = func(g replication.GroupID, r replication.ReplicaID, snap *raftpb.Snapshot) {
+		c.Checker.restored(id, r, g, snap)
 	}
 	ecfg := c.cfg.Engine
 	ecfg.Node = id
@@ -265,13 +265,6 @@ func (c *Cluster) groupConfig(n *Node, g replication.GroupID, r replication.Repl
 			c.pmu.Unlock()
 		},
 	}
-}
-
-// replicaOn returns the replica of g node n hosts (0: none).
-func (c *Cluster) replicaOn(n *Node, g replication.GroupID) replication.ReplicaID {
-	c.pmu.Lock()
-	defer c.pmu.Unlock()
-	return n.replicas[g]
 }
 
 // Hosts returns the nodes that host a replica of g (running or not).

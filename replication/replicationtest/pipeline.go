@@ -42,9 +42,12 @@ type MemPipeline struct {
 
 	// Observers for the Cluster's checker (nil: none). observe sees every
 	// applied entry with the state machine after it (digest, config, or the
-	// error computing the config); restored every snapshot installed.
-	observe  func(g replication.GroupID, ent *raftpb.Entry, d Digest, cs *raftpb.ConfState, err error)
-	restored func(g replication.GroupID, snap *raftpb.Snapshot)
+	// error computing the config); restored every snapshot installed. r is
+	// the replica whose job it was (the job message's From): the Cluster's
+	// record of the node's replica may already be gone (a removed replica
+	// applies the entries of its last jobs while its removal is handled).
+	observe  func(g replication.GroupID, r replication.ReplicaID, ent *raftpb.Entry, d Digest, cs *raftpb.ConfState, err error)
+	restored func(g replication.GroupID, r replication.ReplicaID, snap *raftpb.Snapshot)
 	// onApplyJob, if set, sees every job Apply queues (Config.OnApplyJob).
 	onApplyJob func(job replication.Job)
 
@@ -246,7 +249,7 @@ func (p *MemPipeline) write(j replication.Job, durable bool) error {
 			dg.installs++
 			p.disk.mu.Unlock()
 			if p.restored != nil {
-				p.restored(j.Group, snap)
+				p.restored(j.Group, replication.ReplicaID(j.Msg.GetFrom()), snap)
 			}
 		}
 	}
@@ -301,7 +304,7 @@ func (p *MemPipeline) applyLoop(ctx context.Context) {
 					p.apply(j.Group, ent)
 				}
 				if p.observe != nil {
-					p.observe(j.Group, ent, d, cs, err)
+					p.observe(j.Group, replication.ReplicaID(j.Msg.GetFrom()), ent, d, cs, err)
 				}
 				p.disk.mu.Lock()
 				dg.applied, dg.digest, dg.conf = ent.GetIndex(), d, cs
