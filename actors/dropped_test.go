@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/holdfast/holdfast/internal/pipehook"
 	"github.com/holdfast/holdfast/persistence"
@@ -35,13 +36,13 @@ func TestHost_ADroppedActivationServesNothingMore(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	open := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(open)
 	hooks := &pipehook.Hooks{BeforeApply: func(uint64) {
 		if held.Load() {
 			<-release
 		}
 	}}
 	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: hooks}})
+	t.Cleanup(open) // before the node's stop (cleanups run last first): a failed test must not hold the applier
 	ctx := context.Background()
 	held.Store(true)
 	if _, err := n.kv("other", "y").Increment(ctx, "n", 1); err != nil {
@@ -136,5 +137,65 @@ func TestHost_AnActivationStartedAfterItsPartitionLapsedServesNothing(t *testing
 	r, err := x.Increment(ctx, "n", 1)
 	if err != nil || string(r.Value) != "1" {
 		t.Fatalf("the increment once served again: %+v, %v; want n = 1", r, err)
+	}
+}
+
+// A retired activation hands its requests over without running the next
+// activation's first turn on its own goroutine. That turn waits until Badger
+// shows the partition's acknowledged writes, and the goroutine that posted to
+// the retired activation may be one that must not wait: the cluster
+// transport's connection reader runs requests of ready objects itself.
+func TestHost_AHandOverDoesNotRunTheNextFirstTurnOnTheCaller(t *testing.T) {
+	var held atomic.Bool
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	hooks := &pipehook.Hooks{BeforeApply: func(uint64) {
+		if held.Load() {
+			<-release
+		}
+	}}
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: hooks}})
+	t.Cleanup(open) // before the node's stop (cleanups run last first): a failed test must not hold the applier
+	ctx := context.Background()
+	id := ObjectID{App: "app_t", Type: "counter", Key: "x"}
+	x := n.kv("counter", "x")
+	if _, err := x.Increment(ctx, "n", 1); err != nil {
+		t.Fatal(err) // the first activation is past its first turn
+	}
+	if err := n.pipe.WaitApplied(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held.Store(true)
+	if _, err := n.kv("other", "y").Increment(ctx, "n", 1); err != nil {
+		t.Fatal(err) // acknowledged; its apply waits: a new activation's first turn waits too
+	}
+	a, err := n.host.acquire(id) // a request counted at the first activation
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.host.DropPartition(persistence.Partition(id, n.db.Partitions()))
+	reply := make(chan result, 1)
+	env := &envelope{msg: &KVWrite{Route: RouteIncrement, Ops: []Op{{Op: "increment", Key: "n"}}}, act: a,
+		done: func(v any, err error) { reply <- result{v, err} }}
+	posted := make(chan struct{})
+	go func() {
+		n.host.send(a, env, false) // the retired activation's turn runs here
+		close(posted)
+	}()
+	select {
+	case <-posted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("posting to the retired activation waited for the next activation's first turn")
+	}
+	held.Store(false)
+	open()
+	select {
+	case r := <-reply:
+		if r.err != nil || string(r.val.(*WriteResult).Value) != "2" {
+			t.Fatalf("the handed-over increment: %+v, %v; want n = 2", r.val, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handed-over increment was never answered")
 	}
 }

@@ -211,6 +211,12 @@ type activation struct {
 	// own state.
 	gone  atomic.Bool
 	chain *persistence.Chain
+	// fwd are the requests this retired activation handed over (Host.resend)
+	// and its forwarder has not posted yet, in its mailbox's order; fwding
+	// says a forwarder runs.
+	fwdMu  sync.Mutex
+	fwd    []*envelope
+	fwding bool
 }
 
 // NewHost returns a host over db and pipe; register types, then Start it.
@@ -322,11 +328,19 @@ func (h *Host) post(id ObjectID, msg any) error {
 const maxResends = 3
 
 // resend hands env, which a retired activation refused without running it, to
-// the object's activation now, a fresh one if need be, on the goroutine of the
-// retired one (in its mailbox's order). It reports false, and does nothing,
-// when it cannot: this node does not serve the partition now, the object
-// cannot be activated, or env was handed over maxResends times already; the
-// retired activation then answers with its refusal.
+// the object's activation now, a fresh one if need be. It reports false, and
+// does nothing, when it cannot: this node does not serve the partition now, the
+// object cannot be activated, or env was handed over maxResends times already;
+// the retired activation then answers with its refusal.
+//
+// The request is counted at once in the new activation's inflight (so Close
+// waits for it), and posted by the retired activation's forwarder, an owned
+// goroutine, in the retired mailbox's order. Not on the caller's goroutine:
+// the new activation's first turn waits for its partition's writes to reach
+// Badger (WaitPartition), and the synchronized dispatcher would run it right
+// there, which may be the cluster transport's connection reader (StartsAtOnce
+// lets it run turns of ready objects only: session 26 saw a reader held past
+// its probe fail every call on its connection).
 func (h *Host) resend(env *envelope) bool {
 	if env.resent >= maxResends {
 		return false
@@ -339,8 +353,32 @@ func (h *Host) resend(env *envelope) bool {
 	env.resent++
 	env.act = a
 	old.inflight.Add(-1)
-	h.send(a, env, false)
+	old.fwdMu.Lock()
+	old.fwd = append(old.fwd, env)
+	start := !old.fwding
+	old.fwding = true
+	old.fwdMu.Unlock()
+	if start {
+		h.bg.Go(func(context.Context) { h.forward(old) })
+	}
 	return true
+}
+
+// forward posts the requests retired activation old handed over, in order,
+// until none is left.
+func (h *Host) forward(old *activation) {
+	for {
+		old.fwdMu.Lock()
+		if len(old.fwd) == 0 {
+			old.fwd, old.fwding = nil, false
+			old.fwdMu.Unlock()
+			return
+		}
+		env := old.fwd[0]
+		old.fwd = old.fwd[1:]
+		old.fwdMu.Unlock()
+		h.send(env.act, env, false)
+	}
 }
 
 // send delivers msg to a's actor: every message to an object goes through here.
