@@ -358,8 +358,8 @@ func (h *Host) resend(env *envelope) bool {
 	start := !old.fwding
 	old.fwding = true
 	old.fwdMu.Unlock()
-	if start {
-		h.bg.Go(func(context.Context) { h.forward(old) })
+	if start && !h.bg.Go(func(context.Context) { h.forward(old) }) {
+		h.forward(old) // the host is closing: its owned goroutines are stopped
 	}
 	return true
 }
