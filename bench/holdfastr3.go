@@ -77,9 +77,11 @@ type r3Cluster struct {
 	nodes []*cluster.Node
 	ids   []string // the nodes' ids, by index in nodes
 	// sent counts the writes sent through each node (by index in nodes);
-	// direct those the node they were sent through served itself.
+	// direct those the node they were sent through served itself, out of
+	// acked acknowledged (both warm-up included).
 	sent   []atomic.Int64
 	direct atomic.Int64
+	acked  atomic.Int64
 	// retried counts the writes sent again after an unavailable reply (a
 	// leadership move; see writes).
 	retried atomic.Int64
@@ -308,6 +310,7 @@ func (c *r3Cluster) writes(s r3Spec, d time.Duration, route string) (peers.Resul
 			}
 		}
 		writes.Add(1)
+		c.acked.Add(1)
 		return 1, nil
 	})
 	if err != nil {

@@ -159,16 +159,20 @@ func TestHoldfastR3_WritesThroughEveryNode(t *testing.T) {
 	// Through a node at random, about a third of the writes reach the
 	// leader directly; a leader-aware caller (route "leader") sends all but
 	// its first write straight to the node that served it.
-	if d := float64(c.direct.Load()) / float64(r.Ops); d > 0.6 {
-		t.Errorf("route random: %.0f%% of the writes served by the node they were sent through", 100*d)
+	// (Both counts include the warm-up's writes, which r.Ops leaves out: a
+	// share of r.Ops ran 0.43-0.47 with no write retried, and 0.61 once on
+	// a loaded CI machine.)
+	if d := float64(c.direct.Load()) / float64(c.acked.Load()); d > 0.6 {
+		t.Errorf("route random: %.0f%% of %d writes served by the node they were sent through", 100*d, c.acked.Load())
 	}
 	c.direct.Store(0)
+	c.acked.Store(0)
 	lr, err := c.writes(r3Spec{objects: objects, callers: 2 * objects}, 300*time.Millisecond, "leader")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := float64(c.direct.Load()) / float64(lr.Ops); d < 0.9 {
-		t.Errorf("route leader: only %.0f%% of %d writes served by the node they were sent through", 100*d, lr.Ops)
+	if d := float64(c.direct.Load()) / float64(c.acked.Load()); d < 0.9 {
+		t.Errorf("route leader: only %.0f%% of %d writes served by the node they were sent through", 100*d, c.acked.Load())
 	}
 	if !strings.Contains(lr.Note, "leader-aware") || strings.Contains(r.Note, "leader-aware") {
 		t.Errorf("notes do not say how writes were routed:\n%s\n%s", r.Note, lr.Note)
