@@ -20,6 +20,24 @@ func activationOf(h *Host, id ObjectID) *activation {
 	return s.m[id]
 }
 
+// startHeldApplierNode starts a node whose applier, while held is set, waits
+// before each record until open is called (once; a cleanup calls it before the
+// node stops, so that a failed test cannot leave the applier held).
+func startHeldApplierNode(t *testing.T) (n *testNode, held *atomic.Bool, open func()) {
+	held = new(atomic.Bool)
+	release := make(chan struct{})
+	var once sync.Once
+	open = func() { once.Do(func() { close(release) }) }
+	hooks := &pipehook.Hooks{BeforeApply: func(uint64) {
+		if held.Load() {
+			<-release
+		}
+	}}
+	n = startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: hooks}})
+	t.Cleanup(open) // cleanups run last first: before the node's stop
+	return n, held, open
+}
+
 // An activation the host dropped runs none of the requests already in its
 // mailbox, even when its partition is served again at once under the same
 // epoch (a replicated node's leader lease lapses and comes back within one
@@ -32,17 +50,7 @@ func activationOf(h *Host, id ObjectID) *activation {
 // The applier is held so that both activations wait in their first turn (an
 // acknowledged write is not in Badger yet) with requests queued behind them.
 func TestHost_ADroppedActivationServesNothingMore(t *testing.T) {
-	var held atomic.Bool
-	release := make(chan struct{})
-	var once sync.Once
-	open := func() { once.Do(func() { close(release) }) }
-	hooks := &pipehook.Hooks{BeforeApply: func(uint64) {
-		if held.Load() {
-			<-release
-		}
-	}}
-	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: hooks}})
-	t.Cleanup(open) // before the node's stop (cleanups run last first): a failed test must not hold the applier
+	n, held, open := startHeldApplierNode(t)
 	ctx := context.Background()
 	held.Store(true)
 	if _, err := n.kv("other", "y").Increment(ctx, "n", 1); err != nil {
@@ -146,17 +154,7 @@ func TestHost_AnActivationStartedAfterItsPartitionLapsedServesNothing(t *testing
 // the retired activation may be one that must not wait: the cluster
 // transport's connection reader runs requests of ready objects itself.
 func TestHost_AHandOverDoesNotRunTheNextFirstTurnOnTheCaller(t *testing.T) {
-	var held atomic.Bool
-	release := make(chan struct{})
-	var once sync.Once
-	open := func() { once.Do(func() { close(release) }) }
-	hooks := &pipehook.Hooks{BeforeApply: func(uint64) {
-		if held.Load() {
-			<-release
-		}
-	}}
-	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: hooks}})
-	t.Cleanup(open) // before the node's stop (cleanups run last first): a failed test must not hold the applier
+	n, held, open := startHeldApplierNode(t)
 	ctx := context.Background()
 	id := ObjectID{App: "app_t", Type: "counter", Key: "x"}
 	x := n.kv("counter", "x")
