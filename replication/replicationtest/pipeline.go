@@ -225,13 +225,13 @@ func (p *MemPipeline) write(j replication.Job, durable bool) error {
 				return err
 			}
 			// The clone already holds the batch just made visible; writing
-			// it again below is idempotent.
+			// it again below is idempotent (a snapshot it holds is skipped).
 		}
 		st = dg.durable
 		p.disk.mu.Unlock()
 	}
 	m := j.Msg
-	if snap := m.GetSnapshot(); !raft.IsEmptySnap(snap) {
+	if snap := m.GetSnapshot(); !raft.IsEmptySnap(snap) && !(durable && holdsSnapshot(st, snap)) {
 		if err := st.ApplySnapshot(snap); err != nil {
 			return fmt.Errorf("replicationtest: group %d: apply snapshot: %w", j.Group, err)
 		}
@@ -262,6 +262,14 @@ func (p *MemPipeline) write(j replication.Job, durable bool) error {
 		}
 	}
 	return nil
+}
+
+// holdsSnapshot says whether st's snapshot is snap already (the planted
+// bug's durable copy, cloned from storage after snap was written to it).
+func holdsSnapshot(st *raft.MemoryStorage, snap *raftpb.Snapshot) bool {
+	have, err := st.Snapshot()
+	return err == nil && have.GetMetadata().GetIndex() == snap.GetMetadata().GetIndex() &&
+		have.GetMetadata().GetTerm() == snap.GetMetadata().GetTerm()
 }
 
 func (p *MemPipeline) applyLoop(ctx context.Context) {
