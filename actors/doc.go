@@ -51,7 +51,9 @@
 //     replicated node's lease can lapse and come back within one raft term,
 //     and the dropped activation then went on beside a fresh one, both
 //     writing from their own state (two increments answered n = 298, one
-//     lost, in a CI run).
+//     lost, in a CI run). The handed-over requests run on the next
+//     activation before the ones posted to it directly (gate.go), so one
+//     sender's requests to one object keep their order across the change.
 //
 // # The behaviours
 //

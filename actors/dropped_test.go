@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -195,5 +196,86 @@ func TestHost_AHandOverDoesNotRunTheNextFirstTurnOnTheCaller(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handed-over increment was never answered")
+	}
+}
+
+// Requests one sender posts to one object run in the order it posted them,
+// even when the object's activation is retired between two of the posts (a
+// batch posts an object's operations one after another: spec/batch.md, "in
+// the order they appear"), and when the next activation is retired too before
+// it ran anything. The retired activations' unrun requests go to the
+// activation now ahead of the ones posted to it directly; before, the next
+// activation ran its own first and the handed-over ones after them.
+func TestHost_RequestsKeepTheirOrderAcrossRetiredActivations(t *testing.T) {
+	n, held, open := startHeldApplierNode(t)
+	ctx := context.Background()
+	held.Store(true)
+	if _, err := n.kv("other", "y").Increment(ctx, "n", 1); err != nil {
+		t.Fatal(err) // acknowledged once durable; its apply waits, and so does a first turn
+	}
+	id := ObjectID{App: "app_t", Type: "counter", Key: "x"}
+	const activations, each = 3, 5
+	answers := make([]chan result, activations*each)
+	post := func(i int) {
+		answers[i] = make(chan result, 1)
+		n.host.RequestAsync(id, &KVWrite{Route: RouteIncrement, Ops: []Op{{Op: "increment", Key: "n"}}},
+			func(v any, err error) { answers[i] <- result{v, err} })
+	}
+	var seen []*activation
+	fresh := func() bool {
+		a := activationOf(n.host, id)
+		if a == nil || a.inflight.Load() != 1 {
+			return false
+		}
+		for _, b := range seen {
+			if a == b {
+				return false
+			}
+		}
+		seen = append(seen, a)
+		return true
+	}
+	for k := range activations {
+		if k > 0 {
+			n.host.DropPartition(persistence.Partition(id, n.db.Partitions()))
+		}
+		// A fresh activation's first turn runs on its poster and waits for
+		// the applier (the first), or its requests wait for the retired
+		// ones' (the later); the next four queue behind it.
+		go post(k * each)
+		waitFor(t, fmt.Sprintf("activation %d", k+1), fresh)
+		for i := k*each + 1; i < (k+1)*each; i++ {
+			post(i)
+		}
+	}
+	held.Store(false)
+	open()
+	var got []string
+	for i := range answers {
+		select {
+		case r := <-answers[i]:
+			if r.err != nil {
+				t.Fatalf("request %d: %v", i, r.err)
+			}
+			got = append(got, string(r.val.(*WriteResult).Value))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("request %d was never answered", i)
+		}
+	}
+	for i, v := range got {
+		if v != fmt.Sprint(i+1) {
+			t.Fatalf("the increments in posting order were answered %v: they ran out of order", got)
+		}
+	}
+	// Every retired activation settled: nothing is left waiting for one.
+	s := n.host.shard(id)
+	s.mu.RLock()
+	left := len(s.draining)
+	s.mu.RUnlock()
+	if left != 0 {
+		t.Fatalf("%d retired activations still draining after every request was answered", left)
+	}
+	if a := activationOf(n.host, id); a == nil || a.gated.Load() {
+		t.Fatalf("the activation now is %v, gated: its requests go to the mailbox again once the retired ones ran", a)
 	}
 }

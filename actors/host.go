@@ -149,6 +149,9 @@ type hostShard struct {
 	// routed, if set, hears every activation entering (true) and leaving
 	// (false) the map, under mu (Hooks.Routed).
 	routed func(id ObjectID, in bool)
+	// draining holds, per object, the newest retired activation that is not
+	// settled yet (gate.go): the next activation of the object waits for it.
+	draining map[ObjectID]*activation
 }
 
 // remove deletes a from the shard (under s.mu). A Go map never gives memory back,
@@ -161,6 +164,13 @@ func (s *hostShard) remove(a *activation) {
 	a.gone.Store(true)
 	a.chain.Retire(errMoved())
 	delete(s.m, a.id)
+	if a.unrun.Load() > 0 || a.gated.Load() {
+		// Not settled: it may still hand requests over (gate.go).
+		if s.draining == nil {
+			s.draining = make(map[ObjectID]*activation)
+		}
+		s.draining[a.id] = a
+	}
 	if s.routed != nil {
 		s.routed(a.id, false)
 	}
@@ -211,12 +221,14 @@ type activation struct {
 	// own state.
 	gone  atomic.Bool
 	chain *persistence.Chain
-	// fwd are the requests this retired activation handed over (Host.resend)
-	// and its forwarder has not posted yet, in its mailbox's order; fwding
-	// says a forwarder runs.
-	fwdMu  sync.Mutex
-	fwd    []*envelope
-	fwding bool
+	// unrun counts the envelopes admitted (acquire) and not yet handled by a
+	// turn; gated says sends wait at the gate; settled that the retired
+	// activation will hand nothing more over. See gate.go.
+	unrun   atomic.Int64
+	gated   atomic.Bool
+	settled atomic.Bool
+	gateMu  sync.Mutex
+	gate    gateState
 }
 
 // NewHost returns a host over db and pipe; register types, then Start it.
@@ -334,13 +346,14 @@ const maxResends = 3
 // the retired activation then answers with its refusal.
 //
 // The request is counted at once in the new activation's inflight (so Close
-// waits for it), and posted by the retired activation's forwarder, an owned
-// goroutine, in the retired mailbox's order. Not on the caller's goroutine:
-// the new activation's first turn waits for its partition's writes to reach
-// Badger (WaitPartition), and the synchronized dispatcher would run it right
-// there, which may be the cluster transport's connection reader (StartsAtOnce
-// lets it run turns of ready objects only: session 26 saw a reader held past
-// its probe fail every call on its connection).
+// waits for it) and queued at its gate, ahead of the requests posted to it
+// directly: the new activation runs the retired one's requests first, in the
+// retired mailbox's order, then its own (gate.go). Never on the caller's
+// goroutine: the new activation's first turn waits for its partition's writes
+// to reach Badger (WaitPartition), and the synchronized dispatcher would run
+// it right there, which may be the cluster transport's connection reader
+// (StartsAtOnce lets it run turns of ready objects only: session 26 saw a
+// reader held past its probe fail every call on its connection).
 func (h *Host) resend(env *envelope) bool {
 	if env.resent >= maxResends {
 		return false
@@ -353,32 +366,8 @@ func (h *Host) resend(env *envelope) bool {
 	env.resent++
 	env.act = a
 	old.inflight.Add(-1)
-	old.fwdMu.Lock()
-	old.fwd = append(old.fwd, env)
-	start := !old.fwding
-	old.fwding = true
-	old.fwdMu.Unlock()
-	if start && !h.bg.Go(func(context.Context) { h.forward(old) }) {
-		h.forward(old) // the host is closing: its owned goroutines are stopped
-	}
+	h.handOver(a, env)
 	return true
-}
-
-// forward posts the requests retired activation old handed over, in order,
-// until none is left.
-func (h *Host) forward(old *activation) {
-	for {
-		old.fwdMu.Lock()
-		if len(old.fwd) == 0 {
-			old.fwd, old.fwding = nil, false
-			old.fwdMu.Unlock()
-			return
-		}
-		env := old.fwd[0]
-		old.fwd = old.fwd[1:]
-		old.fwdMu.Unlock()
-		h.send(env.act, env, false)
-	}
 }
 
 // send delivers msg to a's actor: every message to an object goes through here.
@@ -387,8 +376,12 @@ func (h *Host) forward(old *activation) {
 // (object.submit); send then sees that they are committed. help says that this
 // goroutine may commit them itself when the committer is idle
 // (Pipeline.Help): a request's caller, which waits for the reply anyway.
-// Otherwise it wakes the committer.
+// Otherwise it wakes the committer. While a's gate is closed (gate.go), msg
+// waits there instead, and a drainer posts it.
 func (h *Host) send(a *activation, msg any, help bool) {
+	if a.gated.Load() && h.hold(a, msg) {
+		return
+	}
 	h.system.Root.Send(a.pid, msg)
 	h.commitQueued(a, help)
 }
@@ -629,6 +622,7 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 	a := s.m[id]
 	if a != nil {
 		n := a.inflight.Add(1)
+		a.unrun.Add(1)
 		s.mu.RUnlock()
 		return h.admit(a, n)
 	}
@@ -646,6 +640,12 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 		// The activation is the actor's first message: nothing can reach the new
 		// actor before it, since the shard lock is held until it is sent.
 		h.send(a, a, false) // init queues no write
+		if pred := s.draining[id]; pred != nil {
+			// A retired activation may still hand requests over: they run
+			// before this one's own (gate.go).
+			pred.gate.succ = a
+			a.gated.Store(true)
+		}
 		s.m[id] = a
 		if s.routed != nil {
 			s.routed(id, true)
@@ -653,6 +653,7 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 		s.peak = max(s.peak, len(s.m))
 	}
 	n := a.inflight.Add(1)
+	a.unrun.Add(1)
 	s.mu.Unlock()
 	return h.admit(a, n)
 }
@@ -661,6 +662,7 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 func (h *Host) admit(a *activation, n int64) (*activation, error) {
 	if n > h.cfg.MaxInflightPerObject {
 		a.inflight.Add(-1)
+		h.ran(a)
 		return nil, &Error{Kind: KindOverloaded, Msg: "the object has too many requests in flight", RetryAfter: 100 * time.Millisecond}
 	}
 	a.lastUsed.Store(time.Now().UnixNano())

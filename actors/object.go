@@ -111,7 +111,9 @@ func (o *object) Receive(c actor.Context) {
 	case *activation:
 		o.init(c, m)
 	case *envelope:
+		a := o.act // m.act moves on if handle hands m over
 		o.handle(c, m)
+		o.h.ran(a)
 	case passivate:
 		o.idle(c, m.memory)
 	case flushDone:
