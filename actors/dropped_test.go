@@ -279,3 +279,77 @@ func TestHost_RequestsKeepTheirOrderAcrossRetiredActivations(t *testing.T) {
 		t.Fatalf("the activation now is %v, gated: its requests go to the mailbox again once the retired ones ran", a)
 	}
 }
+
+// Several senders each post a stream of increments to one object without
+// waiting, while the object's partition is dropped and taken up again over
+// and over (the epoch unchanged, as a lease that lapses and comes back): every
+// sender's increments run in its posting order (its slot's values and the
+// object's log_ids rise in that order), none runs twice, and none is lost. A
+// request refused after maxResends hand-overs did not run, and is allowed.
+func TestHost_SendersKeepTheirOrderWhileTheObjectIsDroppedOverAndOver(t *testing.T) {
+	n := startNode(t, t.TempDir(), nodeOpts{})
+	id := ObjectID{App: "app_t", Type: "counter", Key: "x"}
+	p := persistence.Partition(id, n.db.Partitions())
+	const senders, each = 4, 300
+	type answer struct {
+		value string
+		logID uint64
+		err   error
+	}
+	answers := make([][]chan answer, senders)
+	var posting sync.WaitGroup
+	for s := range senders {
+		answers[s] = make([]chan answer, each)
+		posting.Go(func() {
+			slot := fmt.Sprintf("s%d", s)
+			for i := range each {
+				ch := make(chan answer, 1)
+				answers[s][i] = ch
+				n.host.RequestAsync(id, &KVWrite{Route: RouteIncrement, Ops: []Op{{Op: "increment", Key: slot}}},
+					func(v any, err error) {
+						if err != nil {
+							ch <- answer{err: err}
+							return
+						}
+						r := v.(*WriteResult)
+						ch <- answer{value: string(r.Value), logID: r.LogID}
+					})
+			}
+		})
+	}
+	const drops = 20
+	var dropping sync.WaitGroup
+	dropping.Go(func() {
+		for range drops {
+			time.Sleep(time.Millisecond)
+			n.host.DropPartition(p)
+		}
+	})
+	posting.Wait()
+	dropping.Wait()
+	refused := 0
+	for s := range senders {
+		last, lastLog := 0, uint64(0)
+		for i := range each {
+			var a answer
+			select {
+			case a = <-answers[s][i]:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("sender %d's request %d was never answered", s, i)
+			}
+			if a.err != nil {
+				if !NotServed(a.err) {
+					t.Fatalf("sender %d's request %d: %v", s, i, a.err)
+				}
+				refused++
+				continue
+			}
+			if a.value != fmt.Sprint(last+1) || a.logID <= lastLog {
+				t.Fatalf("sender %d's request %d answered n = %s at log_id %d after n = %d at log_id %d: out of order, run twice or lost",
+					s, i, a.value, a.logID, last, lastLog)
+			}
+			last, lastLog = last+1, a.logID
+		}
+	}
+	t.Logf("%d drops, %d of %d requests refused after %d hand-overs", drops, refused, senders*each, maxResends)
+}
