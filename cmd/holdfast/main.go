@@ -1,7 +1,3 @@
-// Command holdfast runs a Holdfast node (`holdfast serve`), operates a cluster
-// (`holdfast cluster ...`) and talks to a node as a client (`holdfast object`,
-// `log`, `queue`, `alarm`, `token`, `export`, `import`). One file per command
-// group.
 package main
 
 import (
