@@ -280,6 +280,74 @@ func TestHost_RequestsKeepTheirOrderAcrossRetiredActivations(t *testing.T) {
 	}
 }
 
+// A retired activation hands its requests over one turn at a time. When the
+// activation it handed the first ones to is retired in turn before it has
+// handed the rest, the rest must still run after the first ones: they follow
+// the chain of activations (A to B to C), never past B to C directly, where
+// they would run before what B still holds. (Found by the stress test below
+// under -race in CI: a sender's request 1 ran after its requests 2 to 296.)
+func TestHost_HandOversFollowTheChainOfRetiredActivations(t *testing.T) {
+	n, held, open := startHeldApplierNode(t)
+	ctx := context.Background()
+	held.Store(true)
+	if _, err := n.kv("other", "y").Increment(ctx, "n", 1); err != nil {
+		t.Fatal(err) // acknowledged once durable; its apply waits, and so does a first turn
+	}
+	id := ObjectID{App: "app_t", Type: "counter", Key: "x"}
+	p := persistence.Partition(id, n.db.Partitions())
+	const count = 5
+	answers := make([]chan result, count)
+	post := func(i int) {
+		answers[i] = make(chan result, 1)
+		n.host.RequestAsync(id, &KVWrite{Route: RouteIncrement, Ops: []Op{{Op: "increment", Key: "n"}}},
+			func(v any, err error) { answers[i] <- result{v, err} })
+	}
+	// A's first turn runs on its poster and waits for the applier; the other
+	// requests queue in A's mailbox behind it.
+	go post(0)
+	waitFor(t, "the first activation", func() bool {
+		a := activationOf(n.host, id)
+		return a != nil && a.inflight.Load() == 1
+	})
+	for i := 1; i < count; i++ {
+		post(i)
+	}
+	n.host.DropPartition(p) // A retires: its requests go to B when it runs
+	var once sync.Once
+	testHandedOver = func() {
+		// Right after A handed its first request to B: B retires too, before
+		// A hands over the others.
+		once.Do(func() { n.host.DropPartition(p) })
+	}
+	t.Cleanup(func() { testHandedOver = nil })
+	held.Store(false)
+	open()
+	var got []string
+	for i := range answers {
+		select {
+		case r := <-answers[i]:
+			if r.err != nil {
+				t.Fatalf("request %d: %v", i, r.err)
+			}
+			got = append(got, string(r.val.(*WriteResult).Value))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("request %d was never answered", i)
+		}
+	}
+	for i, v := range got {
+		if v != fmt.Sprint(i+1) {
+			t.Fatalf("the increments in posting order were answered %v: they ran out of order", got)
+		}
+	}
+	s := n.host.shard(id)
+	s.mu.RLock()
+	left := len(s.draining)
+	s.mu.RUnlock()
+	if left != 0 {
+		t.Fatalf("%d retired activations still draining after every request was answered", left)
+	}
+}
+
 // Several senders each post a stream of increments to one object without
 // waiting, while the object's partition is dropped and taken up again over
 // and over (the epoch unchanged, as a lease that lapses and comes back): every

@@ -22,10 +22,16 @@ import "context"
 // both are empty, sends go straight to the mailbox again.
 //
 // Invariants:
-//   - unrun counts the envelopes admitted to an activation (acquire) that its
-//     turns have not finished handling (Receive). After remove, nothing admits
-//     to it, so unrun only falls: at 0 with the gate open, the activation can
-//     hand nothing more over, and it is settled (once).
+//   - unrun counts the envelopes admitted to an activation (acquire, or a
+//     hand-over from its predecessor: Host.successor) that its turns have not
+//     finished handling (Receive). After remove, only its predecessor's
+//     hand-overs admit to it, and only while its gate is closed (the
+//     predecessor has not settled): once the gate is open, unrun only falls.
+//     At 0 with the gate open, the activation can hand nothing more over, and
+//     it is settled (once).
+//   - A retired activation hands its requests to its successor, retired or
+//     not, never past it to the activation now: the successor passes them on
+//     in its own mailbox's order, behind what it was handed before.
 //   - A retired activation that is not settled is in its shard's draining
 //     map; the activation created after it for the same object is its succ,
 //     and is gated until it settles. Both under the shard's mu.

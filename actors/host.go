@@ -340,10 +340,18 @@ func (h *Host) post(id ObjectID, msg any) error {
 const maxResends = 3
 
 // resend hands env, which a retired activation refused without running it, to
-// the object's activation now, a fresh one if need be. It reports false, and
-// does nothing, when it cannot: this node does not serve the partition now, the
-// object cannot be activated, or env was handed over maxResends times already;
-// the retired activation then answers with its refusal.
+// the retired activation's successor (gate.go), or, when none was created
+// yet, to the object's activation now, a fresh one if need be. It reports
+// false, and does nothing, when it cannot: this node does not serve the
+// partition now, the object cannot be activated, or env was handed over
+// maxResends times already; the retired activation then answers with its
+// refusal.
+//
+// The successor even when it was retired in turn: its gate stays closed until
+// the retired activation has handed everything over, and it passes what it
+// was handed on to its own successor in order. Handing a retired activation's
+// later requests to the activation now instead put them ahead of the earlier
+// ones its successor still held (TestHost_HandOversFollowTheChainOfRetiredActivations).
 //
 // The request is counted at once in the new activation's inflight (so Close
 // waits for it) and queued at its gate, ahead of the requests posted to it
@@ -359,7 +367,7 @@ func (h *Host) resend(env *envelope) bool {
 		return false
 	}
 	old := env.act
-	a, err := h.acquire(old.id)
+	a, err := h.successor(old)
 	if err != nil {
 		return false
 	}
@@ -367,8 +375,37 @@ func (h *Host) resend(env *envelope) bool {
 	env.act = a
 	old.inflight.Add(-1)
 	h.handOver(a, env)
+	if testHandedOver != nil {
+		testHandedOver()
+	}
 	return true
 }
+
+// successor returns the activation that takes over retired activation old's
+// requests, with one more counted in its inflight and unrun: old's successor
+// if one was created (it waits for old: its gate is closed until old
+// settles, so it is not settled either, retired or not), else the object's
+// activation now (acquire; made with old as its predecessor, since old still
+// has requests and so is draining).
+func (h *Host) successor(old *activation) (*activation, error) {
+	s := h.shard(old.id)
+	s.mu.Lock()
+	a := old.gate.succ
+	if a != nil {
+		a.inflight.Add(1)
+		a.unrun.Add(1)
+	}
+	s.mu.Unlock()
+	if a != nil {
+		a.lastUsed.Store(time.Now().UnixNano())
+		return a, nil
+	}
+	return h.acquire(old.id)
+}
+
+// testHandedOver, when set by a test, runs after each hand-over (resend), on
+// the retired activation's turn.
+var testHandedOver func()
 
 // send delivers msg to a's actor: every message to an object goes through here.
 // The mailbox runs on this goroutine (the synchronized dispatcher), and the
