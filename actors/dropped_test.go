@@ -199,6 +199,66 @@ func TestHost_AHandOverDoesNotRunTheNextFirstTurnOnTheCaller(t *testing.T) {
 	}
 }
 
+// startNodeWithFirstTurnsHeld starts a node whose applier is held behind one
+// acknowledged write: a fresh activation's first turn waits for it
+// (WaitPartition) until open.
+func startNodeWithFirstTurnsHeld(t *testing.T) (*testNode, func()) {
+	n, held, release := startHeldApplierNode(t)
+	held.Store(true)
+	if _, err := n.kv("other", "y").Increment(context.Background(), "n", 1); err != nil {
+		t.Fatal(err) // acknowledged once durable; its apply waits
+	}
+	return n, func() { held.Store(false); release() }
+}
+
+// incrementPoster returns count answer channels and post(i), which sends
+// increment i of id's slot "n" without waiting; its answer goes to answers[i].
+func incrementPoster(n *testNode, id ObjectID, count int) (answers []chan result, post func(i int)) {
+	answers = make([]chan result, count)
+	post = func(i int) {
+		answers[i] = make(chan result, 1)
+		n.host.RequestAsync(id, &KVWrite{Route: RouteIncrement, Ops: []Op{{Op: "increment", Key: "n"}}},
+			func(v any, err error) { answers[i] <- result{v, err} })
+	}
+	return answers, post
+}
+
+// requireAnsweredInOrder waits for every answer of incrementPoster and fails
+// unless each succeeded and the increments ran in posting order (1, 2, ...).
+func requireAnsweredInOrder(t *testing.T, answers []chan result) {
+	t.Helper()
+	var got []string
+	for i := range answers {
+		select {
+		case r := <-answers[i]:
+			if r.err != nil {
+				t.Fatalf("request %d: %v", i, r.err)
+			}
+			got = append(got, string(r.val.(*WriteResult).Value))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("request %d was never answered", i)
+		}
+	}
+	for i, v := range got {
+		if v != fmt.Sprint(i+1) {
+			t.Fatalf("the increments in posting order were answered %v: they ran out of order", got)
+		}
+	}
+}
+
+// requireNoneDraining fails if a retired activation of id is still draining:
+// once every request was answered, each must have settled.
+func requireNoneDraining(t *testing.T, h *Host, id ObjectID) {
+	t.Helper()
+	s := h.shard(id)
+	s.mu.RLock()
+	left := len(s.draining)
+	s.mu.RUnlock()
+	if left != 0 {
+		t.Fatalf("%d retired activations still draining after every request was answered", left)
+	}
+}
+
 // Requests one sender posts to one object run in the order it posted them,
 // even when the object's activation is retired between two of the posts (a
 // batch posts an object's operations one after another: spec/batch.md, "in
@@ -207,20 +267,10 @@ func TestHost_AHandOverDoesNotRunTheNextFirstTurnOnTheCaller(t *testing.T) {
 // activation now ahead of the ones posted to it directly; before, the next
 // activation ran its own first and the handed-over ones after them.
 func TestHost_RequestsKeepTheirOrderAcrossRetiredActivations(t *testing.T) {
-	n, held, open := startHeldApplierNode(t)
-	ctx := context.Background()
-	held.Store(true)
-	if _, err := n.kv("other", "y").Increment(ctx, "n", 1); err != nil {
-		t.Fatal(err) // acknowledged once durable; its apply waits, and so does a first turn
-	}
+	n, open := startNodeWithFirstTurnsHeld(t)
 	id := ObjectID{App: "app_t", Type: "counter", Key: "x"}
 	const activations, each = 3, 5
-	answers := make([]chan result, activations*each)
-	post := func(i int) {
-		answers[i] = make(chan result, 1)
-		n.host.RequestAsync(id, &KVWrite{Route: RouteIncrement, Ops: []Op{{Op: "increment", Key: "n"}}},
-			func(v any, err error) { answers[i] <- result{v, err} })
-	}
+	answers, post := incrementPoster(n, id, activations*each)
 	var seen []*activation
 	fresh := func() bool {
 		a := activationOf(n.host, id)
@@ -248,33 +298,9 @@ func TestHost_RequestsKeepTheirOrderAcrossRetiredActivations(t *testing.T) {
 			post(i)
 		}
 	}
-	held.Store(false)
 	open()
-	var got []string
-	for i := range answers {
-		select {
-		case r := <-answers[i]:
-			if r.err != nil {
-				t.Fatalf("request %d: %v", i, r.err)
-			}
-			got = append(got, string(r.val.(*WriteResult).Value))
-		case <-time.After(10 * time.Second):
-			t.Fatalf("request %d was never answered", i)
-		}
-	}
-	for i, v := range got {
-		if v != fmt.Sprint(i+1) {
-			t.Fatalf("the increments in posting order were answered %v: they ran out of order", got)
-		}
-	}
-	// Every retired activation settled: nothing is left waiting for one.
-	s := n.host.shard(id)
-	s.mu.RLock()
-	left := len(s.draining)
-	s.mu.RUnlock()
-	if left != 0 {
-		t.Fatalf("%d retired activations still draining after every request was answered", left)
-	}
+	requireAnsweredInOrder(t, answers)
+	requireNoneDraining(t, n.host, id)
 	if a := activationOf(n.host, id); a == nil || a.gated.Load() {
 		t.Fatalf("the activation now is %v, gated: its requests go to the mailbox again once the retired ones ran", a)
 	}
@@ -287,21 +313,11 @@ func TestHost_RequestsKeepTheirOrderAcrossRetiredActivations(t *testing.T) {
 // they would run before what B still holds. (Found by the stress test below
 // under -race in CI: a sender's request 1 ran after its requests 2 to 296.)
 func TestHost_HandOversFollowTheChainOfRetiredActivations(t *testing.T) {
-	n, held, open := startHeldApplierNode(t)
-	ctx := context.Background()
-	held.Store(true)
-	if _, err := n.kv("other", "y").Increment(ctx, "n", 1); err != nil {
-		t.Fatal(err) // acknowledged once durable; its apply waits, and so does a first turn
-	}
+	n, open := startNodeWithFirstTurnsHeld(t)
 	id := ObjectID{App: "app_t", Type: "counter", Key: "x"}
 	p := persistence.Partition(id, n.db.Partitions())
 	const count = 5
-	answers := make([]chan result, count)
-	post := func(i int) {
-		answers[i] = make(chan result, 1)
-		n.host.RequestAsync(id, &KVWrite{Route: RouteIncrement, Ops: []Op{{Op: "increment", Key: "n"}}},
-			func(v any, err error) { answers[i] <- result{v, err} })
-	}
+	answers, post := incrementPoster(n, id, count)
 	// A's first turn runs on its poster and waits for the applier; the other
 	// requests queue in A's mailbox behind it.
 	go post(0)
@@ -320,32 +336,9 @@ func TestHost_HandOversFollowTheChainOfRetiredActivations(t *testing.T) {
 		once.Do(func() { n.host.DropPartition(p) })
 	}
 	t.Cleanup(func() { testHandedOver = nil })
-	held.Store(false)
 	open()
-	var got []string
-	for i := range answers {
-		select {
-		case r := <-answers[i]:
-			if r.err != nil {
-				t.Fatalf("request %d: %v", i, r.err)
-			}
-			got = append(got, string(r.val.(*WriteResult).Value))
-		case <-time.After(10 * time.Second):
-			t.Fatalf("request %d was never answered", i)
-		}
-	}
-	for i, v := range got {
-		if v != fmt.Sprint(i+1) {
-			t.Fatalf("the increments in posting order were answered %v: they ran out of order", got)
-		}
-	}
-	s := n.host.shard(id)
-	s.mu.RLock()
-	left := len(s.draining)
-	s.mu.RUnlock()
-	if left != 0 {
-		t.Fatalf("%d retired activations still draining after every request was answered", left)
-	}
+	requireAnsweredInOrder(t, answers)
+	requireNoneDraining(t, n.host, id)
 }
 
 // Several senders each post a stream of increments to one object without

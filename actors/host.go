@@ -389,13 +389,13 @@ func (h *Host) resend(env *envelope) bool {
 // has requests and so is draining).
 func (h *Host) successor(old *activation) (*activation, error) {
 	s := h.shard(old.id)
-	s.mu.Lock()
+	s.mu.RLock() // succ is set under the write lock (acquire)
 	a := old.gate.succ
 	if a != nil {
 		a.inflight.Add(1)
 		a.unrun.Add(1)
 	}
-	s.mu.Unlock()
+	s.mu.RUnlock()
 	if a != nil {
 		a.lastUsed.Store(time.Now().UnixNano())
 		return a, nil
