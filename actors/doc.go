@@ -47,7 +47,9 @@
 //     or, when this node does not serve the partition now, refuses them (not
 //     served: a cluster's router asks the node that does). Its chain is
 //     retired, so none of its writes the pipeline has not taken yet lands
-//     (persistence.Chain.Retire). The epoch alone did not say it: a
+//     (persistence.Chain.Retire), and the next activation's first read
+//     waits for those the pipeline took before the retirement (the shard's
+//     landing map, persistence.Chain.WaitLanded). The epoch alone did not say it: a
 //     replicated node's lease can lapse and come back within one raft term,
 //     and the dropped activation then went on beside a fresh one, both
 //     writing from their own state (two increments answered n = 298, one

@@ -414,3 +414,34 @@ func TestHost_SendersKeepTheirOrderWhileTheObjectIsDroppedOverAndOver(t *testing
 	}
 	t.Logf("%d drops, %d of %d requests refused after %d hand-overs", drops, refused, senders*each, maxResends)
 }
+
+// A write the committer took into a record just before its activation was
+// retired becomes durable after the retirement. The next activation's first
+// read waits for it (persistence.Chain.WaitLanded, through the shard's
+// landing map), so its increment builds on it. Before (session 34's stale
+// read), the first read looked only at the writes committed by then, missed
+// the held one, and the next increment answered n = 1 a second time.
+func TestHost_TheNextActivationReadsAWriteTheLogTookBeforeTheRetirement(t *testing.T) {
+	hd := newHold(t)
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: hd.before}}})
+	id := ObjectID{App: "app_t", Type: "counter", Key: "x"}
+	p := persistence.Partition(id, n.db.Partitions())
+	answers, post := incrementPoster(n, id, 2)
+	post(0)
+	waitFor(t, "the first write to be held in its commit", func() bool { return hd.inHold.Load() == 1 })
+	n.host.DropPartition(p) // retires the activation after the log took its write
+	// A next activation: its first turn (on the poster's goroutine) reads the
+	// object, then increments.
+	go post(1)
+	waitFor(t, "the next activation", func() bool {
+		a := activationOf(n.host, id)
+		return a != nil && a.landing != nil
+	})
+	hd.open()
+	requireAnsweredInOrder(t, answers)
+	requireNoneDraining(t, n.host, id)
+	st, err := NewKV(n.host, id).Get(context.Background())
+	if err != nil || string(st.State["n"]) != "2" {
+		t.Fatalf("after two increments the object reads %+v (%v), want n = 2", st, err)
+	}
+}

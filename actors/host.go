@@ -152,6 +152,16 @@ type hostShard struct {
 	// draining holds, per object, the newest retired activation that is not
 	// settled yet (gate.go): the next activation of the object waits for it.
 	draining map[ObjectID]*activation
+	// landing holds, per object, the chain of the newest retired activation
+	// that still had writes in the log's unfinished records when it was
+	// retired (persistence.Chain.Landed): the committer took them before the
+	// retirement, so they become durable after it. The next activation of the
+	// object waits for them (landing) before its first read, or it could read
+	// a state without them and build on it. A newer retired activation
+	// without such writes leaves the entry as it is; one with them replaces
+	// it, since its own first read waited for the entry it found. The sweeper
+	// deletes entries that landed.
+	landing map[ObjectID]*persistence.Chain
 }
 
 // remove deletes a from the shard (under s.mu). A Go map never gives memory back,
@@ -163,6 +173,12 @@ func (s *hostShard) remove(a *activation) {
 	}
 	a.gone.Store(true)
 	a.chain.Retire(errMoved())
+	if !a.chain.Landed() { // looked at after Retire: see persistence.Chain's inLog
+		if s.landing == nil {
+			s.landing = make(map[ObjectID]*persistence.Chain)
+		}
+		s.landing[a.id] = a.chain
+	}
 	delete(s.m, a.id)
 	if a.unrun.Load() > 0 || a.gated.Load() {
 		// Not settled: it may still hand requests over (gate.go).
@@ -181,6 +197,17 @@ func (s *hostShard) remove(a *activation) {
 		}
 		s.m, s.peak = m, len(m)
 	}
+}
+
+// forgetLanded deletes the shard's landing entries whose writes all ended.
+func (s *hostShard) forgetLanded() {
+	s.mu.Lock()
+	for id, c := range s.landing {
+		if c.Landed() {
+			delete(s.landing, id)
+		}
+	}
+	s.mu.Unlock()
 }
 
 // activation is one live copy of an object. inflight counts requests sent to it
@@ -221,6 +248,11 @@ type activation struct {
 	// own state.
 	gone  atomic.Bool
 	chain *persistence.Chain
+	// landing is the chain of a retired activation of the object whose
+	// writes the log had not finished when it was retired (hostShard's
+	// landing): the first turn waits for them before it reads. Set before
+	// the actor's first message.
+	landing *persistence.Chain
 	// unrun counts the envelopes admitted (acquire) and not yet handled by a
 	// turn; gated says sends wait at the gate; settled that the retired
 	// activation will hand nothing more over. See gate.go.
@@ -466,7 +498,11 @@ func (h *Host) sweepLoop() {
 						quiet = append(quiet, a)
 					}
 				}
+				landing := len(s.landing) > 0
 				s.mu.RUnlock()
+				if landing {
+					s.forgetLanded()
+				}
 			}
 			// Sent without a lock held: the object's turn runs right here and
 			// takes the shard lock to release itself.
@@ -673,6 +709,13 @@ func (h *Host) acquire(id ObjectID) (*activation, error) {
 	s.mu.Lock()
 	if a = s.m[id]; a == nil {
 		a = &activation{id: id, epoch: epoch, chain: &persistence.Chain{}}
+		if c := s.landing[id]; c != nil {
+			if c.Landed() {
+				delete(s.landing, id)
+			} else {
+				a.landing = c
+			}
+		}
 		a.pid = h.system.Root.Spawn(h.props)
 		// The activation is the actor's first message: nothing can reach the new
 		// actor before it, since the shard lock is held until it is sent.

@@ -159,8 +159,14 @@ func (o *object) handle(c actor.Context, env *envelope) {
 	}
 	if !o.ready && o.broken == nil {
 		// An earlier activation's writes may be durable but not yet in Badger
-		// (after a failed write, the next activation starts at once). The wait
-		// ends when the pipeline stops, failed or closed.
+		// (after a failed write, the next activation starts at once), or even
+		// not yet durable (taken into the log just before it was retired:
+		// WaitLanded, first, so that WaitPartition's target covers them). Both
+		// waits end: every record the log begins ends, and WaitPartition ends
+		// when the pipeline stops, failed or closed.
+		if c := o.act.landing; c != nil {
+			_ = c.WaitLanded(context.Background()) // fails only with its context
+		}
 		if err := o.h.pipe.WaitPartition(context.Background(), o.part); err != nil {
 			o.broken = fmt.Errorf("the database cannot show every acknowledged write: %w", err)
 			o.h.forget(o.act)

@@ -107,29 +107,28 @@ func (p *Pipeline) commitRun(run []*Write, rjobs []*raftJob) {
 	p.mu.Unlock()
 	payload := p.payload[:0]
 	var live []*Write
+	// Every write in live is counted in its chain's inLog until the record
+	// ended: after committed moved past it, or after it failed (Chain.WaitLanded).
+	defer func() {
+		for _, w := range live {
+			if w.Chain != nil {
+				w.Chain.leaveLog()
+			}
+		}
+	}()
 	for _, w := range run {
 		if w.err != nil {
 			w.fail(w.err) // too large, or refused by submit: later writes of its chain fail too
 			continue
 		}
 		if w.Chain != nil {
-			if err := w.Chain.Failed(); err != nil {
-				w.err = err // a retired chain's error is not its failure: no w.fail
-				continue
-			}
+			w.Chain.enterLog() // before logs looks at whether it is retired
 		}
-		if failErr != nil {
-			w.fail(failErr)
+		if !p.logs(w, failErr) {
+			if w.Chain != nil {
+				w.Chain.leaveLog()
+			}
 			continue
-		}
-		if w.barrier() {
-			continue // nothing to write; it completes after the writes before it
-		}
-		if p.cfg.Fence != nil {
-			if err := p.cfg.Fence(w.Partition, w.Epoch); err != nil {
-				w.fail(err)
-				continue
-			}
 		}
 		payload = appendWrite(payload, w)
 		live = append(live, w)
@@ -199,6 +198,32 @@ func (p *Pipeline) commitRun(run []*Write, rjobs []*raftJob) {
 	case p.releaseCh <- struct{}{}:
 	default:
 	}
+}
+
+// logs reports whether w goes into the record being built; if not, w has its
+// outcome (failed), or is a barrier, which completes after the writes before
+// it. failErr is the pipeline's failure, if any.
+func (p *Pipeline) logs(w *Write, failErr error) bool {
+	if w.Chain != nil {
+		if err := w.Chain.Failed(); err != nil {
+			w.err = err // a retired chain's error is not its failure: no w.fail
+			return false
+		}
+	}
+	if failErr != nil {
+		w.fail(failErr)
+		return false
+	}
+	if w.barrier() {
+		return false // nothing to write
+	}
+	if p.cfg.Fence != nil {
+		if err := p.cfg.Fence(w.Partition, w.Epoch); err != nil {
+			w.fail(err)
+			return false
+		}
+	}
+	return true
 }
 
 // Unavailable returns why the last commit could not reach the write-ahead log

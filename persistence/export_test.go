@@ -3,8 +3,10 @@ package persistence
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/holdfast/holdfast/internal/pipehook"
 )
@@ -157,5 +159,107 @@ func TestPipeline_AckFenceWithholdsTheAcknowledgement(t *testing.T) {
 	p.WaitApplied(context.Background())
 	if _, found, _ := db.Get(ctx, []byte("b")); !found {
 		t.Fatal("the unacknowledged write is not on disk")
+	}
+}
+
+// A record the committer built before a chain was retired holds the chain's
+// write, which becomes durable after the retirement. The actors' host makes
+// the next activation of the object wait for it (Chain.WaitLanded, then
+// WaitApplied) before its first read; without that wait it reads the object
+// without the write and builds on a stale state (session 34: a slot's value
+// went back while its log_id went forward). WaitApplied alone returns at
+// once here: the record is not committed yet, so its target is below it.
+func TestChain_WaitLandedWaitsForATakenWrite(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
+	hold := make(chan struct{})
+	held := make(chan struct{}, 1)
+	p := startPipeline(t, db, PipelineConfig{
+		Hooks: &pipehook.Hooks{BeforeCommit: func(int) {
+			select {
+			case held <- struct{}{}:
+				<-hold
+			default:
+			}
+		}},
+	})
+	var release sync.Once
+	open := func() { release.Do(func() { close(hold) }) }
+	t.Cleanup(open) // before the pipeline's Close (registered earlier), even on a failure
+	chain := &Chain{}
+	w := &Write{Chain: chain, Sets: []KV{{Key: []byte("a"), Value: []byte("1")}}}
+	tk := p.Submit(w)
+	<-held // the log took the write: its record is held before its sync
+	chain.Retire(errors.New("the activation left the routing table"))
+	if chain.Landed() {
+		t.Fatal("the chain counts no write in the log while its record is held")
+	}
+	done := make(chan error, 1)
+	go func() {
+		if err := chain.WaitLanded(context.Background()); err != nil {
+			done <- err
+			return
+		}
+		done <- p.WaitApplied(context.Background())
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the wait returned (%v) while the retired chain's write was not durable", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !tk.Done() || tk.Err() != nil || !w.ticket.applied.Load() {
+		t.Fatalf("after the wait the write is done=%v err=%v applied=%v: it must be in Badger",
+			tk.Done(), tk.Err(), w.ticket.applied.Load())
+	}
+	if _, found, _ := db.Get(context.Background(), []byte("a")); !found {
+		t.Fatal("the retired chain's durable write is not in Badger after the wait")
+	}
+}
+
+// A chain retired before the committer looks at its write: the write is
+// left out of the log, and nothing is counted, so a waiter does not wait
+// (nor for a record that failed: leaveLog runs on every path).
+func TestChain_WaitLandedIsAtOnceForAWriteLeftOut(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	t.Cleanup(func() { _ = db.Close() })
+	var fenced atomic.Bool
+	p := startPipeline(t, db, PipelineConfig{Fence: func(uint32, uint64) error {
+		if fenced.Load() {
+			return errors.New("fenced")
+		}
+		return nil
+	}})
+	ctx := context.Background()
+	retired := &Chain{}
+	retired.Retire(errors.New("gone"))
+	if err := p.Submit(&Write{Chain: retired, Sets: []KV{{Key: []byte("r"), Value: []byte("1")}}}).Wait(ctx); err == nil {
+		t.Fatal("a retired chain's write was acknowledged")
+	}
+	fenced.Store(true)
+	refused := &Chain{}
+	if err := p.Submit(&Write{Chain: refused, Sets: []KV{{Key: []byte("f"), Value: []byte("1")}}}).Wait(ctx); err == nil {
+		t.Fatal("a fenced write was acknowledged")
+	}
+	fenced.Store(false)
+	ok := &Chain{}
+	if err := p.Submit(&Write{Chain: ok, Sets: []KV{{Key: []byte("o"), Value: []byte("1")}}}).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*Chain{"retired": retired, "fenced": refused, "committed": ok} {
+		if !c.Landed() {
+			t.Errorf("the %s chain still counts a write in the log after its record ended", name)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := c.WaitLanded(wctx); err != nil {
+			t.Errorf("WaitLanded on the %s chain: %v", name, err)
+		}
+		cancel()
+	}
+	if _, found, _ := db.Get(ctx, []byte("r")); found {
+		t.Fatal("the retired chain's write reached Badger")
 	}
 }

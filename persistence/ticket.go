@@ -152,6 +152,73 @@ type Chain struct {
 	// retired is the error Retire gave: the chain's writes that the log did
 	// not take yet fail with it.
 	retired atomic.Pointer[error]
+	// inLog counts the chain's writes the committer took into a record that
+	// has not ended yet (enterLog, leaveLog): Pipeline's committer counts a
+	// write before it looks at retired, and uncounts it once the record is
+	// committed or failed. Retire stores retired before Landed or WaitLanded
+	// loads inLog, so for each write one of the two sides sees the other (Go's
+	// atomics are sequentially consistent): either the committer sees the
+	// chain retired and leaves the write out, or the waiter sees it counted
+	// and waits until its record ended (TestChain_WaitLandedWaitsForATakenWrite).
+	inLog atomic.Int32
+	// waited is set once WaitLanded had to wait; only then does the
+	// committer take mu when inLog reaches zero.
+	waited atomic.Bool
+	mu     sync.Mutex
+	landed chan struct{} // closed when inLog reaches zero; guarded by mu
+}
+
+// enterLog counts w's chain's write as taken into a record; the committer
+// calls it before it looks at whether the chain is retired.
+func (c *Chain) enterLog() { c.inLog.Add(1) }
+
+// leaveLog uncounts a write enterLog counted, once the record that held it
+// ended (committed, with the pipeline's committed sequence number past it,
+// or failed), or once the committer left it out.
+func (c *Chain) leaveLog() {
+	if c.inLog.Add(-1) != 0 || !c.waited.Load() {
+		return
+	}
+	c.mu.Lock()
+	if c.landed != nil {
+		close(c.landed)
+		c.landed = nil
+	}
+	c.mu.Unlock()
+}
+
+// Landed reports whether none of the chain's writes is in a record of the
+// log that has not ended.
+func (c *Chain) Landed() bool { return c.inLog.Load() == 0 }
+
+// WaitLanded waits until none of the chain's writes is in a record of the
+// log that has not ended. Called after Retire, it waits for every write of
+// the chain that will ever be in the log: the actors' host makes the next
+// activation of an object wait for its retired predecessor's chain this way
+// before its first read (then Pipeline.WaitApplied, whose target the record
+// is under by then), since a write the committer took just before the
+// retirement becomes durable after it. Only Pipeline counts writes: for
+// another pipeline (replication.Proposer) it returns at once.
+func (c *Chain) WaitLanded(ctx context.Context) error {
+	for c.inLog.Load() != 0 {
+		c.waited.Store(true)
+		c.mu.Lock()
+		if c.inLog.Load() == 0 {
+			c.mu.Unlock()
+			return nil
+		}
+		if c.landed == nil {
+			c.landed = make(chan struct{})
+		}
+		ch := c.landed
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // Failed returns the error of the chain's first failed write, else the error
@@ -177,8 +244,8 @@ func (c *Chain) Fail(err error) {
 // record; replication.Proposer as the group's worker hands a proposal to
 // raft). Any goroutine; the first err stays. The actors' host retires an
 // activation's chain as it takes it out of its routing table: a write the
-// activation submits after that can never land behind the next activation's
-// first read.
+// activation submits after that never lands, and the next activation waits
+// for the ones the log took before (WaitLanded) before its first read.
 func (c *Chain) Retire(err error) { c.retired.CompareAndSwap(nil, &err) }
 
 // Retired returns the error Retire gave, or nil.
