@@ -52,6 +52,10 @@ type testCluster struct {
 	coldShareGrace time.Duration
 	// log, when set, is every node's log handler (else testLogger's).
 	log slog.Handler
+	// balanceAtOnce and balancePassed are the nodes' (ClusterConfig's);
+	// balancePassed hears which node passed.
+	balanceAtOnce int
+	balancePassed func(id string, start, end time.Time, more bool)
 }
 
 // activity is the activation checker.
@@ -165,6 +169,10 @@ func (tc *testCluster) start(id string) *Node {
 	if st, ok := tc.colds[id]; ok {
 		store = st
 	}
+	var balancePassed func(start, end time.Time, more bool)
+	if h := tc.balancePassed; h != nil {
+		balancePassed = func(start, end time.Time, more bool) { h(id, start, end, more) }
+	}
 	n, err := Start(Config{
 		DataDir: dir, Partitions: testPartitions, IdleTimeout: time.Minute, Logger: tc.logger(), TypeOptions: testTypeOptions,
 		Hooks: actors.Hooks{Routed: tc.activity.routed(id)},
@@ -172,7 +180,7 @@ func (tc *testCluster) start(id string) *Node {
 		Cluster: &ClusterConfig{Name: tc.name, NodeID: id, Advertise: "127.0.0.1:0", Endpoints: []string{tc.etcd.Endpoint()}, LeaseTTL: 2 * time.Second,
 			// 0 in a test means one copy (the one-copy tests), not the default.
 			ReplicationFactor: max(tc.rf, 1), FailoverTimeout: tc.failover, ReplaceAfter: tc.replaceAfter, formAfter: tc.formAfter,
-			coldShareGrace: tc.coldShareGrace},
+			coldShareGrace: tc.coldShareGrace, balanceAtOnce: tc.balanceAtOnce, balancePassed: balancePassed},
 	})
 	if err != nil {
 		tc.t.Fatalf("start %s: %v", id, err)

@@ -81,6 +81,12 @@ type ClusterConfig struct {
 	// round and grace (coldshare.go); zero means the defaults. Tests set
 	// them short.
 	coldShareEvery, coldShareGrace time.Duration
+	// balanceAtOnce overrides the leadership balancing's transfers per pass
+	// (0: balanceAtOnce), and balancePassed, if set, hears each pass that
+	// handed groups over: when it started and ended, and whether the next
+	// pass follows at once (replicated.go). Tests set them.
+	balanceAtOnce int
+	balancePassed func(start, end time.Time, more bool)
 }
 
 // Served says who answered a request: the node, the object's partition, and the

@@ -778,15 +778,24 @@ func (r *replicated) leaderCounts() map[string]int {
 // transferee does not take over (it is cut off, or far behind), raft gives
 // up after an election timeout and the group is unserved meanwhile: so a
 // group whose transfer failed is not tried again for balanceBackoff.
+//
+// A pass that handed over balanceAtOnce groups, every one of them taken
+// over, is followed by the next one after balanceAgain rather than
+// balanceEvery: a node back from a restart is owed a third of the groups (86
+// of 256), and at 4 per node every 2 s it led them all again only 24-30 s
+// after its start (docs/benchmarks.md, failover). At most balanceAtOnce
+// transfers per node are still under way at once, and the first failure
+// brings the pace back to balanceEvery.
 const (
 	balanceEvery   = 2 * time.Second
+	balanceAgain   = 100 * time.Millisecond
 	balanceBackoff = 30 * time.Second
 	balanceAtOnce  = 4
 )
 
 // balanceLoop runs the balancing passes until the member stops.
 func (r *replicated) balanceLoop() {
-	t := time.NewTicker(balanceEvery)
+	t := time.NewTimer(balanceEvery)
 	defer t.Stop()
 	next := map[replication.GroupID]time.Time{}
 	for {
@@ -795,26 +804,32 @@ func (r *replicated) balanceLoop() {
 			return
 		case <-t.C:
 		}
-		if r.m.leaving.Load() {
-			continue
+		wait := balanceEvery
+		if !r.m.leaving.Load() && r.balance(next) {
+			wait = balanceAgain
 		}
-		r.balance(next)
+		t.Reset(wait)
 	}
 }
 
 // balance runs one pass: it hands at most balanceAtOnce groups to their
-// first replica and waits for the transfers to end.
-func (r *replicated) balance(next map[replication.GroupID]time.Time) {
+// first replica and waits for the transfers to end. It reports whether the
+// pass was full and every transfer succeeded (more groups may be waiting).
+func (r *replicated) balance(next map[replication.GroupID]time.Time) (more bool) {
 	m := r.m
 	nodes, _, _, _ := m.view.snapshot()
 	now := time.Now()
+	atOnce := balanceAtOnce
+	if n := m.cfg.balanceAtOnce; n > 0 {
+		atOnce = n
+	}
 	type move struct {
 		g  replication.GroupID
 		to replication.ReplicaID
 	}
 	var moves []move
 	for _, g := range r.e.Groups() {
-		if len(moves) == balanceAtOnce {
+		if len(moves) == atOnce {
 			break
 		}
 		if st, err := r.e.Status(g); err != nil || !st.IsLeader || r.epoch(uint32(g)) == 0 || now.Before(next[g]) {
@@ -835,7 +850,7 @@ func (r *replicated) balance(next map[replication.GroupID]time.Time) {
 		moves = append(moves, move{g, replication.ReplicaID(first.ID)})
 	}
 	if len(moves) == 0 {
-		return
+		return false
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, 3*r.tick*10)
 	defer cancel()
@@ -855,9 +870,16 @@ func (r *replicated) balance(next map[replication.GroupID]time.Time) {
 	// Only a failed transfer waits out the backoff: a group handed over
 	// may need balancing again soon (its first replica's node restarted:
 	// with the backoff of its last success, it led nothing for 30 s after).
+	more = len(moves) == atOnce
 	for i, mv := range moves {
-		if !failed[i] {
+		if failed[i] {
+			more = false
+		} else {
 			delete(next, mv.g)
 		}
 	}
+	if h := m.cfg.balancePassed; h != nil {
+		h(now, time.Now(), more)
+	}
+	return more
 }

@@ -34,9 +34,16 @@ func newReplicatedCluster(t *testing.T, nodes ...string) *testCluster {
 // shares (nil: none).
 func startReplicated(t *testing.T, store cold.Store, nodes ...string) *testCluster {
 	t.Helper()
+	return startReplicatedWith(t, func(tc *testCluster) { tc.cold, tc.coldShared = store, store != nil }, nodes...)
+}
+
+// startReplicatedWith is newReplicatedCluster with set changing the test
+// cluster's settings before the first node starts.
+func startReplicatedWith(t *testing.T, set func(*testCluster), nodes ...string) *testCluster {
+	t.Helper()
 	tc := newTestCluster(t)
 	tc.rf, tc.failover = 3, 500*time.Millisecond
-	tc.cold, tc.coldShared = store, store != nil
+	set(tc)
 	tc.activity.serving = tc.serves
 	for _, id := range nodes {
 		tc.start(id)
@@ -1282,6 +1289,56 @@ func TestReplicated_ARestartedNodeLeadsAgainSoon(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("c leads %d partitions %v after its restart", tc.ledBy()["c"], time.Since(start).Round(time.Millisecond))
+}
+
+// TestReplicated_BalancingPassesFollowEachOtherWhileTheyAllTakeEffect: a
+// balancing pass that handed over as many groups as a pass may, every one
+// taken over, is followed by the next one at once (balanceAgain), not after
+// balanceEvery (2 s): a node back from a restart is owed a third of the
+// groups, and at 256 partitions it led them again only 24-30 s after its
+// start (session 34; 5 s since). One transfer per pass here, so that the
+// restarted node's share takes several passes of each other node.
+func TestReplicated_BalancingPassesFollowEachOtherWhileTheyAllTakeEffect(t *testing.T) {
+	type pass struct {
+		start, end time.Time
+		more       bool
+	}
+	var mu sync.Mutex
+	passes := map[string][]pass{}
+	tc := startReplicatedWith(t, func(tc *testCluster) {
+		tc.balanceAtOnce = 1
+		tc.balancePassed = func(id string, start, end time.Time, more bool) {
+			mu.Lock()
+			passes[id] = append(passes[id], pass{start, end, more})
+			mu.Unlock()
+		}
+	}, "a", "b", "c")
+	tc.waitBalanced()
+	tc.crash("c")
+	tc.waitServed(30 * time.Second)
+	mu.Lock()
+	clear(passes)
+	mu.Unlock()
+	tc.start("c")
+	tc.waitBalanced()
+	mu.Lock()
+	defer mu.Unlock()
+	gaps := 0
+	for id, ps := range passes {
+		for i := 1; i < len(ps); i++ {
+			if !ps[i-1].more {
+				continue
+			}
+			gaps++
+			if gap := ps[i].start.Sub(ps[i-1].end); gap > balanceEvery/2 {
+				t.Errorf("%s: a pass began %v after a full pass that took effect, want at once (%v)", id, gap.Round(time.Millisecond), balanceAgain)
+			}
+		}
+	}
+	if gaps == 0 {
+		t.Fatalf("no node ran a pass right after a full one (passes: %v): the restarted node's share took one pass per node", passes)
+	}
+	t.Logf("%d passes followed a full one", gaps)
 }
 
 // TestReplicated_RequestAsyncStartsOnlyWhereThePartitionIsServed: a node
