@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -215,8 +217,8 @@ func (tc *testCluster) live() []*Node {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
 	var out []*Node
-	for _, n := range tc.nodes {
-		out = append(out, n)
+	for _, id := range slices.Sorted(maps.Keys(tc.nodes)) {
+		out = append(out, tc.nodes[id])
 	}
 	return out
 }
