@@ -62,6 +62,14 @@
 // Until then objects keep the writes in their overlays and activations wait
 // (WaitApplied), so no read misses an acknowledged write.
 //
+// A Write's Chain links one activation's writes (ticket.go): once one fails,
+// the later ones fail too, and once the chain is retired (its activation left
+// the actors' routing table) the committer leaves the rest out of the log. A
+// write the committer took just before the retirement becomes durable after
+// it, so the committer counts each chain's writes in records not yet ended,
+// and the next activation of the object waits for them (Chain.WaitLanded)
+// before WaitApplied and its first read.
+//
 // # Durability, release and recovery
 //
 // Badger does not sync on its own: the log is the durability point. A log
