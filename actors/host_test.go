@@ -236,8 +236,16 @@ func TestHost_RepliesWaitForTheSyncThatCoversThem(t *testing.T) {
 	}
 }
 
+// 64 callers, one write in flight each, on one object: their writes share
+// syncs. Sharing needs writes to come faster than the disk syncs: each sync
+// here takes at least 1 ms, as a disk's does. Without that floor, under -race
+// on a machine whose fdatasync took 100-200 µs, a race-instrumented turn and
+// its reply were slower than a sync, and 3-4 runs in 20 took 1,035-1,280
+// commits (each write committed alone, as fast as it came: nothing waited to
+// share a sync) where the rest took 80-270; with the floor, 40-54 in 20 of 20.
 func TestHost_OneObjectManyCallersShareSyncs(t *testing.T) {
-	n := startNode(t, t.TempDir(), nodeOpts{})
+	slowSync := func(int) { time.Sleep(time.Millisecond) }
+	n := startNode(t, t.TempDir(), nodeOpts{pipe: persistence.PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: slowSync}}})
 	ctx := context.Background()
 	o := n.kv("hot", "one")
 	const callers, each = 64, 20
