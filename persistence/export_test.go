@@ -94,8 +94,7 @@ func TestPipeline_BarrierWaitsForEarlierWritesAndFenceHolds(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
 	var epoch atomic.Uint64
 	epoch.Store(1)
-	hold := make(chan struct{})
-	held := make(chan struct{}, 1)
+	hook, held, open := holdFirstCommit()
 	p := startPipeline(t, db, PipelineConfig{
 		Fence: func(_ uint32, e uint64) error {
 			if e != epoch.Load() {
@@ -103,14 +102,9 @@ func TestPipeline_BarrierWaitsForEarlierWritesAndFenceHolds(t *testing.T) {
 			}
 			return nil
 		},
-		Hooks: &pipehook.Hooks{BeforeCommit: func(int) {
-			select {
-			case held <- struct{}{}:
-				<-hold
-			default:
-			}
-		}},
+		Hooks: &pipehook.Hooks{BeforeCommit: hook},
 	})
+	t.Cleanup(open) // before the pipeline's Close (registered earlier), even on a failure
 	ctx := context.Background()
 	first := p.Submit(&Write{Epoch: 1, Sets: []KV{{Key: []byte("a"), Value: []byte("1")}}})
 	<-held // the first commit passed the fence and is held before its sync
@@ -123,7 +117,7 @@ func TestPipeline_BarrierWaitsForEarlierWritesAndFenceHolds(t *testing.T) {
 		t.Fatal("the barrier passed a write still on its way to disk")
 	default:
 	}
-	close(hold)
+	open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -172,19 +166,8 @@ func TestPipeline_AckFenceWithholdsTheAcknowledgement(t *testing.T) {
 func TestChain_WaitLandedWaitsForATakenWrite(t *testing.T) {
 	db := openTestDB(t, t.TempDir())
 	t.Cleanup(func() { _ = db.Close() }) // after the pipeline's Close
-	hold := make(chan struct{})
-	held := make(chan struct{}, 1)
-	p := startPipeline(t, db, PipelineConfig{
-		Hooks: &pipehook.Hooks{BeforeCommit: func(int) {
-			select {
-			case held <- struct{}{}:
-				<-hold
-			default:
-			}
-		}},
-	})
-	var release sync.Once
-	open := func() { release.Do(func() { close(hold) }) }
+	hook, held, open := holdFirstCommit()
+	p := startPipeline(t, db, PipelineConfig{Hooks: &pipehook.Hooks{BeforeCommit: hook}})
 	t.Cleanup(open) // before the pipeline's Close (registered earlier), even on a failure
 	chain := &Chain{}
 	w := &Write{Chain: chain, Sets: []KV{{Key: []byte("a"), Value: []byte("1")}}}
@@ -262,4 +245,23 @@ func TestChain_WaitLandedIsAtOnceForAWriteLeftOut(t *testing.T) {
 	if _, found, _ := db.Get(ctx, []byte("r")); found {
 		t.Fatal("the retired chain's write reached Badger")
 	}
+}
+
+// holdFirstCommit returns a BeforeCommit hook that holds the pipeline's first
+// commit before its sync, a channel that receives once it is held, and open,
+// which lets it go on (once; later calls do nothing). A test registers open
+// as a cleanup after starting the pipeline, so that it runs before the
+// pipeline's Close even when the test fails while the commit is held.
+func holdFirstCommit() (hook func(int), held <-chan struct{}, open func()) {
+	hold := make(chan struct{})
+	heldCh := make(chan struct{}, 1)
+	var once sync.Once
+	hook = func(int) {
+		select {
+		case heldCh <- struct{}{}:
+			<-hold
+		default:
+		}
+	}
+	return hook, heldCh, func() { once.Do(func() { close(hold) }) }
 }
